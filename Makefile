@@ -1,0 +1,36 @@
+# Every target sets up .venv by itself: torch (CPU wheel, pinned) first, then harken with its extras.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TORCH := torch==2.13.0
+
+.PHONY: demo test test-gpu bench proto sysdeps venv clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[edge,cloud,dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# espeak-ng speaks the generated test audio.
+sysdeps:
+	@command -v espeak-ng >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng >/dev/null; }
+
+demo: $(STAMP)
+	$(VENV)/bin/harken demo
+
+test: $(STAMP) sysdeps
+	$(PY) -m pytest -q
+
+test-gpu: $(STAMP) sysdeps
+	$(PY) -m pytest -q -m gpu
+
+bench: $(STAMP) sysdeps
+	$(PY) -m pytest -q -m slow
+	$(VENV)/bin/harken bench edge harken/data/sample.wav --json
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,73 @@
+"""Audio in: any file or microphone -> 16 kHz mono float32 in [-1, 1].
+
+soundfile reads WAV/FLAC/OGG of any width and channel count; soxr resamples (VHQ). No torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from harken.shared.errors import AudioError
+from harken.shared.features_spec import SAMPLE_RATE
+
+
+def to_mono_16k(samples: np.ndarray, sample_rate: int) -> np.ndarray:
+    """Mix down and resample. samples: [n] or [n, channels], any float/int dtype."""
+    x = np.asarray(samples)
+    if np.issubdtype(x.dtype, np.integer):
+        x = x.astype(np.float32) / float(np.iinfo(x.dtype).max + 1)
+    x = x.astype(np.float32, copy=False)
+    if x.ndim == 2:
+        x = x.mean(axis=1, dtype=np.float32)
+    elif x.ndim != 1:
+        raise AudioError(f"expected [samples] or [samples, channels] audio, got shape {x.shape}")
+    if sample_rate != SAMPLE_RATE and x.size:
+        import soxr
+
+        x = soxr.resample(x, sample_rate, SAMPLE_RATE, quality="VHQ").astype(np.float32, copy=False)
+    return np.ascontiguousarray(x)
+
+
+def load_audio(path: str | Path) -> np.ndarray:
+    """Read an audio file into 16 kHz mono float32. Raises AudioError with a one-line reason."""
+    import soundfile as sf
+
+    p = Path(path)
+    if not p.exists():
+        raise AudioError(f"{p}: no such file")
+    if p.is_dir():
+        raise AudioError(f"{p}: is a directory, not an audio file")
+    try:
+        data, rate = sf.read(str(p), dtype="float32", always_2d=True)
+    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as e:
+        raise AudioError(f"{p}: not a readable audio file ({_short(e)})") from e
+    if data.shape[0] == 0:
+        raise AudioError(f"{p}: holds no audio samples")
+    audio = to_mono_16k(data, int(rate))
+    if not np.all(np.isfinite(audio)):
+        raise AudioError(f"{p}: holds NaN or infinite samples")
+    return audio
+
+
+def microphone_chunks(block_ms: int = 32, device: int | str | None = None) -> Iterator[np.ndarray]:
+    """Yield 16 kHz mono float32 blocks from a microphone until the caller stops iterating."""
+    try:
+        import sounddevice as sd
+    except (ImportError, OSError) as e:
+        raise AudioError("microphone capture needs the 'mic' extra: pip install 'harken[mic]'") from e
+    import queue
+
+    blocks: queue.Queue[np.ndarray] = queue.Queue()
+    frames = SAMPLE_RATE * block_ms // 1000
+    with sd.InputStream(samplerate=SAMPLE_RATE, channels=1, dtype="float32", blocksize=frames,
+                        device=device, callback=lambda data, *_: blocks.put(data[:, 0].copy())):
+        while True:
+            yield blocks.get()
+
+
+def _short(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

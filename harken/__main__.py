@@ -1,0 +1,5 @@
+import sys
+
+from harken.cli import main
+
+sys.exit(main())

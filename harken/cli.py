@@ -1,0 +1,103 @@
+"""The `harken` command: parses arguments and hands them to edge or cloud code, imported lazily so
+edge commands run with only the `edge` extra installed (no torch on that path)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="harken",
+        description="Live speech-to-text: VAD and log-mel on the edge, Qwen3-ASR in the cloud.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("demo", help="run the edge pipeline on the bundled sample and print what it found",
+                       description="Run the edge pipeline (audio -> VAD -> streaming log-mel -> codec) "
+                                   "on the bundled sample, or on IN, and print segments, frames, bytes "
+                                   "and bitrate.")
+    s.add_argument("input", nargs="?", help="audio file (default: the bundled sample)")
+    s.add_argument("--mode", default="balanced", help="codec mode (hifi, balanced, low)")
+
+    s = sub.add_parser("vad", help="find speech segments with silero-vad (ONNX)",
+                       description="Find speech segments in an audio file with silero-vad on onnxruntime.")
+    s.add_argument("input", help="audio file (WAV/FLAC/OGG, any rate, width, channels)")
+    s.add_argument("--json", action="store_true",
+                   help='print {"segments": [{"start_s", "end_s"}], "speech_s"}')
+    s.add_argument("--threshold", type=float, default=0.5, help="speech probability threshold (default 0.5)")
+    s.add_argument("--min-speech-ms", type=int, default=250, help="shortest speech kept (default 250)")
+    s.add_argument("--min-silence-ms", type=int, default=300,
+                   help="silence that ends a segment (default 300)")
+    s.add_argument("--pad-ms", type=int, default=100, help="padding around each segment (default 100)")
+
+    s = sub.add_parser("features", help="write Qwen3-ASR log-mel features to .npy",
+                       description="Compute the log-mel features Qwen3-ASR expects (float32 [128, T], "
+                                   "reference normalisation against the global max) with the edge's "
+                                   "streaming ONNX extractor, and save them as .npy.")
+    s.add_argument("input", help="audio file")
+    s.add_argument("-o", "--output", required=True, help="output .npy path")
+
+    s = sub.add_parser("bench", help="benchmarks; print JSON",
+                       description="Benchmarks. Each prints one JSON object; ratios are measured side "
+                                   "by side in one run.")
+    bsub = s.add_subparsers(dest="bench", required=True, metavar="WHAT")
+    b = bsub.add_parser("edge", help="edge CPU cost and wire bitrate vs PCM16 and Opus",
+                        description="One thread: real-time factors of VAD, log-mel and codec; for each "
+                                    "codec mode kbps during speech and log-mel error; PCM16 and Opus "
+                                    "16/24/32 kbps on the same audio, side by side.")
+    b.add_argument("input", nargs="?", help="audio file (default: the bundled sample)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b.add_argument("--repeats", type=int, default=3, help="timing repeats; the fastest counts (default 3)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    from harken.shared.errors import HarkenError
+
+    try:
+        return _dispatch(args) or 0
+    except HarkenError as e:
+        print(f"harken {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def _dispatch(args: argparse.Namespace) -> int | None:
+    if args.command == "demo":
+        from harken.edge.commands import demo_edge
+
+        return demo_edge(args.input or _sample_path(), mode=args.mode)
+    if args.command == "vad":
+        from harken.edge.commands import vad_command
+        from harken.edge.vad import VadOptions
+
+        opts = VadOptions(threshold=args.threshold, min_speech_duration_ms=args.min_speech_ms,
+                          min_silence_duration_ms=args.min_silence_ms, speech_pad_ms=args.pad_ms)
+        return vad_command(args.input, opts, as_json=args.json)
+    if args.command == "features":
+        from harken.edge.commands import features_command
+
+        return features_command(args.input, args.output)
+    if args.command == "bench" and args.bench == "edge":
+        from harken.edge.bench import bench_edge_command
+
+        return bench_edge_command(args.input or _sample_path(), repeats=args.repeats)
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+def _sample_path() -> str:
+    from importlib.resources import files
+
+    return str(files("harken") / "data" / "sample.wav")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
