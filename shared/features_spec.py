@@ -20,3 +20,23 @@ def normalize(log_mel, max_log10: float):
     import numpy as np
 
     return (np.maximum(log_mel, max_log10 - DYNAMIC_RANGE_LOG10) + 4.0) / 4.0
+
+
+class RunningMaxFloor:
+    """Floors raw log10-mel frames at (running max - 8) as they arrive, so a frame's value never
+    changes afterwards (cached encoder windows stay valid). The state is one float that travels
+    with each final segment, so a replacement session can be seeded with it."""
+
+    def __init__(self, max_log10: float = float("-inf")):
+        self.max_log10 = float(max_log10)
+
+    def __call__(self, frames):
+        """frames: [128, k] raw log10-mel -> [128, k] floored (float32). Updates the running max."""
+        import numpy as np
+
+        frames = np.asarray(frames, dtype=np.float32)
+        if frames.shape[-1] == 0:
+            return frames.copy()
+        running = np.maximum.accumulate(np.maximum(frames.max(axis=0), self.max_log10))
+        self.max_log10 = float(running[-1])
+        return np.maximum(frames, (running - DYNAMIC_RANGE_LOG10)[None, :]).astype(np.float32)
