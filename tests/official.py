@@ -60,3 +60,31 @@ def audio_tower_state_dict(model) -> dict[str, torch.Tensor]:
     """The official audio tower's weights with the `thinker.audio_tower.` prefix stripped."""
     prefix = "thinker.audio_tower."
     return {k[len(prefix):]: v for k, v in model.state_dict().items() if k.startswith(prefix)}
+
+
+WINDOWED_ATTENTION = "harken_windowed_sdpa"
+
+
+def use_windowed_attention(model):
+    """Make the official audio tower attend only inside its 8-s windows (`cu_seqlens`).
+
+    Its flash-attention-2 path and the package's vLLM backend window the attention; its sdpa and
+    eager paths (the CPU reference) pass no mask and attend across the whole item, although it
+    builds the windows and has the mask builder (`_prepare_attention_mask`, never called). This
+    registers an attention function that applies that builder's mask, then runs the stock sdpa one.
+    Returns the model.
+    """
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    tower = model.thinker.audio_tower
+
+    def windowed(module, query, key, value, attention_mask, cu_seq_lens_q=None, **kwargs):
+        # query: [1, H, S, hd] (the tower packs an item's tokens into one sequence)
+        if attention_mask is None and cu_seq_lens_q is not None:
+            attention_mask = tower._prepare_attention_mask(query[0, 0], cu_seq_lens_q)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(WINDOWED_ATTENTION, windowed)
+    tower.config._attn_implementation = WINDOWED_ATTENTION
+    return model

@@ -1,0 +1,433 @@
+"""Qwen3-ASR audio encoder: full, batched over attention windows, and incremental per session.
+
+The official encoder (qwen-asr 0.0.6, `Qwen3ASRAudioEncoder`) runs a conv stem on each 1-s chunk of
+log-mel (100 frames -> 13 tokens, positions 0..12 restarting per chunk), then transformer layers whose
+attention is confined to windows of `chunks_per_window` chunks (8 s, 104 tokens) counted from the
+start of the audio item, then a projector. Nothing crosses a window boundary, so a window's outputs
+depend only on its own features (and on whether it is the first window of its item, see
+`encode_windows`). This module therefore encodes *windows*, batched across items and sessions:
+a whole item is its windows concatenated, and a streaming session caches its completed windows and
+recomputes only the active one (`IncrementalEncoder`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from harken.cloud.model.config import AudioEncoderConfig
+
+# --- token counts and window bookkeeping (pure, host-side ints) ---------------------------------
+
+
+def conv_out_length(frames: int) -> int:
+    """Time length after the three stride-2 convs (k3, p1) for `frames` input frames (0 -> 0)."""
+    for _ in range(3):
+        frames = (frames - 1) // 2 + 1
+    return frames
+
+
+def num_audio_tokens(frames: int, chunk_frames: int = 100) -> int:
+    """Encoder tokens (= `<|audio_pad|>` tokens) for an item of `frames` feature frames.
+
+    13 per full 1-s chunk plus the conv length of the tail chunk: QWEN3_ASR.md's formula, which is
+    the official `_get_feat_extract_output_lengths` with its hard-coded 100 as `chunk_frames`.
+    """
+    full, tail = divmod(frames, chunk_frames)
+    return full * conv_out_length(chunk_frames) + conv_out_length(tail)
+
+
+def window_spans(frames: int, window_frames: int) -> list[tuple[int, int]]:
+    """[start, end) frame spans of the attention windows of an item of `frames` frames.
+
+    Windows are counted from the item's first frame; only the last may be shorter.
+    """
+    return [(s, min(s + window_frames, frames)) for s in range(0, frames, window_frames)]
+
+
+def sinusoid_positions(length: int, channels: int, max_timescale: float = 10000.0) -> Tensor:
+    """Whisper-style sinusoid table [length, channels] = [sin | cos], computed in float32.
+
+    Same ops in the same dtype as the official `SinusoidsPositionEmbedding`, so the table (and its
+    cast to the model dtype) is bit-identical to the reference.
+    """
+    if channels % 2 != 0:
+        raise ValueError(f"sinusoid positions need an even channel count, got {channels}")
+    log_timescale_increment = math.log(max_timescale) / (channels // 2 - 1)
+    inv_timescales = torch.exp(-log_timescale_increment * torch.arange(channels // 2).float())
+    scaled_time = torch.arange(length)[:, None] * inv_timescales[None, :]  # [length, channels/2]
+    return torch.cat([torch.sin(scaled_time), torch.cos(scaled_time)], dim=1)
+
+
+def _quick_gelu(x: Tensor) -> Tensor:
+    return x * torch.sigmoid(1.702 * x)
+
+
+# The transformers ACT2FN names the released configs can use, as plain torch functions.
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+    "quick_gelu": _quick_gelu,
+}
+
+
+def activation(name: str) -> Callable[[Tensor], Tensor]:
+    """The activation function a config's `activation_function` names."""
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(f"unsupported activation_function {name!r}; known: {sorted(ACTIVATIONS)}") from None
+
+
+# --- the model ------------------------------------------------------------------------------------
+
+
+class EncoderAttention(nn.Module):
+    """Bidirectional multi-head self-attention with biases (official `Qwen3ASRAudioAttention`)."""
+
+    def __init__(self, d_model: int, num_heads: int):
+        super().__init__()
+        if d_model % num_heads != 0:
+            raise ValueError(f"d_model {d_model} is not divisible by encoder_attention_heads {num_heads}")
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: Tensor, key_mask: Tensor | None) -> Tensor:
+        # x: [B, N, d]; key_mask: [B, 1, 1, N] bool (True = a real token) or None when nothing is padded
+        b, n, d = x.shape
+        q = self.q_proj(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, N, hd]
+        k = self.k_proj(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, scale=self.head_dim ** -0.5)
+        return self.out_proj(out.transpose(1, 2).reshape(b, n, d))
+
+
+class EncoderLayer(nn.Module):
+    """Pre-LN transformer layer (official `Qwen3ASRAudioEncoderLayer`, eval mode)."""
+
+    def __init__(self, cfg: AudioEncoderConfig):
+        super().__init__()
+        self.self_attn = EncoderAttention(cfg.d_model, cfg.encoder_attention_heads)
+        self.self_attn_layer_norm = nn.LayerNorm(cfg.d_model)
+        self.fc1 = nn.Linear(cfg.d_model, cfg.encoder_ffn_dim)
+        self.fc2 = nn.Linear(cfg.encoder_ffn_dim, cfg.d_model)
+        self.final_layer_norm = nn.LayerNorm(cfg.d_model)
+        self.act = activation(cfg.activation_function)
+
+    def forward(self, x: Tensor, key_mask: Tensor | None) -> Tensor:
+        # x: [B, N, d]
+        x = x + self.self_attn(self.self_attn_layer_norm(x), key_mask)
+        x = x + self.fc2(self.act(self.fc1(self.final_layer_norm(x))))
+        if x.dtype == torch.float16:
+            # the reference clamps here so fp16 overflow saturates instead of turning into inf/nan
+            limit = torch.finfo(torch.float16).max - 1000
+            x = x.clamp(min=-limit, max=limit)
+        return x
+
+
+@dataclass(frozen=True)
+class _BatchLayout:
+    """Where each window's chunks and tokens sit in a padded batch (host-side bookkeeping)."""
+
+    chunk_counts: list[int]  # chunks per window
+    tokens: list[int]  # valid tokens per window
+    short_items: list[bool]  # window is a whole item shorter than one chunk: its conv runs unpadded
+
+
+def _batch_layout(lengths: Sequence[int], item_start: Sequence[bool], chunk_frames: int) -> _BatchLayout:
+    return _BatchLayout(
+        chunk_counts=[-(-t // chunk_frames) for t in lengths],
+        tokens=[num_audio_tokens(t, chunk_frames) for t in lengths],
+        short_items=[bool(s) and t < chunk_frames for t, s in zip(lengths, item_start)],
+    )
+
+
+class AudioEncoder(nn.Module):
+    """The Qwen3-ASR audio tower. `state_dict()` keys are the official `thinker.audio_tower.*` keys
+    with that prefix stripped, so a checkpoint loads with `load_state_dict(stripped, strict=True)`.
+
+    `scale_embedding` is read by the official code but never applied in its forward; it is ignored
+    here too. Dropout fields are training-only and not modelled.
+    """
+
+    def __init__(self, cfg: AudioEncoderConfig):
+        super().__init__()
+        if cfg.chunks_per_window < 1:
+            raise ValueError(f"n_window_infer {cfg.n_window_infer} is shorter than one chunk ({cfg.chunk_frames})")
+        self.cfg = cfg
+        hidden = cfg.downsample_hidden_size
+        self.conv2d1 = nn.Conv2d(1, hidden, 3, 2, padding=1)
+        self.conv2d2 = nn.Conv2d(hidden, hidden, 3, 2, padding=1)
+        self.conv2d3 = nn.Conv2d(hidden, hidden, 3, 2, padding=1)
+        self.conv_out = nn.Linear(hidden * conv_out_length(cfg.num_mel_bins), cfg.d_model, bias=False)
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.ln_post = nn.LayerNorm(cfg.d_model)
+        self.proj1 = nn.Linear(cfg.d_model, cfg.d_model)
+        self.proj2 = nn.Linear(cfg.d_model, cfg.output_dim)
+        self.act = activation(cfg.activation_function)
+        # float32 like the reference's buffer; cast to the activations' dtype where it is added
+        self.register_buffer("positions", sinusoid_positions(cfg.max_source_positions, cfg.d_model),
+                             persistent=False)
+        self.tokens_per_chunk = conv_out_length(cfg.chunk_frames)
+        # a window holds whole chunks; the reference counts windows in tokens (13 per chunk)
+        self.window_frames = cfg.chunks_per_window * cfg.chunk_frames
+        self.window_tokens = cfg.chunks_per_window * self.tokens_per_chunk
+
+    def num_tokens(self, frames: int) -> int:
+        """Encoder tokens for an item of `frames` feature frames."""
+        return num_audio_tokens(frames, self.cfg.chunk_frames)
+
+    # -- stages --
+
+    def conv_stem(self, chunks: Tensor, short_lengths: Tensor | None) -> Tensor:
+        """Per-chunk conv stem + input projection + positions.
+
+        chunks: [C, mel, chunk_frames], zero-padded tails. short_lengths: [C] valid frames per chunk
+        or None. The reference pads a tail chunk to the longest chunk of its item — 100 frames,
+        unless the item is shorter than one chunk and so runs unpadded. Zeroing each conv output
+        beyond the valid length reproduces an unpadded conv exactly (its padding reads zeros there);
+        `short_lengths` gives the full chunk length for every chunk that is not such an item.
+        Returns [C, tokens_per_chunk, d_model].
+        """
+        pieces = []
+        for c0 in range(0, chunks.shape[0], self.cfg.conv_chunksize):  # bounds conv memory, as the reference does
+            x = chunks[c0:c0 + self.cfg.conv_chunksize].unsqueeze(1)  # [c, 1, mel, t]
+            lengths = short_lengths[c0:c0 + self.cfg.conv_chunksize] if short_lengths is not None else None
+            for conv in (self.conv2d1, self.conv2d2, self.conv2d3):
+                # the reference hard-codes F.gelu here, whatever activation_function says
+                x = F.gelu(conv(x))  # [c, ch, f, t] with f, t halved (rounding up)
+                if lengths is not None:
+                    lengths = (lengths - 1) // 2 + 1
+                    keep = torch.arange(x.shape[-1], device=x.device) < lengths[:, None]  # [c, t]
+                    x = x * keep[:, None, None, :].to(x.dtype)
+            pieces.append(x)
+        x = torch.cat(pieces)  # [C, ch, f, t]
+        c, ch, f, t = x.shape
+        x = self.conv_out(x.permute(0, 3, 1, 2).reshape(c, t, ch * f))  # [C, t, d]
+        return x + self.positions[:t].to(x.dtype)
+
+    def transformer(self, x: Tensor, key_mask: Tensor | None) -> Tensor:
+        """Layers + projector. x: [B, N, d_model] -> [B, N, output_dim]."""
+        for layer in self.layers:
+            x = layer(x, key_mask)
+        return self.proj2(self.act(self.proj1(self.ln_post(x))))
+
+    # -- public API --
+
+    def encode_windows(self, windows: Sequence[Tensor], item_start: Sequence[bool]) -> list[Tensor]:
+        """Encode attention windows from any items/sessions as one padded batch.
+
+        windows[i]: [mel, t_i] features of ONE attention window, 1 <= t_i <= window_frames, starting
+        at a window boundary of its item. item_start[i]: whether it is its item's first window —
+        it matters only for a window shorter than one chunk, which the reference then encodes
+        unpadded (a whole item under 1 s) instead of zero-padding its tail chunk to 1 s.
+        Returns [num_tokens(t_i), output_dim] per window, in the parameters' dtype and device.
+        """
+        if len(windows) != len(item_start):
+            raise ValueError(f"{len(windows)} windows but {len(item_start)} item_start flags")
+        if not windows:
+            return []
+        p = self.conv_out.weight
+        cf, tpc = self.cfg.chunk_frames, self.tokens_per_chunk
+        lengths = [int(w.shape[-1]) for w in windows]
+        for w, t in zip(windows, lengths):
+            if w.dim() != 2 or w.shape[0] != self.cfg.num_mel_bins or not 1 <= t <= self.window_frames:
+                raise ValueError(f"a window must be [{self.cfg.num_mel_bins}, 1..{self.window_frames}], "
+                                 f"got {list(w.shape)}")
+        lay = _batch_layout(lengths, item_start, cf)
+
+        # chunks of every window, tails zero-padded to chunk_frames: [C, mel, cf]
+        chunks = torch.cat([
+            F.pad(w.to(device=p.device, dtype=p.dtype), (0, k * cf - t))
+            .view(self.cfg.num_mel_bins, k, cf).transpose(0, 1)
+            for w, t, k in zip(windows, lengths, lay.chunk_counts)])
+        short_lengths = None
+        if any(lay.short_items):
+            short_lengths = torch.tensor(
+                [t if short else cf for t, k, short in zip(lengths, lay.chunk_counts, lay.short_items)
+                 for _ in range(k)], device=p.device)
+        embeds = self.conv_stem(chunks, short_lengths)  # [C, tpc, d]
+
+        # a window's tokens are its chunks' tokens in order; only its last chunk can be partial
+        n_max = max(lay.tokens)
+        chunk_offsets = [0]
+        for k in lay.chunk_counts[:-1]:
+            chunk_offsets.append(chunk_offsets[-1] + k)
+        index = torch.zeros(len(windows), n_max, dtype=torch.long)  # [B, N] rows of embeds.flatten
+        for i, (c0, n) in enumerate(zip(chunk_offsets, lay.tokens)):
+            index[i, :n] = torch.arange(c0 * tpc, c0 * tpc + n)
+        x = embeds.reshape(-1, embeds.shape[-1])[index.to(p.device)]  # [B, N, d]
+        key_mask = None
+        if any(n != n_max for n in lay.tokens):
+            key_mask = (torch.arange(n_max)[None, :] < torch.tensor(lay.tokens)[:, None])  # [B, N]
+            key_mask = key_mask[:, None, None, :].to(p.device)  # [B, 1, 1, N]
+        out = self.transformer(x, key_mask)  # [B, N, out]
+        return [o[:n] for o, n in zip(out, lay.tokens)]
+
+    def encode_items(self, items: Sequence[Tensor]) -> list[Tensor]:
+        """Encode whole audio items ([mel, T_i] each) in one batch of all their windows.
+
+        Returns [num_tokens(T_i), output_dim] per item (an empty item gives [0, output_dim]).
+        """
+        windows, starts, counts = [], [], []
+        for feats in items:
+            spans = window_spans(int(feats.shape[-1]), self.window_frames)
+            windows += [feats[:, s:e] for s, e in spans]
+            starts += [s == 0 for s, _ in spans]
+            counts.append(len(spans))
+        outs = self.encode_windows(windows, starts)
+        result, i = [], 0
+        for k in counts:
+            p = self.proj2.weight
+            result.append(torch.cat(outs[i:i + k]) if k else p.new_zeros(0, self.cfg.output_dim))
+            i += k
+        return result
+
+    def forward(self, features: Tensor) -> Tensor:
+        """Encode one audio item: features [mel, T] -> [num_tokens(T), output_dim]."""
+        return self.encode_items([features])[0]
+
+
+# --- streaming ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WindowRequest:
+    """A window of one session that needs encoding (see `IncrementalEncoder.pending_windows`)."""
+
+    index: int  # window number within the item
+    start_frame: int
+    features: Tensor  # [mel, t], t <= window_frames
+    complete: bool  # t == window_frames: its outputs are final and get cached
+
+    @property
+    def item_start(self) -> bool:
+        return self.index == 0
+
+    @property
+    def end_frame(self) -> int:
+        return self.start_frame + int(self.features.shape[-1])
+
+
+class IncrementalEncoder:
+    """Encoder state of one streaming audio item (one session segment).
+
+    Feature frames are appended as they arrive. Completed windows are encoded once and cached
+    (their features dropped); only the active, incomplete window is recomputed when it has grown.
+
+    Two ways to drive it, sharing the same code:
+    - simple: `append(frames)` then `outputs()` (encodes whatever is pending, this session alone);
+    - scheduler: `pending_windows()` of many sessions -> one `AudioEncoder.encode_windows` batch
+      -> `commit(request, output)` per request -> `outputs()` (nothing left to encode).
+    """
+
+    def __init__(self, encoder: AudioEncoder):
+        self.encoder = encoder
+        self.window_frames = encoder.window_frames
+        self._frames = 0  # frames appended so far
+        self._buffer_start = 0  # item frame index of _buffer[:, 0]; a window boundary
+        self._buffer = None  # [mel, b]: features of windows not yet committed (active + completed-pending)
+        self._completed: list[Tensor] = []  # outputs of committed complete windows
+        self._active: Tensor | None = None  # output of the active window ...
+        self._active_frames = 0  # ... computed from the item's first _active_frames frames
+
+    @property
+    def frames(self) -> int:
+        """Feature frames appended so far."""
+        return self._frames
+
+    @property
+    def completed_tokens(self) -> int:
+        """Tokens of the committed complete windows; these outputs never change."""
+        return len(self._completed) * self.encoder.window_tokens
+
+    @property
+    def completed_outputs(self) -> list[Tensor]:
+        """Outputs of the committed complete windows, [window_tokens, output_dim] each."""
+        return list(self._completed)
+
+    def append(self, frames: Tensor) -> None:
+        """Append feature frames [mel, k] (k may be 0). Nothing is encoded until asked."""
+        if frames.dim() != 2 or frames.shape[0] != self.encoder.cfg.num_mel_bins:
+            raise ValueError(f"frames must be [{self.encoder.cfg.num_mel_bins}, k], got {list(frames.shape)}")
+        if frames.shape[1] == 0:
+            return
+        self._buffer = frames if self._buffer is None else torch.cat([self._buffer, frames], dim=1)
+        self._frames += int(frames.shape[1])
+
+    def pending_windows(self) -> list[WindowRequest]:
+        """Windows that need encoding now: completed windows not yet committed (in order), then the
+        active window if it has frames its cached output was not computed from."""
+        if self._buffer is None:
+            return []
+        wf, requests = self.window_frames, []
+        first = len(self._completed)
+        for j, s in enumerate(range(0, self._buffer.shape[1], wf)):
+            feats = self._buffer[:, s:s + wf]
+            complete = feats.shape[1] == wf
+            if complete or self._active_frames != self._frames:
+                requests.append(WindowRequest(first + j, self._buffer_start + s, feats, complete))
+        return requests
+
+    def active_window_features(self) -> Tensor | None:
+        """Features [mel, t] of the active (incomplete) window, or None at a window boundary."""
+        if self._buffer is None or self._frames % self.window_frames == 0:
+            return None
+        return self._buffer[:, (self._frames - self._buffer_start) // self.window_frames * self.window_frames:]
+
+    def commit(self, request: WindowRequest, output: Tensor) -> None:
+        """Store the encoder output [tokens, output_dim] of a request from `pending_windows`.
+
+        A complete window's output is cached for good and its features dropped; complete windows
+        must be committed in order. An active-window output is kept until frames arrive after it.
+        """
+        expected = self.encoder.num_tokens(request.end_frame - request.start_frame)
+        if output.shape[0] != expected:
+            raise ValueError(f"window {request.index} needs {expected} tokens, got {output.shape[0]}")
+        if request.complete:
+            if request.index != len(self._completed):
+                raise ValueError(f"window {request.index} committed out of order "
+                                 f"(next is {len(self._completed)})")
+            self._completed.append(output)
+            self._buffer = self._buffer[:, self.window_frames:]
+            self._buffer_start += self.window_frames
+            if self._buffer.shape[1] == 0:
+                self._buffer = None
+            if self._active_frames <= self._buffer_start:
+                self._active, self._active_frames = None, 0
+        elif request.index == self._frames // self.window_frames:
+            self._active, self._active_frames = output, request.end_frame
+        # else: a partial result of a window that has completed since; the complete one replaces it
+
+    def encode_pending(self) -> None:
+        """Encode this session's pending windows on its own (one batch) and commit them."""
+        requests = self.pending_windows()
+        outs = self.encoder.encode_windows([r.features for r in requests], [r.item_start for r in requests])
+        for r, o in zip(requests, outs):
+            self.commit(r, o)
+
+    def outputs(self) -> Tensor:
+        """Encoder outputs for all frames so far: [num_tokens(frames), output_dim].
+
+        Equal to `encoder(all features)` (see tests for the tolerances). Encodes what is pending first.
+        """
+        self.encode_pending()
+        parts = list(self._completed)
+        if self._active is not None:
+            parts.append(self._active)
+        if not parts:
+            p = self.encoder.proj2.weight
+            return p.new_zeros(0, self.encoder.cfg.output_dim)
+        return torch.cat(parts)
