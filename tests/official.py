@@ -56,6 +56,18 @@ def official_model(seed: int = 0, audio: dict | None = None, text: dict | None =
     return model
 
 
+def official_audio_tower(seed: int = 0, audio: dict | None = None, randomize: bool = True):
+    """Only the official audio tower (`Qwen3ASRAudioEncoder`), eval mode, fp32, seeded: quicker to
+    build than the whole model when the decoder is not needed."""
+    from qwen_asr.core.transformers_backend.modeling_qwen3_asr import Qwen3ASRAudioEncoder
+
+    torch.manual_seed(seed)
+    tower = Qwen3ASRAudioEncoder(official_config(audio).thinker_config.audio_config).eval()
+    if randomize:
+        randomize_parameters_(tower, seed)
+    return tower
+
+
 def audio_tower_state_dict(model) -> dict[str, torch.Tensor]:
     """The official audio tower's weights with the `thinker.audio_tower.` prefix stripped."""
     prefix = "thinker.audio_tower."
@@ -72,12 +84,12 @@ def use_windowed_attention(model):
     eager paths (the CPU reference) pass no mask and attend across the whole item, although it
     builds the windows and has the mask builder (`_prepare_attention_mask`, never called). This
     registers an attention function that applies that builder's mask, then runs the stock sdpa one.
-    Returns the model.
+    `model` is the whole official model or just its audio tower; returns it.
     """
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    tower = model.thinker.audio_tower
+    tower = model.thinker.audio_tower if hasattr(model, "thinker") else model
 
     def windowed(module, query, key, value, attention_mask, cu_seq_lens_q=None, **kwargs):
         # query: [1, H, S, hd] (the tower packs an item's tokens into one sequence)

@@ -349,6 +349,11 @@ class IncrementalEncoder:
         return self._frames
 
     @property
+    def buffered_frames(self) -> int:
+        """Feature frames still held: the active window's, plus completed windows not yet committed."""
+        return 0 if self._buffer is None else int(self._buffer.shape[1])
+
+    @property
     def completed_tokens(self) -> int:
         """Tokens of the committed complete windows; these outputs never change."""
         return len(self._completed) * self.encoder.window_tokens
