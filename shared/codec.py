@@ -1,0 +1,683 @@
+"""Log-mel feature frames -> compact bytes -> frames: the payload of every `Features` message.
+
+The edge sends raw log10-mel frames, already floored at (running max - 8). Each payload decodes on
+its own (packets are resent after a reconnect and replayed into a restarted server), so all
+prediction stays inside one packet.
+
+How a packet [128, k] becomes bytes:
+
+1. **Mel layout.** Below ~1 kHz the 128 slaney mel filters are narrower than the 40 Hz FFT bins:
+   21 mel bins are a fixed mix of FFT bins that other mel bins already carry alone, so
+   `x[m] = log10(r1 * 10**x[b1] + r2 * 10**x[b2])` exactly. Those are predicted, not coded; only
+   the 107 "basis" bins are transformed (a nonzero residual is sent only when flooring broke the
+   identity).
+2. **Transform.** The basis bins, weighted by how often their error is repeated in the dependent
+   bins, go through an orthonormal DCT across mel and a DCT across time in blocks of at most 32
+   frames (the prediction across time; a packet of 20 frames is one block).
+3. **Quantisation.** One step per mode with a dead zone (rounding offset < 0.5), which is what
+   trades rate for the RMS error the fidelity metric counts.
+4. **Entropy coding.** Every coefficient falls in a class: an expected magnitude from a fixed
+   prior over (mel-frequency band, time-frequency band), moved by a per-packet shift the encoder
+   measures. Each class owns a static canonical Huffman code over tuples of 1, 2 or 4 values
+   (tuples make near-zero classes cost well under a bit per value), built at import time from a
+   two-sided geometric model, with an escape to Exp-Golomb for large values. Encoding is fully
+   vectorised in numpy; decoding walks the bits in Python (it runs in the cloud).
+5. **Floor.** The decoder clamps every frame at its floor (carried exactly in the header), so values
+   at the floor decode to the floor and cost nothing beyond the clamp.
+
+Wire format (little endian), version 1:
+
+    magic  "HK"      2 bytes
+    version          u8
+    mode             u8     0 = keep-alive / no frames, 1 hifi, 2 balanced, 3 low
+    frames k         u16    0 only with mode 0; 1..MAX_FRAMES otherwise
+    -- the rest only when k > 0 --
+    floor            f32    clamp value of frame 0
+    n_floor_changes  u16    then n x (u16 frame index, f32 new clamp value), strictly increasing
+    shift            i8     class shift measured by the encoder
+    flags            u8     bit 0: dependent-bin residuals follow
+    body             entropy-coded bits, zero-padded to a byte
+"""
+
+from __future__ import annotations
+
+import heapq
+import struct
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from harken.shared.errors import CodecError
+from harken.shared.features_spec import DYNAMIC_RANGE_LOG10, N_FFT, N_MELS, SAMPLE_RATE
+
+MODES = ("hifi", "balanced", "low")
+DEFAULT_MODE = "balanced"
+MAGIC = b"HK"
+VERSION = 1
+MAX_FRAMES = 6000  # 60 s per payload: far above any packet, small enough to bound allocations
+MAX_TIME_BLOCK = 32  # frames per time-DCT block
+VALUE_LIMIT = 100.0  # |log10 mel| beyond this is not a log-mel (1e-100 .. 1e100)
+
+_HEADER = struct.Struct("<2sBBH")
+_FLOOR = struct.Struct("<fH")
+_CHANGE = struct.Struct("<Hf")
+_TAIL = struct.Struct("<bB")
+
+
+@dataclass(frozen=True)
+class ModeParams:
+    """Quantiser of one mode: step in (weighted) log10 units and the rounding offset (0.5 = plain
+    rounding; smaller widens the dead zone around zero)."""
+
+    step: float
+    rounding: float
+
+
+_MODE_PARAMS = {
+    "hifi": ModeParams(step=0.09, rounding=0.40),
+    "balanced": ModeParams(step=0.32, rounding=0.36),
+    "low": ModeParams(step=0.62, rounding=0.32),
+}
+_MODE_IDS = {name: i + 1 for i, name in enumerate(MODES)}
+
+
+# ---------------------------------------------------------------- mel layout (basis / dependents)
+
+
+def _slaney_mel_filters() -> np.ndarray:
+    """[201, 128] slaney-normalised slaney-scale mel filters, 0..8000 Hz: the bank of the feature
+    contract (transformers' mel_filter_bank(201, 128, 0, 8000, 16000, "slaney", "slaney"))."""
+    def hz_to_mel(f):
+        f = np.asarray(f, dtype=np.float64)
+        lin = 3.0 * f / 200.0
+        log = 15.0 + 27.0 * np.log(np.maximum(f, 1e-10) / 1000.0) / np.log(6.4)
+        return np.where(f >= 1000.0, log, lin)
+
+    def mel_to_hz(m):
+        m = np.asarray(m, dtype=np.float64)
+        lin = 200.0 * m / 3.0
+        log = 1000.0 * np.exp(np.log(6.4) * (m - 15.0) / 27.0)
+        return np.where(m >= 15.0, log, lin)
+
+    n_freq = N_FFT // 2 + 1
+    fft_freqs = np.linspace(0, SAMPLE_RATE // 2, n_freq)
+    filter_freqs = mel_to_hz(np.linspace(hz_to_mel(0.0), hz_to_mel(8000.0), N_MELS + 2))
+    diff = np.diff(filter_freqs)
+    slopes = filter_freqs[None, :] - fft_freqs[:, None]  # [201, 130]
+    down = -slopes[:, :-2] / diff[:-1]
+    up = slopes[:, 2:] / diff[1:]
+    fb = np.maximum(0.0, np.minimum(down, up))  # [201, 128]
+    return fb * (2.0 / (filter_freqs[2:] - filter_freqs[:-2]))[None, :]
+
+
+@dataclass(frozen=True)
+class MelLayout:
+    """Which mel bins are coded (basis) and which follow from them (dependents).
+
+    dependent m = log10(ratio_a[m] * 10**x[source_a[m]] + ratio_b[m] * 10**x[source_b[m]]);
+    ratio_b = 0 when m sees one FFT bin only."""
+
+    basis: np.ndarray  # [nb] int
+    dependent: np.ndarray  # [nd] int
+    source_a: np.ndarray  # [nd] int (mel index)
+    source_b: np.ndarray  # [nd] int
+    ratio_a: np.ndarray  # [nd] float64
+    ratio_b: np.ndarray  # [nd] float64
+    weight: np.ndarray  # [nb] how much each basis bin's error counts in the 128-bin metric
+
+
+@lru_cache(maxsize=1)
+def mel_layout() -> MelLayout:
+    """Derived from the filter bank alone, so encoder and decoder agree by construction."""
+    fb = _slaney_mel_filters().T  # [128, 201]
+    support = [np.flatnonzero(fb[m] > 0) for m in range(N_MELS)]
+    owner: dict[int, int] = {}  # FFT bin -> first mel bin that sees only it
+    for m, s in enumerate(support):
+        if len(s) == 1 and int(s[0]) not in owner:
+            owner[int(s[0])] = m
+    dep, src_a, src_b, r_a, r_b = [], [], [], [], []
+    for m, s in enumerate(support):
+        if not 1 <= len(s) <= 2 or any(int(k) not in owner for k in s):
+            continue
+        if len(s) == 1 and owner[int(s[0])] == m:
+            continue
+        srcs = [(owner[int(k)], fb[m, k] / fb[owner[int(k)], k]) for k in s]
+        if len(srcs) == 1:
+            srcs.append((srcs[0][0], 0.0))
+        dep.append(m)
+        (a, ra), (b, rb) = srcs
+        src_a.append(a), src_b.append(b), r_a.append(ra), r_b.append(rb)
+    basis = np.array([m for m in range(N_MELS) if m not in set(dep)])
+    weight = np.ones(N_MELS)
+    for a, b, ra, rb in zip(src_a, src_b, r_a, r_b):
+        # error of a dependent bin ~ share-weighted mix of its sources' errors (equal powers)
+        weight[a] += (ra / (ra + rb)) ** 2
+        weight[b] += (rb / (ra + rb)) ** 2
+    return MelLayout(basis, np.array(dep, dtype=np.int64), np.array(src_a, dtype=np.int64),
+                     np.array(src_b, dtype=np.int64), np.array(r_a), np.array(r_b), weight[basis])
+
+
+def predict_dependent(frames: np.ndarray, layout: MelLayout) -> np.ndarray:
+    """frames: [128, k] (basis rows filled) -> [nd, k] predicted dependent rows."""
+    ln10 = np.log(10.0)
+    with np.errstate(divide="ignore"):
+        a = frames[layout.source_a] * ln10 + np.log(layout.ratio_a)[:, None]
+        b = frames[layout.source_b] * ln10 + np.log(layout.ratio_b)[:, None]
+    return np.logaddexp(a, b) / ln10
+
+
+# ------------------------------------------------------------------------------------ transforms
+
+
+@lru_cache(maxsize=64)
+def _dct_matrix(n: int) -> np.ndarray:
+    """[n, n] orthonormal DCT-II: coefficients = D @ x."""
+    k = np.arange(n)[:, None]
+    i = np.arange(n)[None, :]
+    d = np.cos(np.pi * (i + 0.5) * k / n) * np.sqrt(2.0 / n)
+    d[0] /= np.sqrt(2.0)
+    return d
+
+
+def time_blocks(k: int) -> list[tuple[int, int]]:
+    """Split k frames into near-equal blocks of at most MAX_TIME_BLOCK: [(start, length)]."""
+    n = -(-k // MAX_TIME_BLOCK)
+    edges = [round(i * k / n) for i in range(n + 1)]
+    return [(edges[i], edges[i + 1] - edges[i]) for i in range(n)]
+
+
+def forward_transform(basis_rows: np.ndarray, weight: np.ndarray) -> list[np.ndarray]:
+    """basis_rows: [nb, k] -> per time block [nb, L] coefficients (mel DCT x time DCT)."""
+    dm = _dct_matrix(len(weight))
+    w = np.sqrt(weight)[:, None]
+    return [dm @ (w * basis_rows[:, s:s + n]) @ _dct_matrix(n).T for s, n in time_blocks(basis_rows.shape[1])]
+
+
+def inverse_transform(blocks: list[np.ndarray], weight: np.ndarray) -> np.ndarray:
+    """Inverse of forward_transform: per block [nb, L] -> [nb, k]."""
+    dm = _dct_matrix(len(weight))
+    rows = [dm.T @ c @ _dct_matrix(c.shape[1]) for c in blocks]
+    return np.concatenate(rows, axis=1) / np.sqrt(weight)[:, None]
+
+
+# ------------------------------------------------------------------------ coefficient classes
+
+# Mel-DCT index bands (log-spaced) x time-frequency bands (DC, <1/8, <1/4, <1/2, <1 of Nyquist).
+_BAND_EDGES = np.array([0, 1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64, 90, 107])
+# log2 RMS of each band's weighted coefficients, measured on espeak-ng speech with 20-30 dB SNR
+# noise and on the bundled sample (blocks of 10-32 frames). Only efficiency depends on it.
+_PRIOR_LOG2_RMS = np.array([
+    [7.07, 3.43, 2.66, 1.38, 0.25], [4.12, 3.54, 2.37, 1.05, -0.15], [2.68, 2.35, 1.32, 0.28, -0.59],
+    [4.03, 2.75, 1.64, 0.46, -0.69], [3.36, 2.68, 1.69, 0.47, -0.64], [2.91, 2.2, 1.43, 0.39, -0.76],
+    [2.84, 1.85, 1.15, 0.29, -0.74], [2.11, 1.54, 0.79, -0.03, -0.87], [1.45, 0.79, 0.06, -0.5, -1.09],
+    [1.2, 0.18, -0.38, -0.89, -1.24], [0.77, -0.13, -0.63, -1.03, -1.38], [0.94, -0.54, -0.98, -1.32, -1.57],
+    [0.84, -0.52, -1.02, -1.49, -1.83], [-0.24, -1.36, -1.59, -1.78, -2.05]])
+N_CLASSES = 28  # class c expects mean |q| = 2 ** ((c - _CLASS_ZERO) / 2)
+_CLASS_ZERO = 16
+_RESIDUAL_CLASS = 2  # dependent-bin residuals: almost always zero
+_SHIFT_LIMIT = 24
+
+
+def _time_band(j: np.ndarray, n: int) -> np.ndarray:
+    """Time-DCT index j of a block of n frames -> band 0 (DC) .. 4."""
+    f = j / n
+    return np.where(j == 0, 0, np.where(f < 0.125, 1, np.where(f < 0.25, 2, np.where(f < 0.5, 3, 4))))
+
+
+@lru_cache(maxsize=256)
+def _prior_class(nb: int, n: int, step: float) -> np.ndarray:
+    """[nb, n] class (before the packet shift) of each coefficient of a block of n frames, as
+    2 x log2 of its expected mean |q| (Laplacian: mean |c| = rms / sqrt 2)."""
+    band = np.searchsorted(_BAND_EDGES, np.arange(nb), side="right") - 1
+    tb = _time_band(np.arange(n), n)
+    log2_rms = _PRIOR_LOG2_RMS[band][:, tb]
+    log2_rms[:, 0] += 0.5 * np.log2(n / 20.0)  # the DC carries the block mean, which grows with n
+    cls = np.rint(2.0 * (log2_rms - 0.5 - np.log2(step))).astype(np.int64) + _CLASS_ZERO
+    cls.setflags(write=False)
+    return cls
+
+
+# ---------------------------------------------------------------------------- entropy coding
+
+
+@dataclass(frozen=True)
+class CodeTable:
+    """A canonical Huffman code over tuples of `group` values in [-radius, radius], plus an escape
+    symbol (index `escape`) after which each value of the tuple follows as signed Exp-Golomb."""
+
+    group: int
+    radius: int
+    escape: int
+    codes: np.ndarray  # [n_symbols] uint64 codeword, MSB first
+    lengths: np.ndarray  # [n_symbols] int64
+    # canonical decoding: per code length L, the first code, its index into `order`, the count
+    first_code: tuple[int, ...]
+    first_index: tuple[int, ...]
+    count: tuple[int, ...]
+    order: tuple[int, ...]  # symbols sorted by (length, symbol)
+
+
+def _huffman_lengths(p: np.ndarray) -> np.ndarray:
+    """Code lengths of a Huffman code for probabilities p (deterministic tie-breaking)."""
+    heap = [(float(q), i, (i,)) for i, q in enumerate(p)]
+    heapq.heapify(heap)
+    lengths = np.zeros(len(p), dtype=np.int64)
+    tie = len(p)
+    while len(heap) > 1:
+        pa, _, a = heapq.heappop(heap)
+        pb, _, b = heapq.heappop(heap)
+        lengths[list(a + b)] += 1
+        heapq.heappush(heap, (pa + pb, tie, a + b))
+        tie += 1
+    return lengths
+
+
+def _build_table(mean_abs: float) -> CodeTable:
+    """Huffman code for a two-sided geometric source with the given mean |value|."""
+    theta = (np.sqrt(1.0 + mean_abs**2) - 1.0) / mean_abs
+    group = 1 if mean_abs > 1.2 else 2 if mean_abs > 0.15 else 4
+    radius = {1: 14, 2: 3, 4: 1}[group]
+    values = np.arange(-radius, radius + 1)
+    p1 = (1 - theta) / (1 + theta) * theta ** np.abs(values)
+    grids = np.meshgrid(*[values] * group, indexing="ij")
+    p = np.ones(grids[0].shape)
+    for g in range(group):
+        p = p * p1[grids[g] + radius]
+    p = p.ravel()
+    p = np.append(p, max(1.0 - p.sum(), 0.0))
+    p = np.maximum(p, 2.0**-18)  # bounds code lengths (and keeps the escape codable)
+    lengths = _huffman_lengths(p / p.sum())
+    order = np.lexsort((np.arange(len(p)), lengths))
+    codes = np.zeros(len(p), dtype=np.uint64)
+    code, prev = 0, int(lengths[order[0]])
+    first_code, first_index, count = [0] * 64, [0] * 64, [0] * 64
+    for rank, s in enumerate(order):
+        length = int(lengths[s])
+        code <<= length - prev
+        prev = length
+        if count[length] == 0:
+            first_code[length], first_index[length] = code, rank
+        count[length] += 1
+        codes[s] = code
+        code += 1
+    return CodeTable(group, radius, len(p) - 1, codes, lengths, tuple(first_code), tuple(first_index),
+                     tuple(count), tuple(int(s) for s in order))
+
+
+@dataclass(frozen=True)
+class CodeBook:
+    """All class tables, plus their codes flattened into one array so encoding needs no loop."""
+
+    tables: tuple[CodeTable, ...]
+    group: np.ndarray  # [N_CLASSES]
+    radius: np.ndarray  # [N_CLASSES]
+    offset: np.ndarray  # [N_CLASSES] start of each table in flat_codes
+    flat_codes: np.ndarray
+    flat_lengths: np.ndarray
+
+
+@lru_cache(maxsize=1)
+def code_book() -> CodeBook:
+    """One table per class; built once, deterministic, part of the format version."""
+    tables = tuple(_build_table(2.0 ** ((c - _CLASS_ZERO) / 2.0)) for c in range(N_CLASSES))
+    sizes = np.array([len(t.codes) for t in tables])
+    return CodeBook(tables, np.array([t.group for t in tables]), np.array([t.radius for t in tables]),
+                    np.cumsum(sizes) - sizes, np.concatenate([t.codes for t in tables]),
+                    np.concatenate([t.lengths for t in tables]))
+
+
+def _exp_golomb(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Signed ints -> (codeword, length) of order-0 Exp-Golomb over the zigzag mapping."""
+    v = values.astype(np.int64)
+    u = np.where(v >= 0, 2 * v, -2 * v - 1).astype(np.uint64) + np.uint64(1)
+    nbits = np.floor(np.log2(u.astype(np.float64))).astype(np.int64) + 1
+    # float log2 can be off by one near powers of two for large u: fix exactly
+    nbits += (u >> nbits.astype(np.uint64)) > 0
+    nbits -= (u >> (nbits - 1).astype(np.uint64)) == 0
+    return u, 2 * nbits - 1
+
+
+def _pack_bits(codes: np.ndarray, lengths: np.ndarray) -> bytes:
+    """Concatenate codewords (MSB first) into bytes, zero-padded at the end."""
+    lengths = lengths.astype(np.int64)
+    total = int(lengths.sum())
+    if total == 0:
+        return b""
+    entry = np.repeat(np.arange(len(lengths)), lengths)
+    start = np.cumsum(lengths) - lengths
+    shift = (lengths[entry] - 1 - (np.arange(total) - start[entry])).astype(np.uint64)
+    bits = ((codes.astype(np.uint64)[entry] >> shift) & np.uint64(1)).astype(np.uint8)
+    return np.packbits(bits).tobytes()
+
+
+def _symbol_order(classes: np.ndarray) -> np.ndarray:
+    """Coefficients are coded class by class (stable within a class) so tuples share a table."""
+    return np.argsort(classes, kind="stable")
+
+
+def encode_symbols(q: np.ndarray, classes: np.ndarray) -> bytes:
+    """q, classes: [n] ints -> the entropy-coded bits of all of them, class by class; each class
+    run is zero-padded to whole tuples. Vectorised: no Python loop over symbols or classes."""
+    if len(q) == 0:
+        return b""
+    book = code_book()
+    order = _symbol_order(classes)
+    q, cls = q[order].astype(np.int64), classes[order]
+    run_start = np.r_[0, np.flatnonzero(np.diff(cls)) + 1]
+    run_len = np.diff(np.r_[run_start, len(q)])
+    run_cls = cls[run_start]
+    g_run = book.group[run_cls]
+    padded_len = -(-run_len // g_run) * g_run
+    padded_start = np.cumsum(padded_len) - padded_len
+    # scatter into the padded layout: [m] values, m = total padded length
+    run_of = np.repeat(np.arange(len(run_len)), run_len)
+    dest = padded_start[run_of] + np.arange(len(q)) - run_start[run_of]
+    m = int(padded_len.sum())
+    v = np.zeros(m, dtype=np.int64)
+    v[dest] = q
+    prun = np.repeat(np.arange(len(run_len)), padded_len)  # [m] run of each padded slot
+    g = g_run[prun]
+    r = book.radius[run_cls][prun]
+    within = np.arange(m) - padded_start[prun]
+    n_tuples_run = padded_len // g_run
+    tuple_of = (np.cumsum(n_tuples_run) - n_tuples_run)[prun] + within // g  # [m]
+    digit = within % g
+    width = 2 * r + 1
+    place = width ** (g - 1 - digit)
+    n_tuples = int(n_tuples_run.sum())
+    index = np.bincount(tuple_of, weights=(np.clip(v, -r, r) + r) * place, minlength=n_tuples)
+    outside = np.bincount(tuple_of, weights=np.abs(v) > r, minlength=n_tuples) > 0
+    tuple_cls = np.repeat(run_cls, n_tuples_run)
+    sym = np.where(outside, _escape_index(book, tuple_cls), index.astype(np.int64))
+    flat = book.offset[tuple_cls] + sym
+    # stream order: each tuple's code, then (escaped tuples only) its values as Exp-Golomb
+    eg_codes, eg_lens = _exp_golomb(v)
+    eg_lens = np.where(outside[tuple_of], eg_lens, 0)
+    first_slot = np.cumsum(np.bincount(tuple_of, minlength=n_tuples)) - np.bincount(tuple_of, minlength=n_tuples)
+    codes = np.zeros(n_tuples + m, dtype=np.uint64)
+    lens = np.zeros(n_tuples + m, dtype=np.int64)
+    main_at = first_slot + np.arange(n_tuples)
+    codes[main_at], lens[main_at] = book.flat_codes[flat], book.flat_lengths[flat]
+    eg_at = np.arange(m) + tuple_of + 1
+    codes[eg_at], lens[eg_at] = eg_codes, eg_lens
+    return _pack_bits(codes, lens)
+
+
+def _escape_index(book: CodeBook, cls: np.ndarray) -> np.ndarray:
+    """Escape symbol index of each class's table."""
+    return (2 * book.radius[cls] + 1) ** book.group[cls]
+
+
+class BitReader:
+    """MSB-first bit reader over a payload body; running out of bits is a CodecError."""
+
+    def __init__(self, data: bytes):
+        self.bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8)).tolist()
+        self.pos = 0
+
+    def read(self, n: int) -> int:
+        if self.pos + n > len(self.bits):
+            raise CodecError("payload truncated: entropy-coded body ends early")
+        v = 0
+        for b in self.bits[self.pos:self.pos + n]:
+            v = (v << 1) | b
+        self.pos += n
+        return v
+
+    def read_symbol(self, t: CodeTable) -> int:
+        bits, pos, code = self.bits, self.pos, 0
+        end = len(bits)
+        first_code, count = t.first_code, t.count
+        for length in range(1, 64):
+            if pos >= end:
+                raise CodecError("payload truncated: entropy-coded body ends early")
+            code = (code << 1) | bits[pos]
+            pos += 1
+            off = code - first_code[length]
+            if 0 <= off < count[length]:
+                self.pos = pos
+                return t.order[t.first_index[length] + off]
+        raise CodecError("corrupt payload: invalid code word")
+
+    def read_exp_golomb(self) -> int:
+        zeros = 0
+        while self.read(1) == 0:
+            zeros += 1
+            if zeros > 40:
+                raise CodecError("corrupt payload: escape value too long")
+        u = (1 << zeros) | self.read(zeros)
+        u -= 1
+        return u // 2 if u % 2 == 0 else -(u + 1) // 2
+
+
+def decode_symbols(reader: BitReader, classes: np.ndarray) -> np.ndarray:
+    """Inverse of encode_symbols for the same classes: -> [n] int64."""
+    tables = code_book().tables
+    order = _symbol_order(classes)
+    sorted_cls = classes[order]
+    out_sorted = np.zeros(len(classes), dtype=np.int64)
+    cuts = np.r_[0, np.flatnonzero(np.diff(sorted_cls)) + 1, len(classes)]
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        if a == b:
+            continue
+        t = tables[int(sorted_cls[a])]
+        width = 2 * t.radius + 1
+        n_tuples = -(-(b - a) // t.group)
+        vals = []
+        for _ in range(n_tuples):
+            sym = reader.read_symbol(t)
+            if sym == t.escape:
+                vals.extend(reader.read_exp_golomb() for _ in range(t.group))
+            else:
+                digits = []
+                for _ in range(t.group):
+                    sym, d = divmod(sym, width)
+                    digits.append(d - t.radius)
+                vals.extend(reversed(digits))
+        out_sorted[a:b] = vals[: b - a]
+    out = np.empty_like(out_sorted)
+    out[order] = out_sorted
+    return out
+
+
+# ---------------------------------------------------------------------------------- the packet
+
+
+@dataclass(frozen=True)
+class PacketHeader:
+    """Everything before the entropy-coded body. `floors` holds the clamp value of every frame."""
+
+    mode: str | None  # None: a keep-alive (no frames)
+    n_frames: int
+    floors: np.ndarray  # [n_frames] float32
+    shift: int = 0
+    has_residuals: bool = False
+
+    def serialize(self) -> bytes:
+        mode_id = 0 if self.mode is None else _MODE_IDS[self.mode]
+        out = [_HEADER.pack(MAGIC, VERSION, mode_id, self.n_frames)]
+        if self.n_frames == 0:
+            return out[0]
+        changes = np.flatnonzero(self.floors[1:] != self.floors[:-1]) + 1
+        out.append(_FLOOR.pack(float(self.floors[0]), len(changes)))
+        out += [_CHANGE.pack(int(i), float(self.floors[i])) for i in changes]
+        out.append(_TAIL.pack(self.shift, int(self.has_residuals)))
+        return b"".join(out)
+
+    @classmethod
+    def parse(cls, data: bytes) -> tuple[PacketHeader, int]:
+        """-> (header, offset of the body). Validates every length and field."""
+        if len(data) < _HEADER.size:
+            raise CodecError(f"payload truncated: {len(data)} bytes, header needs {_HEADER.size}")
+        magic, version, mode_id, n = _HEADER.unpack_from(data, 0)
+        if magic != MAGIC:
+            raise CodecError("not a harken feature payload (bad magic)")
+        if version != VERSION:
+            raise CodecError(f"unsupported feature payload version {version} (this build reads {VERSION})")
+        if mode_id > len(MODES):
+            raise CodecError(f"unknown codec mode id {mode_id}")
+        if n > MAX_FRAMES:
+            raise CodecError(f"payload claims {n} frames, more than the limit {MAX_FRAMES}")
+        if (mode_id == 0) != (n == 0):
+            raise CodecError("keep-alive payloads carry no frames and frame payloads carry some")
+        pos = _HEADER.size
+        if n == 0:
+            if len(data) != pos:
+                raise CodecError("keep-alive payload has trailing bytes")
+            return cls(None, 0, np.zeros(0, dtype=np.float32)), pos
+        if len(data) < pos + _FLOOR.size:
+            raise CodecError("payload truncated in the floor field")
+        floor0, n_changes = _FLOOR.unpack_from(data, pos)
+        pos += _FLOOR.size
+        if n_changes >= n:
+            raise CodecError(f"payload claims {n_changes} floor changes in {n} frames")
+        if len(data) < pos + n_changes * _CHANGE.size + _TAIL.size:
+            raise CodecError("payload truncated in the floor changes")
+        floors = np.full(n, floor0, dtype=np.float32)
+        prev = 0
+        for _ in range(n_changes):
+            at, value = _CHANGE.unpack_from(data, pos)
+            pos += _CHANGE.size
+            if not prev < at < n:
+                raise CodecError("corrupt payload: floor changes out of order")
+            floors[at:] = value
+            prev = at
+        if not np.all(np.abs(floors) <= VALUE_LIMIT):
+            raise CodecError("corrupt payload: floor value out of range")
+        shift, flags = _TAIL.unpack_from(data, pos)
+        pos += _TAIL.size
+        if abs(shift) > _SHIFT_LIMIT or flags > 1:
+            raise CodecError("corrupt payload: bad class shift or flags")
+        return cls(MODES[mode_id - 1], n, floors, shift, bool(flags)), pos
+
+
+def frame_floors(frames: np.ndarray, floor_log10: float | None) -> np.ndarray:
+    """frames: [128, k] -> [k] float32 clamp value per frame: the decoder outputs at least this.
+
+    With `floor_log10` (the running max - 8 at the packet start) the clamp follows the floor as
+    RunningMaxFloor raises it inside the packet. Without it the packet minimum is used, which is
+    just as safe but leaves floored bins to the quantiser. Never above a frame's own minimum, so
+    clamping can only move decoded values towards the truth."""
+    base = np.float32(frames.min()) if floor_log10 is None else np.float32(floor_log10)
+    running = np.maximum.accumulate(frames.max(axis=0)) - np.float32(DYNAMIC_RANGE_LOG10)
+    floors = np.maximum(base, running.astype(np.float32)) if floor_log10 is not None else np.full(frames.shape[1], base)
+    return np.minimum(floors, frames.min(axis=0)).astype(np.float32)
+
+
+def _block_classes(nb: int, lengths: list[int], step: float, shift: int) -> np.ndarray:
+    """Class of every basis coefficient of a packet, blocks concatenated: [nb * k]."""
+    parts = [_prior_class(nb, n, step).ravel() for n in lengths]
+    return np.clip(np.concatenate(parts) + shift, 0, N_CLASSES - 1)
+
+
+def _measure_shift(q: np.ndarray, prior: np.ndarray) -> int:
+    """The class shift that best matches this packet's magnitudes to the prior: mean over
+    coefficients of 2 log2(|q| / expected |q|), with a floor so zeros count as small, not -inf."""
+    expected = 2.0 ** ((prior - _CLASS_ZERO) / 2.0)
+    ratio = (np.abs(q).sum() + 0.5) / (expected.sum() + 0.5)
+    return int(np.clip(np.rint(2.0 * np.log2(ratio)), -_SHIFT_LIMIT, _SHIFT_LIMIT))
+
+
+def encode_frames(frames: np.ndarray, mode: str = DEFAULT_MODE, floor_log10: float | None = None) -> bytes:
+    """Encode raw log10-mel frames [128, k] (floored at running max - 8) into one self-contained
+    payload. `floor_log10`: the floor (running max - 8) before this packet's first frame, if known;
+    it lets values at the floor cost nothing. k = 0 gives a keep-alive. Deterministic."""
+    if mode not in _MODE_PARAMS:
+        raise CodecError(f"unknown codec mode {mode!r}; expected one of {MODES}")
+    frames = np.asarray(frames)
+    if frames.ndim != 2 or frames.shape[0] != N_MELS:
+        raise CodecError(f"frames must be [{N_MELS}, k], got {list(frames.shape)}")
+    k = frames.shape[1]
+    if k > MAX_FRAMES:
+        raise CodecError(f"{k} frames in one payload; the limit is {MAX_FRAMES}")
+    if k == 0:
+        return keepalive()
+    frames = frames.astype(np.float32)
+    if not np.all(np.isfinite(frames)) or np.abs(frames).max() > VALUE_LIMIT:
+        raise CodecError(f"frames must be finite log10-mel values within +-{VALUE_LIMIT}")
+    if floor_log10 is not None and not abs(float(floor_log10)) <= VALUE_LIMIT:
+        raise CodecError(f"floor_log10 must be finite and within +-{VALUE_LIMIT}")
+    params = _MODE_PARAMS[mode]
+    layout = mel_layout()
+    floors = frame_floors(frames, floor_log10)
+    x = frames.astype(np.float64)
+
+    # basis: mel DCT x time DCT, dead-zone quantiser
+    coefs = forward_transform(x[layout.basis], layout.weight)
+    lengths = [c.shape[1] for c in coefs]
+    flat = np.concatenate([c.ravel() for c in coefs]) / params.step
+    q = (np.sign(flat) * np.floor(np.abs(flat) + params.rounding)).astype(np.int64)
+    nb = len(layout.basis)
+    shift = _measure_shift(q, _block_classes(nb, lengths, params.step, 0))
+    body = encode_symbols(q, _block_classes(nb, lengths, params.step, shift))
+
+    # dependents: predicted from the basis; a residual only where flooring broke the identity
+    pred = predict_dependent(x, layout)
+    dep = x[layout.dependent]
+    needed = ~((dep <= floors) & (pred <= floors))
+    res = np.where(needed, np.rint((dep - pred) / params.step), 0).astype(np.int64)
+    has_res = bool(np.any(res))
+    if has_res:
+        body = encode_symbols(np.concatenate([q, res.ravel()]),
+                              np.concatenate([_block_classes(nb, lengths, params.step, shift),
+                                              np.full(res.size, _RESIDUAL_CLASS)]))
+    header = PacketHeader(mode, k, floors, shift, has_res)
+    return header.serialize() + body
+
+
+def keepalive() -> bytes:
+    """A payload with no frames: what the edge may send during silence."""
+    return PacketHeader(None, 0, np.zeros(0, dtype=np.float32)).serialize()
+
+
+def decode_frames(payload: bytes) -> np.ndarray:
+    """Decode one payload -> [128, k] float32 frames (k = 0 for a keep-alive). Any malformed
+    payload raises CodecError, after work bounded by the payload's own size."""
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise CodecError(f"payload must be bytes, got {type(payload).__name__}")
+    payload = bytes(payload)
+    header, pos = PacketHeader.parse(payload)
+    k = header.n_frames
+    if k == 0:
+        return np.zeros((N_MELS, 0), dtype=np.float32)
+    params = _MODE_PARAMS[header.mode]
+    layout = mel_layout()
+    nb = len(layout.basis)
+    lengths = [n for _, n in time_blocks(k)]
+    classes = _block_classes(nb, lengths, params.step, header.shift)
+    if header.has_residuals:
+        classes = np.concatenate([classes, np.full(len(layout.dependent) * k, _RESIDUAL_CLASS)])
+    body = payload[pos:]
+    # every tuple costs at least one bit: a body too short for the claimed frames fails here,
+    # before any per-symbol work
+    min_bits = _min_body_bits(classes)
+    if 8 * len(body) < min_bits:
+        raise CodecError(f"payload truncated: {len(body)} body bytes for {k} frames")
+    reader = BitReader(body)
+    values = decode_symbols(reader, classes)
+    if len(body) - (reader.pos + 7) // 8 != 0:
+        raise CodecError("corrupt payload: trailing bytes after the body")
+    q = values[: nb * k].astype(np.float64) * params.step
+    blocks, at = [], 0
+    for n in lengths:
+        blocks.append(q[at:at + nb * n].reshape(nb, n))
+        at += nb * n
+    x = np.zeros((N_MELS, k))
+    x[layout.basis] = inverse_transform(blocks, layout.weight)
+    x[layout.dependent] = predict_dependent(x, layout)
+    if header.has_residuals:
+        x[layout.dependent] += values[nb * k:].reshape(len(layout.dependent), k) * params.step
+    x = np.maximum(x, header.floors[None, :].astype(np.float64))
+    if not np.all(np.abs(x) <= VALUE_LIMIT):
+        raise CodecError("corrupt payload: decoded values out of range")
+    return x.astype(np.float32)
+
+
+def _min_body_bits(classes: np.ndarray) -> int:
+    """Fewest bits any valid body for these classes can have (one shortest code per tuple)."""
+    book = code_book()
+    counts = np.bincount(classes, minlength=N_CLASSES)
+    tuples = -(-counts // book.group)
+    shortest = np.array([int(t.lengths.min()) for t in book.tables])
+    return int((tuples * shortest).sum())
