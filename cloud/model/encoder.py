@@ -138,20 +138,35 @@ class EncoderLayer(nn.Module):
 
 
 @dataclass(frozen=True)
-class _BatchLayout:
-    """Where each window's chunks and tokens sit in a padded batch (host-side bookkeeping)."""
+class WindowBatch:
+    """Host-side layout of a padded batch of windows: built from shapes only, so it costs no device sync."""
 
     chunk_counts: list[int]  # chunks per window
     tokens: list[int]  # valid tokens per window
-    short_items: list[bool]  # window is a whole item shorter than one chunk: its conv runs unpadded
+    token_index: Tensor  # [B, N] long: row of the flattened [C * tokens_per_chunk] conv output per token
+    key_mask: Tensor | None  # [B, 1, 1, N] bool, True = real token; None when no window is padded
+    short_lengths: Tensor | None  # [C] valid frames per chunk when some window is a whole sub-chunk item
 
 
-def _batch_layout(lengths: Sequence[int], item_start: Sequence[bool], chunk_frames: int) -> _BatchLayout:
-    return _BatchLayout(
-        chunk_counts=[-(-t // chunk_frames) for t in lengths],
-        tokens=[num_audio_tokens(t, chunk_frames) for t in lengths],
-        short_items=[bool(s) and t < chunk_frames for t, s in zip(lengths, item_start)],
-    )
+def window_batch(lengths: Sequence[int], item_start: Sequence[bool], chunk_frames: int,
+                 tokens_per_chunk: int) -> WindowBatch:
+    """Lay out windows of `lengths` frames as a padded batch (see `AudioEncoder.encode_windows`)."""
+    counts = [-(-t // chunk_frames) for t in lengths]
+    tokens = [num_audio_tokens(t, chunk_frames) for t in lengths]
+    n_max = max(tokens)
+    # a window's tokens are its chunks' tokens in order (only its last chunk can be partial), so
+    # token j of a window starting at chunk c0 is row c0 * tokens_per_chunk + j; padding reads row 0
+    first_chunk = torch.tensor([0] + counts[:-1]).cumsum(0)  # [B]
+    n = torch.tensor(tokens)  # [B]
+    j = torch.arange(n_max)  # [N]
+    real = j[None, :] < n[:, None]  # [B, N]
+    token_index = torch.where(real, first_chunk[:, None] * tokens_per_chunk + j[None, :], 0)
+    key_mask = None if all(t == n_max for t in tokens) else real[:, None, None, :]
+    short_lengths = None
+    if any(s and t < chunk_frames for t, s in zip(lengths, item_start)):
+        short_lengths = torch.tensor([t if s and t < chunk_frames else chunk_frames
+                                      for t, k, s in zip(lengths, counts, item_start) for _ in range(k)])
+    return WindowBatch(counts, tokens, token_index, key_mask, short_lengths)
 
 
 class AudioEncoder(nn.Module):
@@ -240,40 +255,27 @@ class AudioEncoder(nn.Module):
         if not windows:
             return []
         p = self.conv_out.weight
-        cf, tpc = self.cfg.chunk_frames, self.tokens_per_chunk
+        cf = self.cfg.chunk_frames
         lengths = [int(w.shape[-1]) for w in windows]
         for w, t in zip(windows, lengths):
             if w.dim() != 2 or w.shape[0] != self.cfg.num_mel_bins or not 1 <= t <= self.window_frames:
                 raise ValueError(f"a window must be [{self.cfg.num_mel_bins}, 1..{self.window_frames}], "
                                  f"got {list(w.shape)}")
-        lay = _batch_layout(lengths, item_start, cf)
+        lay = window_batch(lengths, item_start, cf, self.tokens_per_chunk)
 
-        # chunks of every window, tails zero-padded to chunk_frames: [C, mel, cf]
+        def to_device(t: Tensor | None) -> Tensor | None:
+            # host-built index/mask tensors: an async copy, no wait for queued device work
+            return None if t is None else t.to(p.device, non_blocking=True)
+
+        # chunks of every window, tails zero-padded to chunk_frames: [C, mel, cf]; built where the
+        # features are, then moved once
         chunks = torch.cat([
-            F.pad(w.to(device=p.device, dtype=p.dtype), (0, k * cf - t))
-            .view(self.cfg.num_mel_bins, k, cf).transpose(0, 1)
+            F.pad(w, (0, k * cf - t)).reshape(self.cfg.num_mel_bins, k, cf).transpose(0, 1)
             for w, t, k in zip(windows, lengths, lay.chunk_counts)])
-        short_lengths = None
-        if any(lay.short_items):
-            short_lengths = torch.tensor(
-                [t if short else cf for t, k, short in zip(lengths, lay.chunk_counts, lay.short_items)
-                 for _ in range(k)], device=p.device)
-        embeds = self.conv_stem(chunks, short_lengths)  # [C, tpc, d]
-
-        # a window's tokens are its chunks' tokens in order; only its last chunk can be partial
-        n_max = max(lay.tokens)
-        chunk_offsets = [0]
-        for k in lay.chunk_counts[:-1]:
-            chunk_offsets.append(chunk_offsets[-1] + k)
-        index = torch.zeros(len(windows), n_max, dtype=torch.long)  # [B, N] rows of embeds.flatten
-        for i, (c0, n) in enumerate(zip(chunk_offsets, lay.tokens)):
-            index[i, :n] = torch.arange(c0 * tpc, c0 * tpc + n)
-        x = embeds.reshape(-1, embeds.shape[-1])[index.to(p.device)]  # [B, N, d]
-        key_mask = None
-        if any(n != n_max for n in lay.tokens):
-            key_mask = (torch.arange(n_max)[None, :] < torch.tensor(lay.tokens)[:, None])  # [B, N]
-            key_mask = key_mask[:, None, None, :].to(p.device)  # [B, 1, 1, N]
-        out = self.transformer(x, key_mask)  # [B, N, out]
+        chunks = chunks.to(device=p.device, dtype=p.dtype, non_blocking=True)
+        embeds = self.conv_stem(chunks, to_device(lay.short_lengths))  # [C, tokens_per_chunk, d]
+        x = embeds.reshape(-1, embeds.shape[-1])[to_device(lay.token_index)]  # [B, N, d]
+        out = self.transformer(x, to_device(lay.key_mask))  # [B, N, out]
         return [o[:n] for o, n in zip(out, lay.tokens)]
 
     def encode_items(self, items: Sequence[Tensor]) -> list[Tensor]:
@@ -288,10 +290,10 @@ class AudioEncoder(nn.Module):
             starts += [s == 0 for s, _ in spans]
             counts.append(len(spans))
         outs = self.encode_windows(windows, starts)
+        empty = self.proj2.weight.new_zeros(0, self.cfg.output_dim)
         result, i = [], 0
         for k in counts:
-            p = self.proj2.weight
-            result.append(torch.cat(outs[i:i + k]) if k else p.new_zeros(0, self.cfg.output_dim))
+            result.append(torch.cat(outs[i:i + k]) if k else empty)
             i += k
         return result
 
