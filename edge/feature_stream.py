@@ -1,0 +1,179 @@
+"""The edge pipeline: PCM -> VAD-gated, compressed feature packets, ready for the transport.
+
+Every sample goes through the streaming log-mel (frames are final 12.5 ms after their centre) and
+the running-max floor; silero-vad decides which frames belong to speech. Frames of a segment leave
+in packets of `packet_frames` (default 20 = 200 ms), each an independent codec payload tagged with
+the segment, its first frame index and start/end flags, which maps 1:1 onto the wire's `Features`
+message. Silence sends nothing.
+
+The VAD confirms a start only after `min_speech_duration_ms` and reports it `speech_pad_ms` early,
+so the stream keeps the last few hundred ms of frames while idle (`lookback_frames`, derived from
+the VAD's documented worst-case delay); memory stays constant however long the stream runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harken.edge.features import StreamingLogMel
+from harken.edge.vad import SegmentEnd, SegmentStart, StreamingVad, VadOptions
+from harken.shared.codec import DEFAULT_MODE, encode_frames
+from harken.shared.features_spec import DYNAMIC_RANGE_LOG10, HOP_LENGTH, N_MELS, RunningMaxFloor
+
+VAD_WINDOW_MS = 32
+
+
+@dataclass(frozen=True)
+class FeaturePacket:
+    """One `Features` message's worth: frames [first_frame, first_frame + frame_count) of a segment."""
+
+    segment_id: int
+    first_frame: int
+    frame_count: int
+    segment_start: bool
+    segment_end: bool
+    payload: bytes
+    running_max_log10: float  # the floor state after these frames (travels with final segments)
+
+
+@dataclass
+class StageSeconds:
+    """CPU time spent per stage (perf_counter), for the benchmark's real-time factors."""
+
+    vad: float = 0.0
+    features: float = 0.0
+    codec: float = 0.0
+
+
+@dataclass
+class _Segment:
+    segment_id: int
+    next_frame: int  # first frame not yet sent
+    end_frame: int | None = None  # exclusive; None while the segment is open
+    started: bool = False  # a packet with segment_start has gone out
+
+
+@dataclass
+class FeatureStream:
+    """One audio stream -> `FeaturePacket`s. `push()` PCM pieces as they arrive, `flush()` at the end."""
+
+    vad_options: VadOptions = field(default_factory=VadOptions)
+    mode: str = DEFAULT_MODE
+    packet_frames: int = 20
+    running_max_log10: float = float("-inf")  # seed from a previous session to continue its floor
+
+    def __post_init__(self):
+        if self.packet_frames < 1:
+            raise ValueError("packet_frames must be >= 1")
+        self.vad = StreamingVad(self.vad_options)
+        self.mel = StreamingLogMel()
+        self.floor = RunningMaxFloor(self.running_max_log10)
+        self.seconds = StageSeconds()
+        self.lookback_frames = _lookback_frames(self.vad_options)
+        self._frames: deque[np.ndarray] = deque()  # floored [128] frames, oldest first
+        self._running: deque[float] = deque()  # the running max after each buffered frame
+        self._first_buffered = 0  # absolute index of self._frames[0]
+        self._frames_computed = 0
+        self._segments: deque[_Segment] = deque()
+
+    def push(self, pcm: np.ndarray) -> list[FeaturePacket]:
+        """Feed the next 16 kHz mono float32 piece; return the packets it completed."""
+        pcm = np.asarray(pcm, dtype=np.float32)
+        t0 = time.perf_counter()
+        frames = self.mel.push(pcm)
+        t1 = time.perf_counter()
+        events = self.vad.push(pcm)
+        t2 = time.perf_counter()
+        self.seconds.features += t1 - t0
+        self.seconds.vad += t2 - t1
+        return self._advance(frames, events, final=False)
+
+    def flush(self) -> list[FeaturePacket]:
+        """End of stream: the remaining frames and the close of any open segment."""
+        t0 = time.perf_counter()
+        frames = self.mel.flush()
+        t1 = time.perf_counter()
+        events = self.vad.flush()
+        t2 = time.perf_counter()
+        self.seconds.features += t1 - t0
+        self.seconds.vad += t2 - t1
+        return self._advance(frames, events, final=True)
+
+    def _advance(self, frames: np.ndarray, events, final: bool) -> list[FeaturePacket]:
+        t0 = time.perf_counter()
+        before = self.floor.max_log10
+        floored = self.floor(frames)
+        running = np.maximum.accumulate(np.maximum(frames.max(axis=0, initial=-np.inf), before)) \
+            if frames.shape[1] else np.zeros(0)
+        t_floor = time.perf_counter() - t0
+        self._frames.extend(floored.T)
+        self._running.extend(running.tolist())
+        self._frames_computed += floored.shape[1]
+        for e in events:
+            if isinstance(e, SegmentStart):
+                first = max(e.start_sample // HOP_LENGTH, self._first_buffered)
+                self._segments.append(_Segment(e.segment_id, first))
+            elif isinstance(e, SegmentEnd):
+                seg = next((s for s in self._segments if s.segment_id == e.segment_id), None)
+                if seg is not None:
+                    seg.end_frame = max(seg.next_frame, -(-e.end_sample // HOP_LENGTH))
+        packets = self._emit(final)
+        self._trim()
+        self.seconds.features += t_floor
+        return packets
+
+    def _emit(self, final: bool) -> list[FeaturePacket]:
+        packets = []
+        while self._segments:
+            seg = self._segments[0]
+            limit = self._frames_computed if seg.end_frame is None else min(seg.end_frame, self._frames_computed)
+            closing = seg.end_frame is not None and (seg.end_frame <= self._frames_computed or final)
+            while limit - seg.next_frame >= self.packet_frames:
+                packets.append(self._packet(seg, seg.next_frame + self.packet_frames, end=False))
+            if not closing:
+                break
+            end = min(seg.end_frame, self._frames_computed)
+            packets.append(self._packet(seg, end, end=True))
+            self._segments.popleft()
+        return packets
+
+    def _packet(self, seg: _Segment, stop: int, end: bool) -> FeaturePacket:
+        start = seg.next_frame
+        frames = self._slice(start, stop)
+        floor = None
+        if start - 1 >= self._first_buffered:
+            # the floor in force before this packet, so values at the floor cost nothing
+            floor = self._running[start - 1 - self._first_buffered] - DYNAMIC_RANGE_LOG10
+        t0 = time.perf_counter()
+        payload = encode_frames(frames, self.mode, floor_log10=floor)
+        self.seconds.codec += time.perf_counter() - t0
+        packet = FeaturePacket(seg.segment_id, start, stop - start, not seg.started, end, payload,
+                               self.floor.max_log10)
+        seg.started = True
+        seg.next_frame = stop
+        return packet
+
+    def _slice(self, start: int, stop: int) -> np.ndarray:
+        if stop <= start:
+            return np.zeros((N_MELS, 0), np.float32)
+        i, j = start - self._first_buffered, stop - self._first_buffered
+        return np.stack([self._frames[k] for k in range(i, j)], axis=1)
+
+    def _trim(self) -> None:
+        keep_from = self._frames_computed - self.lookback_frames
+        if self._segments:
+            keep_from = min(keep_from, self._segments[0].next_frame - 1)
+        while self._frames and self._first_buffered < keep_from:
+            self._frames.popleft()
+            self._running.popleft()
+            self._first_buffered += 1
+
+
+def _lookback_frames(o: VadOptions) -> int:
+    """Frames to keep while idle: the VAD's worst-case start delay (see edge/vad.py), plus margin."""
+    worst_ms = o.min_speech_duration_ms + o.min_silence_duration_ms + o.speech_pad_ms + 2 * VAD_WINDOW_MS
+    return worst_ms // 10 + 8
