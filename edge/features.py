@@ -90,6 +90,11 @@ class StreamingLogMel:
         self._buffer = np.zeros(0, dtype=np.float32)
         self._left_padded = False
 
+    @property
+    def buffered_samples(self) -> int:
+        """Samples held for frames not yet final: under 400 between calls."""
+        return int(self._buffer.size)
+
     def push(self, pcm: np.ndarray) -> np.ndarray:
         """pcm: [n] float32 16 kHz mono, any n >= 0. Returns [128, k] float32: the frames that
         became final with this piece (k may be 0)."""
