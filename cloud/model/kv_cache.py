@@ -1,0 +1,173 @@
+"""A pre-allocated, slotted KV cache for the Qwen3 decoder, shared by all sessions.
+
+Storage is allocated once — k and v, each [layers, max_slots, kv_heads, max_len, head_dim] — and
+reused for every request: a session takes a slot, fills it by prefill/decode, rolls it back with
+`truncate`, and gives it back with `free`. Lengths live on the host (plain ints) so that building a
+step's index tensors never reads from the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+class KVCacheFull(RuntimeError):
+    """No free slot, or a slot would grow past `max_len`."""
+
+
+class KVCache:
+    """Per-slot keys and values of every decoder layer, in storage allocated once.
+
+    `k[layer, slot, :, :length(slot)]` holds the (RoPE'd) keys of that slot's tokens; positions at
+    and beyond `length(slot)` hold stale values that attention masks out. Storage starts zeroed so
+    stale values are always finite (a masked NaN would still poison `softmax @ v`).
+    """
+
+    def __init__(self, num_layers: int, max_slots: int, kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        shape = (num_layers, max_slots, kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_slots = max_slots
+        self.max_len = max_len
+        self._lengths = [0] * max_slots
+        self._in_use = [False] * max_slots
+        # pop() hands out the lowest free slot first, which keeps batches contiguous more often
+        self._free = list(range(max_slots - 1, -1, -1))
+
+    @classmethod
+    def for_config(cls, config, max_slots: int, max_len: int, dtype: torch.dtype = torch.float32,
+                   device: torch.device | str = "cpu") -> "KVCache":
+        """A cache shaped for a `TextDecoderConfig`."""
+        return cls(config.num_hidden_layers, max_slots, config.num_key_value_heads, max_len,
+                   config.head_dim, dtype=dtype, device=device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.k.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    def allocate(self) -> int:
+        """Take a free slot (length 0). Raises `KVCacheFull` when none is left."""
+        if not self._free:
+            raise KVCacheFull(f"all {self.max_slots} KV cache slots are in use")
+        slot = self._free.pop()
+        self._in_use[slot] = True
+        self._lengths[slot] = 0
+        return slot
+
+    def free(self, slot: int) -> None:
+        """Give a slot back; its storage is reused as is (no clearing needed: length masks it)."""
+        self._check(slot)
+        self._in_use[slot] = False
+        self._lengths[slot] = 0
+        self._free.append(slot)
+
+    def length(self, slot: int) -> int:
+        """Number of cached positions of `slot`."""
+        self._check(slot)
+        return self._lengths[slot]
+
+    def truncate(self, slot: int, n: int) -> None:
+        """Roll back: keep the first `n` cached positions of `slot`, forget the rest."""
+        self._check(slot)
+        if not 0 <= n <= self._lengths[slot]:
+            raise ValueError(f"truncate slot {slot} to {n}: it holds {self._lengths[slot]} positions")
+        self._lengths[slot] = n
+
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def _check(self, slot: int) -> None:
+        if not (0 <= slot < self.max_slots and self._in_use[slot]):
+            raise ValueError(f"KV cache slot {slot} is not allocated")
+
+    def _grow(self, slot: int, n: int) -> int:
+        """Reserve `n` more positions for `slot`; returns the old length (the first new position)."""
+        self._check(slot)
+        old = self._lengths[slot]
+        if old + n > self.max_len:
+            raise KVCacheFull(f"slot {slot} would hold {old + n} positions, max_len is {self.max_len}")
+        self._lengths[slot] = old + n
+        return old
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """Where the N packed new tokens of a batch of B slots go.
+
+    Projections and MLPs run on the packed tokens ([N, hidden], no padding); attention runs on a
+    padded [B, max_new, ...] view of the queries against each slot's cached keys [0, kv_len).
+    All fields are small device tensors built from host ints, so a step never syncs.
+    """
+
+    slots: torch.Tensor  # [B] cache slot of each sequence
+    row: torch.Tensor  # [N] sequence (0..B-1) of each packed token
+    col: torch.Tensor  # [N] index of the token among its sequence's new tokens
+    pos: torch.Tensor  # [N] absolute position = cached length before this call + col
+    slot: torch.Tensor  # [N] cache slot of each token (= slots[row])
+    mask: torch.Tensor  # [B, 1, max_new, kv_len] bool, True where a query may attend
+    max_new: int
+    kv_len: int
+    dense: bool  # every sequence has max_new tokens: packed == padded, row-major
+    slot_range: tuple[int, int] | None  # slots are start..stop-1 in order: slice, don't gather
+
+
+def attention_mask(start: torch.Tensor, new: torch.Tensor, max_new: int, kv_len: int) -> torch.Tensor:
+    """Which cached positions each new query sees: the whole prefix, its new tokens causally.
+
+    start: [B] cached length before the new tokens; new: [B] number of new tokens (>= 1).
+    Returns [B, 1, max_new, kv_len] bool. Padded query rows (j >= new) see the sequence's valid
+    keys only, so they stay finite; their outputs are dropped.
+    """
+    j = torch.arange(max_new, device=start.device)  # [S]
+    p = torch.arange(kv_len, device=start.device)  # [L]
+    q_pos = start[:, None] + j[None, :]  # [B, S]
+    end = (start + new)[:, None, None]  # [B, 1, 1]
+    mask = (p[None, None, :] <= q_pos[:, :, None]) & (p[None, None, :] < end)  # [B, S, L]
+    return mask[:, None]
+
+
+def plan_batch(cache: KVCache, slots: list[int], new_counts: list[int],
+               kv_len: int | None = None) -> BatchLayout:
+    """Reserve `new_counts[i]` positions in each slot and describe the batch for attention.
+
+    `kv_len` fixes the attended key length (e.g. `cache.max_len` for static shapes); by default it
+    is the longest slot after the append.
+    """
+    if len(set(slots)) != len(slots):
+        raise ValueError(f"a slot appears twice in one batch: {slots}")
+    if any(n < 1 for n in new_counts):
+        raise ValueError(f"every sequence needs at least one new token: {new_counts}")
+    for s, n in zip(slots, new_counts):  # check all before reserving any
+        cache._check(s)
+        if cache.length(s) + n > cache.max_len:
+            raise KVCacheFull(f"slot {s} would hold {cache.length(s) + n} positions, "
+                              f"max_len is {cache.max_len}")
+    starts = [cache._grow(s, n) for s, n in zip(slots, new_counts)]
+    max_new = max(new_counts)
+    needed = max(st + n for st, n in zip(starts, new_counts))
+    kv_len = needed if kv_len is None else kv_len
+    if kv_len < needed or kv_len > cache.max_len:
+        raise ValueError(f"kv_len {kv_len} outside [{needed}, {cache.max_len}]")
+
+    dev = cache.device
+    B = len(slots)
+    slots_t = torch.tensor(slots, dtype=torch.long, device=dev)
+    start_t = torch.tensor(starts, dtype=torch.long, device=dev)
+    new_t = torch.tensor(new_counts, dtype=torch.long, device=dev)
+    # output_size from the host: without it repeat_interleave reads the counts back (a sync on CUDA)
+    row = torch.repeat_interleave(torch.arange(B, device=dev), new_t, output_size=sum(new_counts))  # [N]
+    first = torch.cumsum(new_t, 0) - new_t  # [B] packed index of each sequence's first token
+    col = torch.arange(row.numel(), device=dev) - first[row]
+    contiguous = slots == list(range(slots[0], slots[0] + B))
+    return BatchLayout(
+        slots=slots_t, row=row, col=col, pos=start_t[row] + col, slot=slots_t[row],
+        mask=attention_mask(start_t, new_t, max_new, kv_len), max_new=max_new, kv_len=kv_len,
+        dense=all(n == max_new for n in new_counts),
+        slot_range=(slots[0], slots[0] + B) if contiguous else None)
