@@ -9,6 +9,11 @@ message. Silence sends nothing.
 The VAD confirms a start only after `min_speech_duration_ms` and reports it `speech_pad_ms` early,
 so the stream keeps the last few hundred ms of frames while idle (`lookback_frames`, derived from
 the VAD's documented worst-case delay); memory stays constant however long the stream runs.
+
+Frames of an open segment leave as soon as they are final, not when the VAD has ruled on them: the
+end of a segment is only decided `min_silence_duration_ms` later, and holding every frame back that
+long would add the same delay to every word. So a segment's packets may run past the VAD's end by
+at most that decision delay (about 0.2 s of trailing silence with the defaults), never less far.
 """
 
 from __future__ import annotations
