@@ -18,11 +18,12 @@ import numpy as np
 import onnxruntime as ort
 
 from harken.shared.errors import AudioError, ModelError
-from harken.shared.features_spec import HOP_LENGTH, N_FFT, N_MELS, normalize
+from harken.shared.features_spec import HOP_LENGTH, N_FFT, N_MELS, SAMPLE_RATE, normalize
 
 DEFAULT_MODEL_PATH = Path(__file__).with_name("models") / "logmel.onnx"
 PAD = N_FFT // 2  # reflect padding at each end of a centred STFT
 MIN_SAMPLES = PAD + 1  # reflect padding of 200 needs more than 200 samples (the reference raises too)
+OFFLINE_PIECE_SAMPLES = 30 * SAMPLE_RATE
 
 
 def frames_final(n_samples: int) -> int:
@@ -96,7 +97,7 @@ class StreamingLogMel:
         return int(self._buffer.size)
 
     def push(self, pcm: np.ndarray) -> np.ndarray:
-        """pcm: [n] float32 16 kHz mono, any n >= 0. Returns [128, k] float32: the frames that
+        """pcm: [n] float 16 kHz mono in [-1, 1], any n >= 0. Returns [128, k] float32: the frames that
         became final with this piece (k may be 0)."""
         if self.finished:
             raise RuntimeError("StreamingLogMel.push after flush: start a new stream")
@@ -139,7 +140,11 @@ class StreamingLogMel:
 def log_mel_raw(audio: np.ndarray, model: LogMelOnnx | None = None) -> np.ndarray:
     """Whole input -> raw log10 mel [128, len // 160] float32, through the streaming path."""
     stream = StreamingLogMel(model)
-    return np.concatenate([stream.push(audio), stream.flush()], axis=1)
+    # Pieces keep the graph's [frames, 400] intermediates small on long files; streaming is
+    # bit-exact, so the split does not change a value.
+    pieces = [stream.push(audio[i : i + OFFLINE_PIECE_SAMPLES])
+              for i in range(0, len(audio), OFFLINE_PIECE_SAMPLES)]
+    return np.concatenate([*pieces, stream.flush()], axis=1)
 
 
 def log_mel(audio: np.ndarray, model: LogMelOnnx | None = None) -> np.ndarray:
@@ -150,7 +155,10 @@ def log_mel(audio: np.ndarray, model: LogMelOnnx | None = None) -> np.ndarray:
 
 
 def _as_pcm(pcm: np.ndarray) -> np.ndarray:
-    x = np.asarray(pcm, dtype=np.float32)
+    x = np.asarray(pcm)
+    if not np.issubdtype(x.dtype, np.floating):
+        raise AudioError(f"expected float PCM in [-1, 1], got {x.dtype} (scale it with to_mono_16k)")
+    x = x.astype(np.float32, copy=False)
     if x.ndim != 1:
         raise AudioError(f"expected mono PCM of shape [samples], got shape {x.shape}")
     if not np.isfinite(x).all():

@@ -20,6 +20,7 @@ from transformers import WhisperFeatureExtractor
 from transformers.audio_utils import mel_filter_bank
 
 from harken.edge.features import (
+    OFFLINE_PIECE_SAMPLES,
     LogMelOnnx,
     StreamingLogMel,
     frames_final,
@@ -183,6 +184,13 @@ def test_sample_by_sample_emits_each_frame_the_moment_it_is_final(model):
     assert stream.flush().shape[1] == frames_total(x.size) - _final_count(x.size)
 
 
+def test_long_input_in_offline_pieces_equals_one_call(model):
+    x = concat(speech("Long files go in pieces."), noise(30.0, amplitude=0.01))
+    assert x.size > OFFLINE_PIECE_SAMPLES
+    whole = model(np.pad(x, N_FFT // 2, mode="reflect"))[:, : frames_total(x.size)]
+    np.testing.assert_array_equal(log_mel_raw(x, model), whole)
+
+
 def test_final_frames_do_not_depend_on_what_follows(model):
     x = speech("Final means final.")
     n = 5_003
@@ -199,6 +207,8 @@ def test_stream_rejects_use_after_flush_and_bad_shapes(model):
         stream.push(np.zeros((2, 100), np.float32))
     with pytest.raises(AudioError, match="NaN"):
         stream.push(np.array([0.0, np.nan], np.float32))
+    with pytest.raises(AudioError, match="int16"):
+        stream.push(np.zeros(100, np.int16))
     stream.push(noise(0.1))
     stream.flush()
     with pytest.raises(RuntimeError, match="after flush"):
