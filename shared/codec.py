@@ -25,18 +25,16 @@ How a packet [128, k] becomes bytes:
 5. **Floor.** The decoder clamps every frame at its floor (carried exactly in the header), so values
    at the floor decode to the floor and cost nothing beyond the clamp.
 
-Wire format (little endian), version 1:
+Wire format, version 1 (a varint is 7 bits per byte, low first, at most 2 bytes here):
 
-    magic  "HK"      2 bytes
-    version          u8
-    mode             u8     0 = keep-alive / no frames, 1 hifi, 2 balanced, 3 low
-    frames k         u16    0 only with mode 0; 1..MAX_FRAMES otherwise
-    -- the rest only when k > 0 --
-    floor            f32    clamp value of frame 0
-    n_floor_changes  u16    then n x (u16 frame index, f32 new clamp value), strictly increasing
-    shift            i8     class shift measured by the encoder
-    flags            u8     bit 0: dependent-bin residuals follow
-    body             entropy-coded bits, zero-padded to a byte
+    magic            u8     0xA7
+    version | mode   u8     high nibble version; low nibble 0 = keep-alive (no frames),
+                            1 hifi, 2 balanced, 3 low
+    frames k         varint 0 only with mode 0, else 1..MAX_FRAMES; a keep-alive ends here
+    floor            f32 le clamp value of frame 0
+    n_floor_changes  varint then n x (varint frames since the previous change, f32 le new clamp)
+    shift | flags    u8     low 6 bits: class shift + 32; bit 7: dependent-bin residuals follow
+    body             entropy-coded bits, MSB first, zero-padded to a byte
 """
 
 from __future__ import annotations
@@ -53,31 +51,30 @@ from harken.shared.features_spec import DYNAMIC_RANGE_LOG10, N_FFT, N_MELS, SAMP
 
 MODES = ("hifi", "balanced", "low")
 DEFAULT_MODE = "balanced"
-MAGIC = b"HK"
+MAGIC = 0xA7
 VERSION = 1
 MAX_FRAMES = 6000  # 60 s per payload: far above any packet, small enough to bound allocations
 MAX_TIME_BLOCK = 32  # frames per time-DCT block
 VALUE_LIMIT = 100.0  # |log10 mel| beyond this is not a log-mel (1e-100 .. 1e100)
 
-_HEADER = struct.Struct("<2sBBH")
-_FLOOR = struct.Struct("<fH")
-_CHANGE = struct.Struct("<Hf")
-_TAIL = struct.Struct("<bB")
+_F32 = struct.Struct("<f")
 
 
 @dataclass(frozen=True)
 class ModeParams:
-    """Quantiser of one mode: step in (weighted) log10 units and the rounding offset (0.5 = plain
-    rounding; smaller widens the dead zone around zero)."""
+    """Quantiser of one mode: step in (weighted) log10 units, and the rate-distortion trade-off
+    `rd_lambda`: a value rounds up only if the squared error it saves (in step units) exceeds
+    2 * rd_lambda times the bits it costs under its class model, so sparse classes get wide dead
+    zones and busy ones near-plain rounding (0 = plain rounding)."""
 
     step: float
-    rounding: float
+    rd_lambda: float
 
 
 _MODE_PARAMS = {
-    "hifi": ModeParams(step=0.09, rounding=0.40),
-    "balanced": ModeParams(step=0.36, rounding=0.40),
-    "low": ModeParams(step=0.62, rounding=0.32),
+    "hifi": ModeParams(step=0.09, rd_lambda=0.06),
+    "balanced": ModeParams(step=0.36, rd_lambda=0.06),
+    "low": ModeParams(step=0.62, rd_lambda=0.1),
 }
 _MODE_IDS = {name: i + 1 for i, name in enumerate(MODES)}
 
@@ -553,60 +550,85 @@ class PacketHeader:
 
     def serialize(self) -> bytes:
         mode_id = 0 if self.mode is None else _MODE_IDS[self.mode]
-        out = [_HEADER.pack(MAGIC, VERSION, mode_id, self.n_frames)]
+        out = [bytes([MAGIC, VERSION << 4 | mode_id]), _varint(self.n_frames)]
         if self.n_frames == 0:
-            return out[0]
+            return b"".join(out)
         changes = np.flatnonzero(self.floors[1:] != self.floors[:-1]) + 1
-        out.append(_FLOOR.pack(float(self.floors[0]), len(changes)))
-        out += [_CHANGE.pack(int(i), float(self.floors[i])) for i in changes]
-        out.append(_TAIL.pack(self.shift, int(self.has_residuals)))
+        out += [_F32.pack(float(self.floors[0])), _varint(len(changes))]
+        prev = 0
+        for i in changes:
+            out += [_varint(int(i) - prev), _F32.pack(float(self.floors[i]))]
+            prev = int(i)
+        out.append(bytes([(self.shift + 32) | (0x80 if self.has_residuals else 0)]))
         return b"".join(out)
 
     @classmethod
     def parse(cls, data: bytes) -> tuple[PacketHeader, int]:
         """-> (header, offset of the body). Validates every length and field."""
-        if len(data) < _HEADER.size:
-            raise CodecError(f"payload truncated: {len(data)} bytes, header needs {_HEADER.size}")
-        magic, version, mode_id, n = _HEADER.unpack_from(data, 0)
-        if magic != MAGIC:
-            raise CodecError("not a harken feature payload (bad magic)")
+        if len(data) < 2:
+            raise CodecError(f"payload truncated: {len(data)} bytes, the header needs at least 3")
+        if data[0] != MAGIC:
+            raise CodecError("not a harken feature payload (bad magic byte)")
+        version, mode_id = data[1] >> 4, data[1] & 0x0F
         if version != VERSION:
             raise CodecError(f"unsupported feature payload version {version} (this build reads {VERSION})")
         if mode_id > len(MODES):
             raise CodecError(f"unknown codec mode id {mode_id}")
+        n, pos = _read_varint(data, 2, "frame count")
         if n > MAX_FRAMES:
             raise CodecError(f"payload claims {n} frames, more than the limit {MAX_FRAMES}")
         if (mode_id == 0) != (n == 0):
             raise CodecError("keep-alive payloads carry no frames and frame payloads carry some")
-        pos = _HEADER.size
         if n == 0:
             if len(data) != pos:
                 raise CodecError("keep-alive payload has trailing bytes")
             return cls(None, 0, np.zeros(0, dtype=np.float32)), pos
-        if len(data) < pos + _FLOOR.size:
+        if len(data) < pos + _F32.size:
             raise CodecError("payload truncated in the floor field")
-        floor0, n_changes = _FLOOR.unpack_from(data, pos)
-        pos += _FLOOR.size
+        floors = np.full(n, _F32.unpack_from(data, pos)[0], dtype=np.float32)
+        n_changes, pos = _read_varint(data, pos + _F32.size, "floor change count")
         if n_changes >= n:
             raise CodecError(f"payload claims {n_changes} floor changes in {n} frames")
-        if len(data) < pos + n_changes * _CHANGE.size + _TAIL.size:
-            raise CodecError("payload truncated in the floor changes")
-        floors = np.full(n, floor0, dtype=np.float32)
-        prev = 0
+        at = 0
         for _ in range(n_changes):
-            at, value = _CHANGE.unpack_from(data, pos)
-            pos += _CHANGE.size
-            if not prev < at < n:
+            step, pos = _read_varint(data, pos, "floor change")
+            at += step
+            if step == 0 or at >= n:
                 raise CodecError("corrupt payload: floor changes out of order")
-            floors[at:] = value
-            prev = at
+            if len(data) < pos + _F32.size:
+                raise CodecError("payload truncated in the floor changes")
+            floors[at:] = _F32.unpack_from(data, pos)[0]
+            pos += _F32.size
         if not np.all(np.abs(floors) <= VALUE_LIMIT):
             raise CodecError("corrupt payload: floor value out of range")
-        shift, flags = _TAIL.unpack_from(data, pos)
-        pos += _TAIL.size
-        if abs(shift) > _SHIFT_LIMIT or flags > 1:
+        if len(data) < pos + 1:
+            raise CodecError("payload truncated before the class shift")
+        shift = (data[pos] & 0x3F) - 32
+        if abs(shift) > _SHIFT_LIMIT or data[pos] & 0x40:
             raise CodecError("corrupt payload: bad class shift or flags")
-        return cls(MODES[mode_id - 1], n, floors, shift, bool(flags)), pos
+        return cls(MODES[mode_id - 1], n, floors, shift, bool(data[pos] & 0x80)), pos + 1
+
+
+def _varint(value: int) -> bytes:
+    """Unsigned LEB128."""
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _read_varint(data: bytes, pos: int, what: str) -> tuple[int, int]:
+    """-> (value, next position); at most 2 bytes, since no field here exceeds MAX_FRAMES."""
+    value = 0
+    for i in range(2):
+        if pos + i >= len(data):
+            raise CodecError(f"payload truncated in the {what}")
+        value |= (data[pos + i] & 0x7F) << (7 * i)
+        if not data[pos + i] & 0x80:
+            return value, pos + i + 1
+    raise CodecError(f"corrupt payload: {what} is too long")
 
 
 def frame_floors(frames: np.ndarray, floor_log10: float | None) -> np.ndarray:
@@ -628,12 +650,37 @@ def _block_classes(nb: int, lengths: list[int], step: float, shift: int) -> np.n
     return np.clip(np.concatenate(parts) + shift, 0, N_CLASSES - 1)
 
 
+def quantize(scaled: np.ndarray, classes: np.ndarray, rd_lambda: float) -> np.ndarray:
+    """scaled: [n] coefficients / step, classes: [n] -> [n] int64 levels. Rounding up from
+    floor(|x|) to floor(|x|) + 1 saves (2f - 1) squared steps of error and costs b bits, so the
+    rounding offset is 0.5 - rd_lambda * b (never below 0.1)."""
+    _, b = _class_bit_costs()
+    offset = np.maximum(0.5 - rd_lambda * b[classes], 0.1)
+    return (np.sign(scaled) * np.floor(np.abs(scaled) + offset)).astype(np.int64)
+
+
+@lru_cache(maxsize=1)
+def _class_bit_costs() -> tuple[np.ndarray, np.ndarray]:
+    """Per class (a, b): a value v costs about a + b |v| bits under the class's geometric model."""
+    m = 2.0 ** ((np.arange(N_CLASSES) - _CLASS_ZERO) / 2.0)
+    theta = (np.sqrt(1.0 + m * m) - 1.0) / m
+    return -np.log2((1.0 - theta) / (1.0 + theta)), -np.log2(theta)
+
+
 def _measure_shift(q: np.ndarray, prior: np.ndarray) -> int:
-    """The class shift that best matches this packet's magnitudes to the prior: mean over
-    coefficients of 2 log2(|q| / expected |q|), with a floor so zeros count as small, not -inf."""
-    expected = 2.0 ** ((prior - _CLASS_ZERO) / 2.0)
-    ratio = (np.abs(q).sum() + 0.5) / (expected.sum() + 0.5)
-    return int(np.clip(np.rint(2.0 * np.log2(ratio)), -_SHIFT_LIMIT, _SHIFT_LIMIT))
+    """The class shift (in half-octaves of expected |q|) under which this packet's values cost
+    the fewest bits: the prior adapts to louder, quieter or noisier input."""
+    a, b = _class_bit_costs()
+    shifts = np.arange(-8, 9)
+    cls = np.clip(prior[:, None] + shifts[None, :], 0, N_CLASSES - 1)  # [n, 17]
+    cost = a[cls].sum(axis=0) + np.abs(q).astype(np.float64) @ b[cls]
+    best = int(shifts[np.argmin(cost)])
+    if best in (shifts[0], shifts[-1]):  # far from the prior: widen the search once
+        shifts = np.arange(-_SHIFT_LIMIT, _SHIFT_LIMIT + 1)
+        cls = np.clip(prior[:, None] + shifts[None, :], 0, N_CLASSES - 1)
+        cost = a[cls].sum(axis=0) + np.abs(q).astype(np.float64) @ b[cls]
+        best = int(shifts[np.argmin(cost)])
+    return best
 
 
 def encode_frames(frames: np.ndarray, mode: str = DEFAULT_MODE, floor_log10: float | None = None) -> bytes:
@@ -664,9 +711,10 @@ def encode_frames(frames: np.ndarray, mode: str = DEFAULT_MODE, floor_log10: flo
     coefs = forward_transform(x[layout.basis], layout.weight)
     lengths = [c.shape[1] for c in coefs]
     flat = np.concatenate([c.ravel() for c in coefs]) / params.step
-    q = (np.sign(flat) * np.floor(np.abs(flat) + params.rounding)).astype(np.int64)
     nb = len(layout.basis)
-    shift = _measure_shift(q, _block_classes(nb, lengths, params.step, 0))
+    prior = _block_classes(nb, lengths, params.step, 0)
+    shift = _measure_shift(quantize(flat, prior, params.rd_lambda), prior)
+    q = quantize(flat, np.clip(prior + shift, 0, N_CLASSES - 1), params.rd_lambda)
     body = encode_symbols(q, _block_classes(nb, lengths, params.step, shift))
 
     # dependents: predicted from the basis; a residual only where flooring broke the identity
