@@ -11,8 +11,9 @@ DYNAMIC_RANGE_LOG10 = 8.0  # floor at (max - 8) in log10 units = 80 dB
 
 
 def samples_needed(frame: int) -> int:
-    """Samples that must exist before frame `frame` is final (centred STFT, reflect pad 200)."""
-    return HOP_LENGTH * frame + N_FFT // 2
+    """Samples that must exist before frame `frame` is final (centred STFT, reflect pad 200).
+    Frame 0 needs one more: its left reflection mirrors samples 1..200."""
+    return max(HOP_LENGTH * frame + N_FFT // 2, N_FFT // 2 + 1)
 
 
 def normalize(log_mel, max_log10: float):
