@@ -2,10 +2,13 @@
 
 Two layers, in the order the data flows:
 
-- `SileroVad` runs the vendored silero-vad ONNX model exactly as silero's own `OnnxWrapper` does at
-  16 kHz: 512-sample windows, each fed with the previous window's last 64 samples prepended, the
-  recurrent state carried from window to window. `push()` takes PCM pieces of any size and returns
-  the probabilities of the windows they completed.
+- `SileroVad` computes silero-vad's speech probabilities exactly as silero's own `OnnxWrapper`
+  does at 16 kHz: 512-sample windows, each fed with the previous window's last 64 samples
+  prepended, the recurrent state carried from window to window. It runs a graph derived from the
+  vendored model (edge/models/build_silero_vad_windows.py) that takes all complete windows of a
+  piece in one call: same weights, same ops, same results, about twice as fast on long pieces.
+  `push()` takes PCM pieces of any size and returns the probabilities of the windows they
+  completed.
 - `SpeechSegmenter` turns window probabilities into segment events (`SegmentStart`, `SegmentEnd`)
   with silero's rules (threshold with hysteresis, min speech, min silence, padding, optional max
   speech). `StreamingVad` joins the two. `get_speech_timestamps()` is a single push plus a flush,
@@ -17,7 +20,7 @@ Look-ahead (how far behind the audio an event is emitted; `decided_at_sample - s
   bursts are dropped), and it is reported `speech_pad_ms` before the first speech window. While the
   speech goes on that is at most min_speech + pad + one 32 ms window. A pause inside that first
   min_speech stretch defers the decision until the pause ends (speech resumes: start confirmed) or
-  reaches min_silence (burst dropped), so the worst case is min_speech + min_silence + pad + 32 ms.
+  reaches min_silence (burst dropped), so the worst case is min_speech + min_silence + pad + 64 ms.
 - An end is known once the pause (from the first window below `neg_threshold` until a window
   reaches `threshold` again) has lasted `min_silence_duration_ms` (counted in whole
   windows), and it is reported `speech_pad_ms` after the last speech window: at most
@@ -32,7 +35,7 @@ few integers, however long the stream runs. No torch here: onnxruntime and numpy
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,8 +45,11 @@ from harken.shared.features_spec import SAMPLE_RATE
 
 WINDOW_SAMPLES = 512  # 32 ms: the only window silero-vad accepts at 16 kHz
 CONTEXT_SAMPLES = 64  # the tail of the previous window the model sees before each window
+FRAME_SAMPLES = CONTEXT_SAMPLES + WINDOW_SAMPLES
 STATE_SHAPE = (2, 1, 128)  # LSTM (h, c) for a batch of one stream
-MODEL_PATH = Path(__file__).parent / "models" / "silero_vad.onnx"
+MODEL_PATH = Path(__file__).parent / "models" / "silero_vad_windows.onnx"
+VENDORED_MODEL_PATH = Path(__file__).parent / "models" / "silero_vad.onnx"  # MODEL_PATH's source
+MAX_WINDOWS_PER_RUN = 1024  # 33 s of audio, 2.4 MB of frames: bounds memory for huge pushes
 
 # silero's max-speech cut only considers pauses longer than this (its `min_silence_at_max_speech`)
 MIN_SILENCE_AT_MAX_SPEECH_MS = 98
@@ -96,8 +102,9 @@ def _as_pcm(pcm) -> np.ndarray:
 class SileroVad:
     """silero-vad (ONNX) at 16 kHz on one CPU thread: speech probability per 512-sample window.
 
-    Window k covers samples [512 k, 512 k + 512) of the stream. The model's recurrent state makes
-    windows of one stream strictly sequential, so each window is one `run` call (about 0.08 ms).
+    Window k covers samples [512 k, 512 k + 512) of the stream. All complete windows of a push go
+    through the model in one call: the convolutional front end batches them, the LSTM runs over
+    them as one sequence.
     """
 
     def __init__(self, model_path: str | Path = MODEL_PATH):
@@ -111,14 +118,13 @@ class SileroVad:
                                                          providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own unrelated exception types
             raise ModelError(f"{model_path}: cannot load the silero-vad model ({e})") from e
-        self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
         self.reset()
 
     def reset(self) -> None:
         """Start a new stream: zero state, zero context, nothing buffered."""
         self._state = np.zeros(STATE_SHAPE, dtype=np.float32)
-        # model input = [64 context samples | 512 window samples]; the context starts as zeros
-        self._frame = np.zeros((1, CONTEXT_SAMPLES + WINDOW_SAMPLES), dtype=np.float32)
+        # each window is fed as [64 context samples | 512 window samples]; the first context is zeros
+        self._context = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
         self._pending = np.zeros(0, dtype=np.float32)
 
     @property
@@ -126,13 +132,22 @@ class SileroVad:
         """Samples received but not yet part of a complete window (always < 512)."""
         return int(self._pending.size)
 
-    def _window(self, window: np.ndarray) -> float:
-        self._frame[0, CONTEXT_SAMPLES:] = window
-        out, self._state = self._session.run(None, {"input": self._frame, "state": self._state,
-                                                    "sr": self._sr})
-        # the next window's context is this window's tail (silero's `x[..., -context_size:]`)
-        self._frame[0, :CONTEXT_SAMPLES] = window[-CONTEXT_SAMPLES:]
-        return float(out[0, 0])
+    def _windows(self, samples: np.ndarray) -> np.ndarray:
+        """samples: [512 k] -> probabilities [k], state and context carried on."""
+        step = MAX_WINDOWS_PER_RUN * WINDOW_SAMPLES
+        probs = [self._run(samples[i:i + step]) for i in range(0, samples.size, step)]
+        return probs[0] if len(probs) == 1 else np.concatenate(probs)
+
+    def _run(self, samples: np.ndarray) -> np.ndarray:
+        windows = samples.reshape(-1, WINDOW_SAMPLES)  # [k, 512]
+        frames = np.empty((windows.shape[0], FRAME_SAMPLES), dtype=np.float32)  # [k, 576]
+        frames[:, CONTEXT_SAMPLES:] = windows
+        # each window's context is the previous window's tail (silero's `x[..., -context_size:]`)
+        frames[0, :CONTEXT_SAMPLES] = self._context
+        frames[1:, :CONTEXT_SAMPLES] = windows[:-1, -CONTEXT_SAMPLES:]
+        self._context = windows[-1, -CONTEXT_SAMPLES:].copy()
+        out, self._state = self._session.run(None, {"frames": frames, "state": self._state})
+        return out
 
     def push(self, pcm) -> np.ndarray:
         """Feed the next piece of the stream (any length); return the probabilities of the windows
@@ -140,11 +155,9 @@ class SileroVad:
         x = _as_pcm(pcm)
         if self._pending.size:
             x = np.concatenate([self._pending, x])
-        n_windows = x.size // WINDOW_SAMPLES
-        probs = np.empty(n_windows, dtype=np.float32)
-        for k in range(n_windows):
-            probs[k] = self._window(x[k * WINDOW_SAMPLES:(k + 1) * WINDOW_SAMPLES])
-        self._pending = x[n_windows * WINDOW_SAMPLES:].copy()
+        complete = x.size - x.size % WINDOW_SAMPLES
+        probs = self._windows(x[:complete]) if complete else np.zeros(0, dtype=np.float32)
+        self._pending = x[complete:].copy()
         return probs
 
     def flush(self) -> np.ndarray:
@@ -154,7 +167,7 @@ class SileroVad:
         if self._pending.size:
             last = np.zeros(WINDOW_SAMPLES, dtype=np.float32)
             last[:self._pending.size] = self._pending
-            probs = np.array([self._window(last)], dtype=np.float32)
+            probs = self._windows(last)
         self.reset()
         return probs
 
@@ -433,7 +446,8 @@ class StreamingVad:
         """Feed the next piece of audio (16 kHz mono); return the events it decided."""
         x = _as_pcm(pcm)
         self._samples_seen += x.size
-        return self.segmenter.push(self.vad.push(x))
+        probabilities = self.vad.push(x)
+        return self.segmenter.push(probabilities) if probabilities.size else []
 
     def flush(self) -> list[SegmentEvent]:
         """End of stream: close any open segment; return the last events, then reset."""

@@ -19,9 +19,10 @@ from silero_vad.utils_vad import OnnxWrapper
 from silero_vad.utils_vad import get_speech_timestamps as silero_get_speech_timestamps
 from silero_vad.utils_vad import get_speech_timestamps_from_probs
 
+from harken.edge.models import build_silero_vad_windows
 from harken.edge.vad import (
-    MODEL_PATH, WINDOW_SAMPLES, SegmentEnd, SegmentStart, SileroVad, SpeechSegmenter,
-    StreamingVad, VadOptions, get_speech_timestamps, segments_from_events,
+    MAX_WINDOWS_PER_RUN, MODEL_PATH, VENDORED_MODEL_PATH, WINDOW_SAMPLES, SegmentEnd, SegmentStart,
+    SileroVad, SpeechSegmenter, StreamingVad, VadOptions, get_speech_timestamps, segments_from_events,
 )
 from harken.shared.errors import HarkenError
 
@@ -37,7 +38,7 @@ def vad() -> SileroVad:
 
 @pytest.fixture(scope="module")
 def reference() -> OnnxWrapper:
-    return OnnxWrapper(str(MODEL_PATH), force_onnx_cpu=True)
+    return OnnxWrapper(str(VENDORED_MODEL_PATH), force_onnx_cpu=True)
 
 
 def voiced(text: str, voice: str = "en-us") -> np.ndarray:
@@ -71,6 +72,8 @@ SIGNALS = {
     "noise": lambda: noise(3.0, amplitude=0.2, seed=1),
     "silence": lambda: silence(2.0),
     "odd_length": lambda: speech(SENTENCE_B)[:SR + 123],
+    # more windows than one model call takes (MAX_WINDOWS_PER_RUN): the state crosses calls
+    "long": lambda: np.tile(concat(speech(SENTENCE_A), noise(0.5, 0.05, seed=2)), 12)[:40 * SR + 7],
 }
 
 
@@ -80,6 +83,7 @@ def test_probabilities_equal_silero_onnx_wrapper(name, vad, reference):
     expected = reference_probabilities(reference, audio)
     got = vad.probabilities(audio)
     assert got.shape == (math.ceil(audio.size / WINDOW_SAMPLES),) == expected.shape
+    assert name != "long" or got.size > MAX_WINDOWS_PER_RUN
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
 
 
@@ -91,6 +95,11 @@ def test_streamed_probabilities_equal_silero_onnx_wrapper(seed, vad, reference):
     got = [vad.push(piece) for piece in random_pieces(audio, np.random.default_rng(seed))]
     got = np.concatenate(got + [vad.flush()])
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
+def test_committed_windows_model_is_built_from_the_vendored_model(tmp_path):
+    rebuilt = build_silero_vad_windows.export(tmp_path / "windows.onnx", VENDORED_MODEL_PATH)
+    assert rebuilt.read_bytes() == MODEL_PATH.read_bytes()
 
 
 def test_integer_pcm_is_scaled(vad):
@@ -177,8 +186,9 @@ def _check_event_stream(events, options: VadOptions, total_samples: int) -> None
         assert previous_end <= start.start_sample < end.end_sample <= total_samples
         previous_end = end.end_sample
         if math.isinf(options.max_speech_duration_s):  # a cut at max speech reaches back further
-            assert start.decided_at_sample - start.start_sample <= min_speech + min_silence + pad + WINDOW_SAMPLES
-            assert end.decided_at_sample - end.end_sample <= max(min_silence - pad, 0) + 2 * WINDOW_SAMPLES
+            window_rounding = 2 * WINDOW_SAMPLES
+            assert start.decided_at_sample - start.start_sample <= min_speech + min_silence + pad + window_rounding
+            assert end.decided_at_sample - end.end_sample <= max(min_silence - pad, 0) + window_rounding
     assert [e.segment_id for e in events[::2]] == sorted({e.segment_id for e in events})
 
 
