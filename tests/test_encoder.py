@@ -69,8 +69,7 @@ def test_window_spans_cover_the_item():
         assert sum(num_audio_tokens(e - s) for s, e in window_spans(t, 800)) == num_audio_tokens(t)
 
 
-def test_sinusoid_table_is_bit_identical_to_official(official):
-    model, _ = official
+def test_sinusoid_table_is_bit_identical_to_official():
     table = sinusoid_positions(1500, 64)
     ref = official_audio_tower(0, randomize=False).positional_embedding.positional_embedding
     assert table.dtype == torch.float32 and torch.equal(table, ref)
@@ -124,14 +123,15 @@ def test_honours_config_fields_like_official():
 def test_stock_reference_attends_across_the_whole_item(official):
     """The official CPU path (stock sdpa) ignores its windows: it equals harken's encoder with one
     window spanning the item, and differs from the windowed model once an item exceeds 8 s."""
-    model, enc = official
-    stock = official_model(seed=0).double()  # same weights, stock attention
+    _, enc = official
+    stock = official_audio_tower(randomize=False).double()
+    stock.load_state_dict(enc.state_dict(), strict=True)  # same weights, stock attention
     whole = AudioEncoder(AudioEncoderConfig(**{**TINY_AUDIO, "n_window_infer": 100_000}))
     whole.load_state_dict(enc.state_dict(), strict=True)
     whole.double().eval()
     feats = features(1234, seed=7, dtype=torch.float64)
     with torch.no_grad():
-        ref = official_encode(stock, feats)
+        ref = stock(feats, feature_lens=torch.tensor([1234])).last_hidden_state
         assert (whole(feats) - ref).abs().max().item() < 1e-6
         assert (enc(feats) - ref).abs().max().item() > 1e-3
 
@@ -209,13 +209,13 @@ def test_incremental_equals_full_reencode_after_every_append(seed):
 
 
 def test_incremental_every_append_short_pieces():
-    """Many small appends (1..60 frames) across two window boundaries, incl. sub-chunk tails."""
+    """Many small appends (1..80 frames) across two window boundaries, incl. sub-chunk tails."""
     enc = tiny_encoder(torch.float64, seed=5)
-    feats = features(1750, seed=5, dtype=torch.float64)
+    feats = features(1700, seed=5, dtype=torch.float64)
     inc = IncrementalEncoder(enc)
     done = 0
     with torch.no_grad():
-        for k in stream_pieces(1750, seed=5, max_piece=60):
+        for k in stream_pieces(1700, seed=5, max_piece=80):
             inc.append(feats[:, done:done + k])
             done += k
             assert (inc.outputs() - enc(feats[:, :done])).abs().max().item() < 1e-6
