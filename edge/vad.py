@@ -99,6 +99,19 @@ def _as_pcm(pcm) -> np.ndarray:
     return x.astype(np.float32, copy=False)
 
 
+def _load_session(model_path: Path):
+    import onnxruntime
+
+    opts = onnxruntime.SessionOptions()
+    opts.intra_op_num_threads = 1  # the edge budget is one core
+    opts.inter_op_num_threads = 1
+    try:
+        return onnxruntime.InferenceSession(str(model_path), sess_options=opts,
+                                            providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own exception types, not OSError/ValueError
+        raise ModelError(f"{model_path}: cannot load the silero-vad model ({e})") from e
+
+
 class SileroVad:
     """silero-vad (ONNX) at 16 kHz on one CPU thread: speech probability per 512-sample window.
 
@@ -107,18 +120,15 @@ class SileroVad:
     them as one sequence.
     """
 
-    def __init__(self, model_path: str | Path = MODEL_PATH):
-        import onnxruntime
-
-        opts = onnxruntime.SessionOptions()
-        opts.intra_op_num_threads = 1
-        opts.inter_op_num_threads = 1
-        try:
-            self._session = onnxruntime.InferenceSession(str(model_path), sess_options=opts,
-                                                         providers=["CPUExecutionProvider"])
-        except Exception as e:  # onnxruntime raises its own unrelated exception types
-            raise ModelError(f"{model_path}: cannot load the silero-vad model ({e})") from e
+    def __init__(self, model_path: str | Path = MODEL_PATH, session=None):
+        """Load the windows graph at `model_path`, or use an already loaded `session` of it."""
+        self._session = session if session is not None else _load_session(Path(model_path))
         self.reset()
+
+    def new_stream(self) -> SileroVad:
+        """Another SileroVad for another stream, sharing this one's loaded model (onnxruntime
+        sessions may run concurrently), so many streams cost one model load."""
+        return SileroVad(session=self._session)
 
     def reset(self) -> None:
         """Start a new stream: zero state, zero context, nothing buffered."""

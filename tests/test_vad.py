@@ -102,6 +102,20 @@ def test_committed_windows_model_is_built_from_the_vendored_model(tmp_path):
     assert rebuilt.read_bytes() == MODEL_PATH.read_bytes()
 
 
+def test_streams_sharing_one_model_keep_their_own_state(vad, reference):
+    first, second = SIGNALS["speech"](), SIGNALS["noise"]()
+    a, b = vad.new_stream(), vad.new_stream()
+    size = 3 * WINDOW_SAMPLES + 100
+    got_a, got_b = [], []
+    for i in range(0, max(first.size, second.size), size):  # interleaved pushes
+        got_a.append(a.push(first[i:i + size]))
+        got_b.append(b.push(second[i:i + size]))
+    got_a = np.concatenate(got_a + [a.flush()])
+    got_b = np.concatenate(got_b + [b.flush()])
+    np.testing.assert_allclose(got_a, reference_probabilities(reference, first), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got_b, reference_probabilities(reference, second), rtol=0, atol=1e-5)
+
+
 def test_integer_pcm_is_scaled(vad):
     audio = speech(SENTENCE_A)
     pcm16 = np.round(audio * 32767).astype(np.int16)
