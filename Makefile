@@ -34,3 +34,7 @@ bench: $(STAMP) sysdeps
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Regenerate the committed gRPC stubs (proto/harken_pb2*.py) from proto/harken.proto.
+proto: $(STAMP)
+	$(PY) -m harken.proto.generate

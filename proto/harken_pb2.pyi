@@ -1,0 +1,142 @@
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ClientMessage(_message.Message):
+    __slots__ = ("start", "features", "audio", "finalize", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
+    FINALIZE_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: Start
+    features: Features
+    audio: Audio
+    finalize: Finalize
+    end: End
+    def __init__(self, start: _Optional[_Union[Start, _Mapping]] = ..., features: _Optional[_Union[Features, _Mapping]] = ..., audio: _Optional[_Union[Audio, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., end: _Optional[_Union[End, _Mapping]] = ...) -> None: ...
+
+class Start(_message.Message):
+    __slots__ = ("language", "context", "codec", "session_id", "seed")
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    language: str
+    context: str
+    codec: str
+    session_id: str
+    seed: SessionSeed
+    def __init__(self, language: _Optional[str] = ..., context: _Optional[str] = ..., codec: _Optional[str] = ..., session_id: _Optional[str] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ...) -> None: ...
+
+class SessionSeed(_message.Message):
+    __slots__ = ("present", "running_max_log10", "context_tail", "next_segment_id")
+    PRESENT_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_MAX_LOG10_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TAIL_FIELD_NUMBER: _ClassVar[int]
+    NEXT_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    present: bool
+    running_max_log10: float
+    context_tail: str
+    next_segment_id: int
+    def __init__(self, present: _Optional[bool] = ..., running_max_log10: _Optional[float] = ..., context_tail: _Optional[str] = ..., next_segment_id: _Optional[int] = ...) -> None: ...
+
+class Features(_message.Message):
+    __slots__ = ("seq", "segment_id", "first_frame", "frame_count", "segment_start", "segment_end", "payload")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_FRAME_FIELD_NUMBER: _ClassVar[int]
+    FRAME_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_START_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_END_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    segment_id: int
+    first_frame: int
+    frame_count: int
+    segment_start: bool
+    segment_end: bool
+    payload: bytes
+    def __init__(self, seq: _Optional[int] = ..., segment_id: _Optional[int] = ..., first_frame: _Optional[int] = ..., frame_count: _Optional[int] = ..., segment_start: _Optional[bool] = ..., segment_end: _Optional[bool] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class Audio(_message.Message):
+    __slots__ = ("seq", "pcm16", "sample_rate")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    PCM16_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    pcm16: bytes
+    sample_rate: int
+    def __init__(self, seq: _Optional[int] = ..., pcm16: _Optional[bytes] = ..., sample_rate: _Optional[int] = ...) -> None: ...
+
+class Finalize(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class End(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ServerMessage(_message.Message):
+    __slots__ = ("ready", "transcript", "ack", "error")
+    READY_FIELD_NUMBER: _ClassVar[int]
+    TRANSCRIPT_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ready: Ready
+    transcript: Transcript
+    ack: Ack
+    error: Error
+    def __init__(self, ready: _Optional[_Union[Ready, _Mapping]] = ..., transcript: _Optional[_Union[Transcript, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+
+class Ready(_message.Message):
+    __slots__ = ("session_id", "resume_after_seq", "last_final_segment")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RESUME_AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAST_FINAL_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    resume_after_seq: int
+    last_final_segment: int
+    def __init__(self, session_id: _Optional[str] = ..., resume_after_seq: _Optional[int] = ..., last_final_segment: _Optional[int] = ...) -> None: ...
+
+class Transcript(_message.Message):
+    __slots__ = ("segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final", "seed")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_DELTA_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_FIELD_NUMBER: _ClassVar[int]
+    STABILITY_FIELD_NUMBER: _ClassVar[int]
+    START_S_FIELD_NUMBER: _ClassVar[int]
+    END_S_FIELD_NUMBER: _ClassVar[int]
+    LANGUAGE_FIELD_NUMBER: _ClassVar[int]
+    IS_FINAL_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    committed_delta: str
+    partial: str
+    stability: float
+    start_s: float
+    end_s: float
+    language: str
+    is_final: bool
+    seed: SessionSeed
+    def __init__(self, segment_id: _Optional[int] = ..., committed_delta: _Optional[str] = ..., partial: _Optional[str] = ..., stability: _Optional[float] = ..., start_s: _Optional[float] = ..., end_s: _Optional[float] = ..., language: _Optional[str] = ..., is_final: _Optional[bool] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("seq", "last_final_segment")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAST_FINAL_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    last_final_segment: int
+    def __init__(self, seq: _Optional[int] = ..., last_final_segment: _Optional[int] = ...) -> None: ...
+
+class Error(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
