@@ -439,7 +439,11 @@ class SpeechSegmenter:
 
 class StreamingVad:
     """One audio stream -> segment events. `push()` PCM pieces of any size as they arrive,
-    `flush()` at the end. State is constant-size (see the module docstring)."""
+    `flush()` at the end. State is constant-size (see the module docstring).
+
+    `vad`: the SileroVad to run, reset here and owned by this stream from now on; give each stream
+    its own (`SileroVad.new_stream()` shares the loaded model). None loads the model.
+    """
 
     def __init__(self, options: VadOptions = VadOptions(), vad: SileroVad | None = None):
         self.options = options

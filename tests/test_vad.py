@@ -24,7 +24,7 @@ from harken.edge.vad import (
     MAX_WINDOWS_PER_RUN, MODEL_PATH, VENDORED_MODEL_PATH, WINDOW_SAMPLES, SegmentEnd, SegmentStart,
     SileroVad, SpeechSegmenter, StreamingVad, VadOptions, get_speech_timestamps, segments_from_events,
 )
-from harken.shared.errors import HarkenError
+from harken.shared.errors import AudioError, HarkenError
 
 SR = 16_000
 SENTENCE_A = "The quick brown fox jumps over the lazy dog."
@@ -62,9 +62,9 @@ def reference_probabilities(reference: OnnxWrapper, audio: np.ndarray) -> np.nda
 
 
 def random_pieces(audio: np.ndarray, rng: np.random.Generator, max_piece: int = 3000):
-    """Cut audio at random points, empty and one-sample pieces included."""
-    cuts = np.sort(rng.integers(0, audio.size + 1, size=max(2, audio.size // (max_piece // 2))))
-    return np.split(audio, cuts)
+    """Cut audio at random points, with one empty and one one-sample piece among them."""
+    cuts = rng.integers(0, audio.size, size=max(2, audio.size // (max_piece // 2)))
+    return np.split(audio, np.sort(np.concatenate([cuts, [cuts[0], cuts[0] + 1]])))
 
 
 SIGNALS = {
@@ -116,10 +116,12 @@ def test_streams_sharing_one_model_keep_their_own_state(vad, reference):
     np.testing.assert_allclose(got_b, reference_probabilities(reference, second), rtol=0, atol=1e-5)
 
 
-def test_integer_pcm_is_scaled(vad):
+def test_integer_pcm_is_scaled_and_multichannel_is_refused(vad):
     audio = speech(SENTENCE_A)
     pcm16 = np.round(audio * 32767).astype(np.int16)
     np.testing.assert_allclose(vad.probabilities(pcm16), vad.probabilities(pcm16 / 32768.0), atol=1e-6)
+    with pytest.raises(AudioError):
+        vad.push(np.zeros((WINDOW_SAMPLES, 2), dtype=np.float32))
 
 
 @pytest.mark.parametrize("voice", ["en-us", "en-gb", "de"])
