@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0charken.proto\x12\tharken.v1\"\xce\x01\n\rClientMessage\x12!\n\x05start\x18\x01 \x01(\x0b\x32\x10.harken.v1.StartH\x00\x12\'\n\x08\x66\x65\x61tures\x18\x02 \x01(\x0b\x32\x13.harken.v1.FeaturesH\x00\x12!\n\x05\x61udio\x18\x03 \x01(\x0b\x32\x10.harken.v1.AudioH\x00\x12\'\n\x08\x66inalize\x18\x04 \x01(\x0b\x32\x13.harken.v1.FinalizeH\x00\x12\x1d\n\x03\x65nd\x18\x05 \x01(\x0b\x32\x0e.harken.v1.EndH\x00\x42\x06\n\x04kind\"s\n\x05Start\x12\x10\n\x08language\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontext\x18\x02 \x01(\t\x12\r\n\x05\x63odec\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12$\n\x04seed\x18\x05 \x01(\x0b\x32\x16.harken.v1.SessionSeed\"h\n\x0bSessionSeed\x12\x0f\n\x07present\x18\x01 \x01(\x08\x12\x19\n\x11running_max_log10\x18\x02 \x01(\x02\x12\x14\n\x0c\x63ontext_tail\x18\x03 \x01(\t\x12\x17\n\x0fnext_segment_id\x18\x04 \x01(\r\"\x92\x01\n\x08\x46\x65\x61tures\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x12\n\nsegment_id\x18\x02 \x01(\r\x12\x13\n\x0b\x66irst_frame\x18\x03 \x01(\x04\x12\x13\n\x0b\x66rame_count\x18\x04 \x01(\r\x12\x15\n\rsegment_start\x18\x05 \x01(\x08\x12\x13\n\x0bsegment_end\x18\x06 \x01(\x08\x12\x0f\n\x07payload\x18\x07 \x01(\x0c\"8\n\x05\x41udio\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05pcm16\x18\x02 \x01(\x0c\x12\x13\n\x0bsample_rate\x18\x03 \x01(\r\"\n\n\x08\x46inalize\"\x05\n\x03\x45nd\"\xa9\x01\n\rServerMessage\x12!\n\x05ready\x18\x01 \x01(\x0b\x32\x10.harken.v1.ReadyH\x00\x12+\n\ntranscript\x18\x02 \x01(\x0b\x32\x15.harken.v1.TranscriptH\x00\x12\x1d\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x0e.harken.v1.AckH\x00\x12!\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x10.harken.v1.ErrorH\x00\x42\x06\n\x04kind\"Q\n\x05Ready\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10resume_after_seq\x18\x02 \x01(\x04\x12\x1a\n\x12last_final_segment\x18\x03 \x01(\x03\"\xc7\x01\n\nTranscript\x12\x12\n\nsegment_id\x18\x01 \x01(\r\x12\x17\n\x0f\x63ommitted_delta\x18\x02 \x01(\t\x12\x0f\n\x07partial\x18\x03 \x01(\t\x12\x11\n\tstability\x18\x04 \x01(\x02\x12\x0f\n\x07start_s\x18\x05 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x06 \x01(\x01\x12\x10\n\x08language\x18\x07 \x01(\t\x12\x10\n\x08is_final\x18\x08 \x01(\x08\x12$\n\x04seed\x18\t \x01(\x0b\x32\x16.harken.v1.SessionSeed\".\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x1a\n\x12last_final_segment\x18\x02 \x01(\x03\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t2Q\n\rTranscription\x12@\n\x06Stream\x12\x18.harken.v1.ClientMessage\x1a\x18.harken.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0charken.proto\x12\tharken.v1\"\xce\x01\n\rClientMessage\x12!\n\x05start\x18\x01 \x01(\x0b\x32\x10.harken.v1.StartH\x00\x12\'\n\x08\x66\x65\x61tures\x18\x02 \x01(\x0b\x32\x13.harken.v1.FeaturesH\x00\x12!\n\x05\x61udio\x18\x03 \x01(\x0b\x32\x10.harken.v1.AudioH\x00\x12\'\n\x08\x66inalize\x18\x04 \x01(\x0b\x32\x13.harken.v1.FinalizeH\x00\x12\x1d\n\x03\x65nd\x18\x05 \x01(\x0b\x32\x0e.harken.v1.EndH\x00\x42\x06\n\x04kind\"\x8b\x01\n\x05Start\x12\x10\n\x08language\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontext\x18\x02 \x01(\t\x12\r\n\x05\x63odec\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12$\n\x04seed\x18\x05 \x01(\x0b\x32\x16.harken.v1.SessionSeed\x12\x16\n\x0elast_event_seq\x18\x06 \x01(\x04\"h\n\x0bSessionSeed\x12\x0f\n\x07present\x18\x01 \x01(\x08\x12\x19\n\x11running_max_log10\x18\x02 \x01(\x02\x12\x14\n\x0c\x63ontext_tail\x18\x03 \x01(\t\x12\x17\n\x0fnext_segment_id\x18\x04 \x01(\r\"\x92\x01\n\x08\x46\x65\x61tures\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x12\n\nsegment_id\x18\x02 \x01(\r\x12\x13\n\x0b\x66irst_frame\x18\x03 \x01(\x04\x12\x13\n\x0b\x66rame_count\x18\x04 \x01(\r\x12\x15\n\rsegment_start\x18\x05 \x01(\x08\x12\x13\n\x0bsegment_end\x18\x06 \x01(\x08\x12\x0f\n\x07payload\x18\x07 \x01(\x0c\"8\n\x05\x41udio\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05pcm16\x18\x02 \x01(\x0c\x12\x13\n\x0bsample_rate\x18\x03 \x01(\r\"\n\n\x08\x46inalize\"\x05\n\x03\x45nd\"\xa9\x01\n\rServerMessage\x12!\n\x05ready\x18\x01 \x01(\x0b\x32\x10.harken.v1.ReadyH\x00\x12+\n\ntranscript\x18\x02 \x01(\x0b\x32\x15.harken.v1.TranscriptH\x00\x12\x1d\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x0e.harken.v1.AckH\x00\x12!\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x10.harken.v1.ErrorH\x00\x42\x06\n\x04kind\"Q\n\x05Ready\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10resume_after_seq\x18\x02 \x01(\x04\x12\x1a\n\x12last_final_segment\x18\x03 \x01(\x03\"\xda\x01\n\nTranscript\x12\x12\n\nsegment_id\x18\x01 \x01(\r\x12\x17\n\x0f\x63ommitted_delta\x18\x02 \x01(\t\x12\x0f\n\x07partial\x18\x03 \x01(\t\x12\x11\n\tstability\x18\x04 \x01(\x02\x12\x0f\n\x07start_s\x18\x05 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x06 \x01(\x01\x12\x10\n\x08language\x18\x07 \x01(\t\x12\x10\n\x08is_final\x18\x08 \x01(\x08\x12$\n\x04seed\x18\t \x01(\x0b\x32\x16.harken.v1.SessionSeed\x12\x11\n\tevent_seq\x18\n \x01(\x04\".\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x1a\n\x12last_final_segment\x18\x02 \x01(\x03\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t2Q\n\rTranscription\x12@\n\x06Stream\x12\x18.harken.v1.ClientMessage\x1a\x18.harken.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,28 +33,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CLIENTMESSAGE']._serialized_start=28
   _globals['_CLIENTMESSAGE']._serialized_end=234
-  _globals['_START']._serialized_start=236
-  _globals['_START']._serialized_end=351
-  _globals['_SESSIONSEED']._serialized_start=353
-  _globals['_SESSIONSEED']._serialized_end=457
-  _globals['_FEATURES']._serialized_start=460
-  _globals['_FEATURES']._serialized_end=606
-  _globals['_AUDIO']._serialized_start=608
-  _globals['_AUDIO']._serialized_end=664
-  _globals['_FINALIZE']._serialized_start=666
-  _globals['_FINALIZE']._serialized_end=676
-  _globals['_END']._serialized_start=678
-  _globals['_END']._serialized_end=683
-  _globals['_SERVERMESSAGE']._serialized_start=686
-  _globals['_SERVERMESSAGE']._serialized_end=855
-  _globals['_READY']._serialized_start=857
-  _globals['_READY']._serialized_end=938
-  _globals['_TRANSCRIPT']._serialized_start=941
-  _globals['_TRANSCRIPT']._serialized_end=1140
-  _globals['_ACK']._serialized_start=1142
-  _globals['_ACK']._serialized_end=1188
-  _globals['_ERROR']._serialized_start=1190
-  _globals['_ERROR']._serialized_end=1228
-  _globals['_TRANSCRIPTION']._serialized_start=1230
-  _globals['_TRANSCRIPTION']._serialized_end=1311
+  _globals['_START']._serialized_start=237
+  _globals['_START']._serialized_end=376
+  _globals['_SESSIONSEED']._serialized_start=378
+  _globals['_SESSIONSEED']._serialized_end=482
+  _globals['_FEATURES']._serialized_start=485
+  _globals['_FEATURES']._serialized_end=631
+  _globals['_AUDIO']._serialized_start=633
+  _globals['_AUDIO']._serialized_end=689
+  _globals['_FINALIZE']._serialized_start=691
+  _globals['_FINALIZE']._serialized_end=701
+  _globals['_END']._serialized_start=703
+  _globals['_END']._serialized_end=708
+  _globals['_SERVERMESSAGE']._serialized_start=711
+  _globals['_SERVERMESSAGE']._serialized_end=880
+  _globals['_READY']._serialized_start=882
+  _globals['_READY']._serialized_end=963
+  _globals['_TRANSCRIPT']._serialized_start=966
+  _globals['_TRANSCRIPT']._serialized_end=1184
+  _globals['_ACK']._serialized_start=1186
+  _globals['_ACK']._serialized_end=1232
+  _globals['_ERROR']._serialized_start=1234
+  _globals['_ERROR']._serialized_end=1272
+  _globals['_TRANSCRIPTION']._serialized_start=1274
+  _globals['_TRANSCRIPTION']._serialized_end=1355
 # @@protoc_insertion_point(module_scope)

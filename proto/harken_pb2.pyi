@@ -20,18 +20,20 @@ class ClientMessage(_message.Message):
     def __init__(self, start: _Optional[_Union[Start, _Mapping]] = ..., features: _Optional[_Union[Features, _Mapping]] = ..., audio: _Optional[_Union[Audio, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., end: _Optional[_Union[End, _Mapping]] = ...) -> None: ...
 
 class Start(_message.Message):
-    __slots__ = ("language", "context", "codec", "session_id", "seed")
+    __slots__ = ("language", "context", "codec", "session_id", "seed", "last_event_seq")
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    LAST_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     language: str
     context: str
     codec: str
     session_id: str
     seed: SessionSeed
-    def __init__(self, language: _Optional[str] = ..., context: _Optional[str] = ..., codec: _Optional[str] = ..., session_id: _Optional[str] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ...) -> None: ...
+    last_event_seq: int
+    def __init__(self, language: _Optional[str] = ..., context: _Optional[str] = ..., codec: _Optional[str] = ..., session_id: _Optional[str] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., last_event_seq: _Optional[int] = ...) -> None: ...
 
 class SessionSeed(_message.Message):
     __slots__ = ("present", "running_max_log10", "context_tail", "next_segment_id")
@@ -104,7 +106,7 @@ class Ready(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., resume_after_seq: _Optional[int] = ..., last_final_segment: _Optional[int] = ...) -> None: ...
 
 class Transcript(_message.Message):
-    __slots__ = ("segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final", "seed")
+    __slots__ = ("segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final", "seed", "event_seq")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_DELTA_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +116,7 @@ class Transcript(_message.Message):
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     IS_FINAL_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     segment_id: int
     committed_delta: str
     partial: str
@@ -123,7 +126,8 @@ class Transcript(_message.Message):
     language: str
     is_final: bool
     seed: SessionSeed
-    def __init__(self, segment_id: _Optional[int] = ..., committed_delta: _Optional[str] = ..., partial: _Optional[str] = ..., stability: _Optional[float] = ..., start_s: _Optional[float] = ..., end_s: _Optional[float] = ..., language: _Optional[str] = ..., is_final: _Optional[bool] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ...) -> None: ...
+    event_seq: int
+    def __init__(self, segment_id: _Optional[int] = ..., committed_delta: _Optional[str] = ..., partial: _Optional[str] = ..., stability: _Optional[float] = ..., start_s: _Optional[float] = ..., end_s: _Optional[float] = ..., language: _Optional[str] = ..., is_final: _Optional[bool] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., event_seq: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq", "last_final_segment")
