@@ -11,8 +11,7 @@ How a packet [128, k] becomes bytes:
    `x[m] = log10(r1 * 10**x[b1] + r2 * 10**x[b2])` exactly. Those are predicted, not coded; only
    the 107 "basis" bins are transformed (a nonzero residual is sent only when flooring broke the
    identity).
-2. **Transform.** The basis bins, weighted by how often their error is repeated in the dependent
-   bins, go through an orthonormal DCT across mel and a DCT across time in blocks of at most 32
+2. **Transform.** The basis bins go through an orthonormal DCT across mel and a DCT across time in blocks of at most 32
    frames (the prediction across time; a packet of 20 frames is one block).
 3. **Quantisation.** One step per mode with a dead zone (rounding offset < 0.5), which is what
    trades rate for the RMS error the fidelity metric counts.
@@ -33,7 +32,9 @@ Wire format, version 1 (a varint is 7 bits per byte, low first, at most 2 bytes 
     frames k         varint 0 only with mode 0, else 1..MAX_FRAMES; a keep-alive ends here
     floor            f32 le clamp value of frame 0
     n_floor_changes  varint then n x (varint frames since the previous change, f32 le new clamp)
-    shift | flags    u8     low 6 bits: class shift + 32; bit 7: dependent-bin residuals follow
+    shift | flags    u8     low 6 bits: class shift + 32; bit 7: dependent-bin residuals follow;
+                            bit 6 (shift 0, no residuals): every value is at its floor, no body
+    residual class   u8     only with bit 7: the class all residuals are coded in
     body             entropy-coded bits, MSB first, zero-padded to a byte
 """
 
@@ -55,14 +56,15 @@ MAGIC = 0xA7
 VERSION = 1
 MAX_FRAMES = 6000  # 60 s per payload: far above any packet, small enough to bound allocations
 MAX_TIME_BLOCK = 32  # frames per time-DCT block
-VALUE_LIMIT = 100.0  # |log10 mel| beyond this is not a log-mel (1e-100 .. 1e100)
+VALUE_LIMIT = 100.0
+FLOOR_MARGIN = 1.0  # steps by which the encoder sinks values at the floor (see encode_frames)  # |log10 mel| beyond this is not a log-mel (1e-100 .. 1e100)
 
 _F32 = struct.Struct("<f")
 
 
 @dataclass(frozen=True)
 class ModeParams:
-    """Quantiser of one mode: step in (weighted) log10 units, and the rate-distortion trade-off
+    """Quantiser of one mode: step in log10 units, and the rate-distortion trade-off
     `rd_lambda`: a value rounds up only if the squared error it saves (in step units) exceeds
     2 * rd_lambda times the bits it costs under its class model, so sparse classes get wide dead
     zones and busy ones near-plain rounding (0 = plain rounding)."""
@@ -77,6 +79,9 @@ _MODE_PARAMS = {
     "low": ModeParams(step=0.62, rd_lambda=0.1),
 }
 _MODE_IDS = {name: i + 1 for i, name in enumerate(MODES)}
+# RMS error (dB, fidelity.feature_error_db) each mode stays under on noisy speech, with headroom
+# over what the bench measures (README): the tests hold the codec to these.
+ERROR_BOUND_DB = {"hifi": 0.3, "balanced": 1.1, "low": 2.3}
 
 
 # ---------------------------------------------------------------- mel layout (basis / dependents)
@@ -121,7 +126,6 @@ class MelLayout:
     source_b: np.ndarray  # [nd] int
     ratio_a: np.ndarray  # [nd] float64
     ratio_b: np.ndarray  # [nd] float64
-    weight: np.ndarray  # [nb] how much each basis bin's error counts in the 128-bin metric
 
 
 @lru_cache(maxsize=1)
@@ -146,13 +150,8 @@ def mel_layout() -> MelLayout:
         (a, ra), (b, rb) = srcs
         src_a.append(a), src_b.append(b), r_a.append(ra), r_b.append(rb)
     basis = np.array([m for m in range(N_MELS) if m not in set(dep)])
-    weight = np.ones(N_MELS)
-    for a, b, ra, rb in zip(src_a, src_b, r_a, r_b):
-        # error of a dependent bin ~ share-weighted mix of its sources' errors (equal powers)
-        weight[a] += (ra / (ra + rb)) ** 2
-        weight[b] += (rb / (ra + rb)) ** 2
     return MelLayout(basis, np.array(dep, dtype=np.int64), np.array(src_a, dtype=np.int64),
-                     np.array(src_b, dtype=np.int64), np.array(r_a), np.array(r_b), weight[basis])
+                     np.array(src_b, dtype=np.int64), np.array(r_a), np.array(r_b))
 
 
 def predict_dependent(frames: np.ndarray, layout: MelLayout) -> np.ndarray:
@@ -204,18 +203,16 @@ def mel_transform(nb: int) -> np.ndarray:
     return t
 
 
-def forward_transform(basis_rows: np.ndarray, weight: np.ndarray) -> list[np.ndarray]:
+def forward_transform(basis_rows: np.ndarray) -> list[np.ndarray]:
     """basis_rows: [nb, k] -> per time block [nb, L] coefficients (mel DCT x time DCT)."""
-    dm = mel_transform(len(weight))
-    w = np.sqrt(weight)[:, None]
-    return [dm @ (w * basis_rows[:, s:s + n]) @ _dct_matrix(n).T for s, n in time_blocks(basis_rows.shape[1])]
+    dm = mel_transform(basis_rows.shape[0])
+    return [dm @ basis_rows[:, s:s + n] @ _dct_matrix(n).T for s, n in time_blocks(basis_rows.shape[1])]
 
 
-def inverse_transform(blocks: list[np.ndarray], weight: np.ndarray) -> np.ndarray:
+def inverse_transform(blocks: list[np.ndarray]) -> np.ndarray:
     """Inverse of forward_transform: per block [nb, L] -> [nb, k]."""
-    dm = mel_transform(len(weight))
-    rows = [dm.T @ c @ _dct_matrix(c.shape[1]) for c in blocks]
-    return np.concatenate(rows, axis=1) / np.sqrt(weight)[:, None]
+    dm = mel_transform(blocks[0].shape[0])
+    return np.concatenate([dm.T @ c @ _dct_matrix(c.shape[1]) for c in blocks], axis=1)
 
 
 # ------------------------------------------------------------------------ coefficient classes
@@ -223,16 +220,16 @@ def inverse_transform(blocks: list[np.ndarray], weight: np.ndarray) -> np.ndarra
 # Prior bands: (mel block, log-spaced DCT index inside the block) x time-frequency band (DC, <1/8,
 # <1/4, <1/2, <1 of Nyquist).
 _IN_BLOCK_EDGES = (0, 1, 2, 4, 8, 16, 32)
-# log2 RMS of each band's weighted coefficients, [4 blocks x 7 index bands, 5 time bands], measured
+# log2 RMS of each band's coefficients, [4 blocks x 7 index bands, 5 time bands], measured
 # on espeak-ng speech with 20-30 dB SNR noise and on the bundled sample (blocks of 10-32 frames).
 # Only efficiency depends on it; the per-packet shift absorbs louder or quieter input.
 _PRIOR_LOG2_RMS = np.array([
-    [5.79, 3.41, 2.32, 1.01, 0.07], [3.06, 2.12, 1.30, 0.20, -0.60],
-    [3.07, 1.55, 0.54, -0.18, -0.90], [2.36, 0.56, -0.13, -0.75, -1.23],
-    [1.87, 0.23, -0.53, -1.10, -1.52], [0.0, 0.0, 0.0, 0.0, 0.0],
-    [0.0, 0.0, 0.0, 0.0, 0.0], [6.29, 3.43, 2.41, 1.03, -0.01],
-    [2.96, 2.37, 1.55, 0.54, -0.42], [2.63, 1.36, 0.71, 0.06, -0.54],
-    [1.40, 0.10, -0.30, -0.61, -0.80], [2.08, -0.25, -0.55, -0.88, -1.10],
+    [5.42, 3.06, 1.97, 0.66, -0.29], [2.68, 1.74, 0.92, -0.17, -0.97],
+    [2.58, 1.15, 0.15, -0.58, -1.30], [1.77, 0.21, -0.50, -1.13, -1.58],
+    [0.86, -0.36, -1.01, -1.51, -1.91], [0.0, 0.0, 0.0, 0.0, 0.0],
+    [0.0, 0.0, 0.0, 0.0, 0.0], [6.03, 3.17, 2.15, 0.78, -0.26],
+    [2.90, 2.11, 1.31, 0.32, -0.63], [2.02, 1.11, 0.45, -0.20, -0.80],
+    [0.79, -0.21, -0.59, -0.88, -1.07], [0.20, -0.81, -0.95, -1.18, -1.38],
     [0.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0],
     [6.53, 2.94, 2.14, 0.92, -0.15], [3.39, 2.54, 1.74, 0.68, -0.62],
     [3.02, 2.15, 1.45, 0.52, -0.62], [1.69, 0.94, 0.33, -0.31, -0.95],
@@ -244,7 +241,6 @@ _PRIOR_LOG2_RMS = np.array([
 ])  # rows of unused bands are 0
 N_CLASSES = 28  # class c expects mean |q| = 2 ** ((c - _CLASS_ZERO) / 2)
 _CLASS_ZERO = 16
-_RESIDUAL_CLASS = 2  # dependent-bin residuals: almost always zero
 _SHIFT_LIMIT = 24
 
 
@@ -309,6 +305,9 @@ def _huffman_lengths(p: np.ndarray) -> np.ndarray:
         heapq.heappush(heap, (pa + pb, tie, a + b))
         tie += 1
     return lengths
+
+
+_SPARSE_GROUP = 4  # runs of classes coded in 4-tuples open with an all-zero flag bit
 
 
 def _tuple_shape(mean_abs: float) -> tuple[int, int]:
@@ -448,12 +447,23 @@ def encode_symbols(q: np.ndarray, classes: np.ndarray) -> bytes:
     # stream order: each tuple's code, then (escaped tuples only) its values as Exp-Golomb
     eg_codes, eg_lens = _exp_golomb(v)
     eg_lens = np.where(outside[tuple_of], eg_lens, 0)
-    first_slot = np.cumsum(np.bincount(tuple_of, minlength=n_tuples)) - np.bincount(tuple_of, minlength=n_tuples)
-    codes = np.zeros(n_tuples + m, dtype=np.uint64)
-    lens = np.zeros(n_tuples + m, dtype=np.int64)
-    main_at = first_slot + np.arange(n_tuples)
-    codes[main_at], lens[main_at] = book.flat_codes[flat], book.flat_lengths[flat]
-    eg_at = np.arange(m) + tuple_of + 1
+    # a run of a sparse class starts with one bit: 1 = all zero, nothing else follows
+    sparse = g_run == _SPARSE_GROUP
+    all_zero = sparse & (np.bincount(prun, weights=v != 0, minlength=len(run_len)) == 0)
+    tuple_run = np.repeat(np.arange(len(run_len)), n_tuples_run)
+    main_lens = np.where(all_zero[tuple_run], 0, book.flat_lengths[flat])
+    eg_lens = np.where(all_zero[prun], 0, eg_lens)
+    # entry layout: per run [flag] then per tuple [code, its g Exp-Golomb slots]
+    tuple_first = np.cumsum(n_tuples_run) - n_tuples_run
+    flag_at = padded_start + tuple_first + np.arange(len(run_len))
+    main_at = tuple_first[tuple_run] + padded_start[tuple_run] + (np.arange(n_tuples) - tuple_first[tuple_run]) * (
+        1 + g_run[tuple_run]) + tuple_run + 1
+    eg_at = main_at[tuple_of] + 1 + digit
+    size = n_tuples + m + len(run_len)
+    codes = np.zeros(size, dtype=np.uint64)
+    lens = np.zeros(size, dtype=np.int64)
+    codes[flag_at], lens[flag_at] = all_zero, sparse
+    codes[main_at], lens[main_at] = book.flat_codes[flat], main_lens
     codes[eg_at], lens[eg_at] = eg_codes, eg_lens
     return _pack_bits(codes, lens)
 
@@ -518,6 +528,8 @@ def decode_symbols(reader: BitReader, classes: np.ndarray) -> np.ndarray:
         t = tables[int(sorted_cls[a])]
         width = 2 * t.radius + 1
         n_tuples = -(-(b - a) // t.group)
+        if t.group == _SPARSE_GROUP and reader.read(1):
+            continue  # an all-zero run
         vals = []
         for _ in range(n_tuples):
             sym = reader.read_symbol(t)
@@ -546,7 +558,8 @@ class PacketHeader:
     n_frames: int
     floors: np.ndarray  # [n_frames] float32
     shift: int = 0
-    has_residuals: bool = False
+    residual_class: int | None = None  # class of the dependent-bin residuals, if any are sent
+    at_floor: bool = False  # every value equals its frame's floor: no body follows
 
     def serialize(self) -> bytes:
         mode_id = 0 if self.mode is None else _MODE_IDS[self.mode]
@@ -559,7 +572,12 @@ class PacketHeader:
         for i in changes:
             out += [_varint(int(i) - prev), _F32.pack(float(self.floors[i]))]
             prev = int(i)
-        out.append(bytes([(self.shift + 32) | (0x80 if self.has_residuals else 0)]))
+        if self.at_floor:
+            out.append(bytes([0x40 | 32]))
+        elif self.residual_class is None:
+            out.append(bytes([self.shift + 32]))
+        else:
+            out.append(bytes([(self.shift + 32) | 0x80, self.residual_class]))
         return b"".join(out)
 
     @classmethod
@@ -604,9 +622,19 @@ class PacketHeader:
         if len(data) < pos + 1:
             raise CodecError("payload truncated before the class shift")
         shift = (data[pos] & 0x3F) - 32
-        if abs(shift) > _SHIFT_LIMIT or data[pos] & 0x40:
+        if abs(shift) > _SHIFT_LIMIT or (data[pos] & 0x40 and data[pos] != 0x40 | 32):
             raise CodecError("corrupt payload: bad class shift or flags")
-        return cls(MODES[mode_id - 1], n, floors, shift, bool(data[pos] & 0x80)), pos + 1
+        if data[pos] & 0x40:
+            return cls(MODES[mode_id - 1], n, floors, at_floor=True), pos + 1
+        residual_class = None
+        if data[pos] & 0x80:
+            if len(data) < pos + 2:
+                raise CodecError("payload truncated before the residual class")
+            residual_class = data[pos + 1]
+            if residual_class >= N_CLASSES:
+                raise CodecError(f"corrupt payload: residual class {residual_class}")
+            pos += 1
+        return cls(MODES[mode_id - 1], n, floors, shift, residual_class), pos + 1
 
 
 def _varint(value: int) -> bytes:
@@ -634,20 +662,24 @@ def _read_varint(data: bytes, pos: int, what: str) -> tuple[int, int]:
 def frame_floors(frames: np.ndarray, floor_log10: float | None) -> np.ndarray:
     """frames: [128, k] -> [k] float32 clamp value per frame: the decoder outputs at least this.
 
-    With `floor_log10` (the running max - 8 at the packet start) the clamp follows the floor as
-    RunningMaxFloor raises it inside the packet. Without it the packet minimum is used, which is
-    just as safe but leaves floored bins to the quantiser. Never above a frame's own minimum, so
-    clamping can only move decoded values towards the truth."""
-    base = np.float32(frames.min()) if floor_log10 is None else np.float32(floor_log10)
+    RunningMaxFloor floors frame t at (running max at t) - 8, which is at least `floor_log10` (the
+    floor before the packet, if the caller knows it; else the packet minimum) and at least
+    (max of this packet's frames up to t) - 8; so the clamp follows the floor as it rises inside
+    the packet. It is never above a frame's own minimum (frames floored some other way stay
+    correct), so clamping only ever moves decoded values towards the truth."""
+    base = np.float32(frames.min() if floor_log10 is None else floor_log10)
     running = np.maximum.accumulate(frames.max(axis=0)) - np.float32(DYNAMIC_RANGE_LOG10)
-    floors = np.maximum(base, running.astype(np.float32)) if floor_log10 is not None else np.full(frames.shape[1], base)
-    return np.minimum(floors, frames.min(axis=0)).astype(np.float32)
+    return np.minimum(np.maximum(base, running), frames.min(axis=0)).astype(np.float32)
 
 
-def _block_classes(nb: int, lengths: list[int], step: float, shift: int) -> np.ndarray:
-    """Class of every basis coefficient of a packet, blocks concatenated: [nb * k]."""
-    parts = [_prior_class(nb, n, step).ravel() for n in lengths]
-    return np.clip(np.concatenate(parts) + shift, 0, N_CLASSES - 1)
+def _block_prior(nb: int, lengths: list[int], step: float) -> np.ndarray:
+    """Prior class (unclipped, before the packet shift) of every basis coefficient of a packet,
+    time blocks concatenated: [nb * k]."""
+    return np.concatenate([_prior_class(nb, n, step).ravel() for n in lengths])
+
+
+def _shifted(prior: np.ndarray, shift: int) -> np.ndarray:
+    return np.clip(prior + shift, 0, N_CLASSES - 1)
 
 
 def quantize(scaled: np.ndarray, classes: np.ndarray, rd_lambda: float) -> np.ndarray:
@@ -670,17 +702,23 @@ def _class_bit_costs() -> tuple[np.ndarray, np.ndarray]:
 def _measure_shift(q: np.ndarray, prior: np.ndarray) -> int:
     """The class shift (in half-octaves of expected |q|) under which this packet's values cost
     the fewest bits: the prior adapts to louder, quieter or noisier input."""
-    a, b = _class_bit_costs()
-    shifts = np.arange(-8, 9)
-    cls = np.clip(prior[:, None] + shifts[None, :], 0, N_CLASSES - 1)  # [n, 17]
-    cost = a[cls].sum(axis=0) + np.abs(q).astype(np.float64) @ b[cls]
-    best = int(shifts[np.argmin(cost)])
-    if best in (shifts[0], shifts[-1]):  # far from the prior: widen the search once
-        shifts = np.arange(-_SHIFT_LIMIT, _SHIFT_LIMIT + 1)
-        cls = np.clip(prior[:, None] + shifts[None, :], 0, N_CLASSES - 1)
-        cost = a[cls].sum(axis=0) + np.abs(q).astype(np.float64) @ b[cls]
-        best = int(shifts[np.argmin(cost)])
+    mag = np.abs(q).astype(np.float64)
+    # a value far beyond its class escapes to Exp-Golomb: its cost grows with log |q|, not |q|
+    escape = _ESCAPE_BITS + 2.0 * np.log2(1.0 + mag)
+    best = _best_shift(mag, escape, prior, np.arange(-8, 9))
+    if abs(best) == 8:  # far from the prior: widen the search once
+        best = _best_shift(mag, escape, prior, np.arange(-_SHIFT_LIMIT, _SHIFT_LIMIT + 1))
     return best
+
+
+_ESCAPE_BITS = 12.0  # rough length of an escape code word
+
+
+def _best_shift(mag: np.ndarray, escape: np.ndarray, prior: np.ndarray, shifts: np.ndarray) -> int:
+    a, b = _class_bit_costs()
+    cls = np.clip(prior[:, None] + shifts[None, :], 0, N_CLASSES - 1)  # [n, s]
+    cost = np.minimum(a[cls] + b[cls] * mag[:, None], escape[:, None]).sum(axis=0)
+    return int(shifts[np.argmin(cost)])
 
 
 def encode_frames(frames: np.ndarray, mode: str = DEFAULT_MODE, floor_log10: float | None = None) -> bytes:
@@ -706,28 +744,36 @@ def encode_frames(frames: np.ndarray, mode: str = DEFAULT_MODE, floor_log10: flo
     layout = mel_layout()
     floors = frame_floors(frames, floor_log10)
     x = frames.astype(np.float64)
+    # values at the floor carry nothing but "at most this": sink them below it so quantisation
+    # noise cannot lift them over the clamp (the decoder puts them back exactly at the floor)
+    x_coded = np.where(x <= floors[None, :], x - FLOOR_MARGIN * params.step, x)
+
+    if np.all(x <= floors[None, :]):  # silence under the floor: the floors say it all
+        return PacketHeader(mode, k, floors, at_floor=True).serialize()
+
+    # dependents: predicted from the basis as the decoder will see it; a residual only where
+    # flooring broke the identity
+    pred = predict_dependent(x_coded, layout)
+    dep = x_coded[layout.dependent]
+    needed = ~((x[layout.dependent] <= floors) & (pred <= dep))  # at the floor, lower is as good
+    res = np.where(needed, np.rint((dep - pred) / params.step), 0).astype(np.int64).ravel()
 
     # basis: mel DCT x time DCT, dead-zone quantiser
-    coefs = forward_transform(x[layout.basis], layout.weight)
+    coefs = forward_transform(x_coded[layout.basis])
     lengths = [c.shape[1] for c in coefs]
     flat = np.concatenate([c.ravel() for c in coefs]) / params.step
-    nb = len(layout.basis)
-    prior = _block_classes(nb, lengths, params.step, 0)
-    shift = _measure_shift(quantize(flat, prior, params.rd_lambda), prior)
-    q = quantize(flat, np.clip(prior + shift, 0, N_CLASSES - 1), params.rd_lambda)
-    body = encode_symbols(q, _block_classes(nb, lengths, params.step, shift))
-
-    # dependents: predicted from the basis; a residual only where flooring broke the identity
-    pred = predict_dependent(x, layout)
-    dep = x[layout.dependent]
-    needed = ~((dep <= floors) & (pred <= floors))
-    res = np.where(needed, np.rint((dep - pred) / params.step), 0).astype(np.int64)
-    has_res = bool(np.any(res))
-    if has_res:
-        body = encode_symbols(np.concatenate([q, res.ravel()]),
-                              np.concatenate([_block_classes(nb, lengths, params.step, shift),
-                                              np.full(res.size, _RESIDUAL_CLASS)]))
-    header = PacketHeader(mode, k, floors, shift, has_res)
+    prior = _block_prior(len(layout.basis), lengths, params.step)
+    shift = _measure_shift(quantize(flat, _shifted(prior, 0), params.rd_lambda), prior)
+    classes = _shifted(prior, shift)
+    q = quantize(flat, classes, params.rd_lambda)
+    res_class = None
+    if np.any(res):
+        res_class = _best_shift(np.abs(res).astype(np.float64), np.full(res.size, np.inf),
+                                np.zeros(res.size, dtype=np.int64), np.arange(N_CLASSES))
+        q = np.concatenate([q, res])
+        classes = np.concatenate([classes, np.full(res.size, res_class)])
+    body = encode_symbols(q, classes)
+    header = PacketHeader(mode, k, floors, shift, res_class)
     return header.serialize() + body
 
 
@@ -746,13 +792,17 @@ def decode_frames(payload: bytes) -> np.ndarray:
     k = header.n_frames
     if k == 0:
         return np.zeros((N_MELS, 0), dtype=np.float32)
+    if header.at_floor:
+        if len(payload) != pos:
+            raise CodecError("corrupt payload: bytes after an at-floor header")
+        return np.repeat(header.floors[None, :], N_MELS, axis=0)
     params = _MODE_PARAMS[header.mode]
     layout = mel_layout()
     nb = len(layout.basis)
     lengths = [n for _, n in time_blocks(k)]
-    classes = _block_classes(nb, lengths, params.step, header.shift)
-    if header.has_residuals:
-        classes = np.concatenate([classes, np.full(len(layout.dependent) * k, _RESIDUAL_CLASS)])
+    classes = _shifted(_block_prior(nb, lengths, params.step), header.shift)
+    if header.residual_class is not None:
+        classes = np.concatenate([classes, np.full(len(layout.dependent) * k, header.residual_class)])
     body = payload[pos:]
     # every tuple costs at least one bit: a body too short for the claimed frames fails here,
     # before any per-symbol work
@@ -769,9 +819,9 @@ def decode_frames(payload: bytes) -> np.ndarray:
         blocks.append(q[at:at + nb * n].reshape(nb, n))
         at += nb * n
     x = np.zeros((N_MELS, k))
-    x[layout.basis] = inverse_transform(blocks, layout.weight)
+    x[layout.basis] = inverse_transform(blocks)
     x[layout.dependent] = predict_dependent(x, layout)
-    if header.has_residuals:
+    if header.residual_class is not None:
         x[layout.dependent] += values[nb * k:].reshape(len(layout.dependent), k) * params.step
     x = np.maximum(x, header.floors[None, :].astype(np.float64))
     if not np.all(np.abs(x) <= VALUE_LIMIT):
@@ -785,4 +835,5 @@ def _min_body_bits(classes: np.ndarray) -> int:
     counts = np.bincount(classes, minlength=N_CLASSES)
     tuples = -(-counts // book.group)
     shortest = np.array([int(t.lengths.min()) for t in book.tables])
-    return int((tuples * shortest).sum())
+    bits = np.where(book.group == _SPARSE_GROUP, counts > 0, tuples * shortest)  # all-zero flag
+    return int(bits.sum())
