@@ -3,6 +3,8 @@ and cached/batched decoding against a full recompute and against each sequence a
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -102,7 +104,7 @@ def test_matches_official_thinker_with_audio_float64(official):
     """The official thinker, fed input_ids with <|audio_pad|> rows, audio features and an attention
     mask (its interleaved-MRoPE path, positions from the mask), equals harken's decoder run as a
     plain 1-D-RoPE causal LM with the official audio embeddings written into those rows."""
-    off = official_model(seed=3).double()  # a copy: the module fixture stays fp32
+    off = copy.deepcopy(official).double()  # the module fixture stays fp32
     dec = Qwen3Decoder(Qwen3ASRConfig.from_dict(off.config.to_dict()).text)
     dec.load_official_state_dict(thinker_decoder_state_dict(off))
     dec = dec.double().eval()
@@ -129,6 +131,30 @@ def test_matches_official_thinker_with_audio_float64(official):
     slot = cache.allocate()
     last = prefill(dec, cache, [slot], [embeds])[0]
     assert (last - ref[-1]).abs().max().item() <= 1e-6
+
+
+def test_bf16_as_accurate_as_official_bf16(official):
+    """In bf16 (the released weights' dtype) harken's cached decoding is as close to the float64
+    truth as the official thinker's bf16 forward is: same rounding points (float32 RoPE angles and
+    RMSNorm), no extra error from the cache or the packed layout."""
+    ids = torch.randint(0, 151000, (1, 40), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        truth = copy.deepcopy(official).double().thinker(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0]
+        off16 = copy.deepcopy(official).to(torch.bfloat16)
+        ref = off16.thinker(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].double()
+    dec = Qwen3Decoder(Qwen3ASRConfig.from_dict(official.config.to_dict()).text)
+    dec.load_official_state_dict(thinker_decoder_state_dict(official))
+    dec = dec.to(torch.bfloat16).eval()
+    cache = new_cache(dec, slots=1, max_len=64, dtype=torch.bfloat16)
+    s = cache.allocate()
+    logits = [prefill(dec, cache, [s], [dec.embed(ids[0, :20])])[0]]
+    for i in range(20, 39):
+        logits.append(decode_step(dec, cache, [s], ids[0, i:i + 1])[0])
+    ours = torch.stack(logits).double()  # positions 19..38
+
+    off_err, our_err = (ref[19:39] - truth[19:39]).abs(), (ours - truth[19:39]).abs()
+    assert our_err.max() <= 1.25 * off_err.max()
+    assert our_err.mean() <= 1.25 * off_err.mean()
 
 
 # --- the KV cache, float32 -----------------------------------------------------------------------
