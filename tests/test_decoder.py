@@ -12,6 +12,7 @@ from official import official_model, randomize_parameters_
 from harken.cloud.model.config import Qwen3ASRConfig
 from harken.cloud.model.decoder import Qwen3Decoder, decode_step, greedy_decode, prefill
 from harken.cloud.model.kv_cache import KVCache, KVCacheFull
+from harken.cloud.model.static_decode import StaticDecodeStep
 
 AUDIO_PAD, AUDIO_START, AUDIO_END = 151676, 151669, 151670
 IM_START, IM_END = 151644, 151645
@@ -290,6 +291,37 @@ def test_static_kv_len_equals_dynamic(decoder):
         logits = decode_step(dec, cache, slots, first.argmax(-1), kv_len=kv_len)
         results.append(torch.cat([first, logits]))
     assert (results[0] - results[1]).abs().max().item() <= 1e-5
+
+
+def test_static_decode_step_equals_decode_step(decoder):
+    """The capture-friendly step (batch padded to a bucket, keys to a length bucket, padding rows
+    on a scratch slot; run eagerly here) gives decode_step's results while slots join and leave."""
+    dec = decoder
+    lengths = [7, 30, 12, 3, 21]
+    xs = [prompt_embeds(dec, n, seed=70 + i) for i, n in enumerate(lengths)]
+    caches = {}
+    for name in ("dynamic", "static"):
+        cache = new_cache(dec, slots=8, max_len=64)
+        slots = [cache.allocate() for _ in xs]
+        caches[name] = (cache, slots, prefill(dec, cache, slots, xs))
+    static = StaticDecodeStep(dec, caches["static"][0], max_batch=8, min_kv_len=16)
+    assert static.scratch not in caches["static"][1]
+
+    tokens = {name: caches[name][2].argmax(-1) for name in caches}
+    for tick, rows in enumerate([[0, 1, 2, 3, 4], [0, 2, 4], [1], [3, 4, 0], [0, 1, 2, 3, 4], [2, 3]]):
+        out = {}
+        for name, step in (("dynamic", lambda s, t: decode_step(dec, caches["dynamic"][0], s, t)),
+                           ("static", static)):
+            cache, slots, _ = caches[name]
+            out[name] = step([slots[r] for r in rows], tokens[name][rows])
+            tokens[name] = tokens[name].clone()
+            tokens[name][rows] = out[name].argmax(-1)
+        assert torch.equal(tokens["static"], tokens["dynamic"]), tick
+        assert (out["static"] - out["dynamic"]).abs().max().item() <= 1e-5
+    dyn_cache, dyn_slots, _ = caches["dynamic"]
+    st_cache, st_slots, _ = caches["static"]
+    assert [dyn_cache.length(s) for s in dyn_slots] == [st_cache.length(s) for s in st_slots]
+    assert st_cache.length(static.scratch) == 0
 
 
 def test_slots_reused_without_reallocation(decoder):

@@ -87,14 +87,22 @@ class KVCache:
         if not (0 <= slot < self.max_slots and self._in_use[slot]):
             raise ValueError(f"KV cache slot {slot} is not allocated")
 
-    def _grow(self, slot: int, n: int) -> int:
-        """Reserve `n` more positions for `slot`; returns the old length (the first new position)."""
-        self._check(slot)
-        old = self._lengths[slot]
-        if old + n > self.max_len:
-            raise KVCacheFull(f"slot {slot} would hold {old + n} positions, max_len is {self.max_len}")
-        self._lengths[slot] = old + n
-        return old
+    def reserve(self, slots: list[int], counts: list[int]) -> list[int]:
+        """Grow each `slots[i]` by `counts[i]` positions (all or none); returns the old lengths,
+        i.e. the position of each slot's first new token."""
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"a slot appears twice in one batch: {slots}")
+        if any(n < 1 for n in counts):
+            raise ValueError(f"every sequence needs at least one new token: {counts}")
+        for s, n in zip(slots, counts):  # check all before reserving any
+            self._check(s)
+            if self._lengths[s] + n > self.max_len:
+                raise KVCacheFull(f"slot {s} would hold {self._lengths[s] + n} positions, "
+                                  f"max_len is {self.max_len}")
+        starts = [self._lengths[s] for s in slots]
+        for s, n in zip(slots, counts):
+            self._lengths[s] += n
+        return starts
 
 
 @dataclass(frozen=True)
@@ -140,21 +148,13 @@ def plan_batch(cache: KVCache, slots: list[int], new_counts: list[int],
     `kv_len` fixes the attended key length (e.g. `cache.max_len` for static shapes); by default it
     is the longest slot after the append.
     """
-    if len(set(slots)) != len(slots):
-        raise ValueError(f"a slot appears twice in one batch: {slots}")
-    if any(n < 1 for n in new_counts):
-        raise ValueError(f"every sequence needs at least one new token: {new_counts}")
-    for s, n in zip(slots, new_counts):  # check all before reserving any
-        cache._check(s)
-        if cache.length(s) + n > cache.max_len:
-            raise KVCacheFull(f"slot {s} would hold {cache.length(s) + n} positions, "
-                              f"max_len is {cache.max_len}")
-    starts = [cache._grow(s, n) for s, n in zip(slots, new_counts)]
-    max_new = max(new_counts)
-    needed = max(st + n for st, n in zip(starts, new_counts))
+    needed = max(cache.length(s) + n for s, n in zip(slots, new_counts))
     kv_len = needed if kv_len is None else kv_len
     if kv_len < needed or kv_len > cache.max_len:
-        raise ValueError(f"kv_len {kv_len} outside [{needed}, {cache.max_len}]")
+        raise (KVCacheFull if needed > cache.max_len else ValueError)(
+            f"kv_len {kv_len} outside [{needed}, {cache.max_len}]")
+    starts = cache.reserve(slots, new_counts)
+    max_new = max(new_counts)
 
     dev = cache.device
     B = len(slots)
@@ -171,3 +171,13 @@ def plan_batch(cache: KVCache, slots: list[int], new_counts: list[int],
         mask=attention_mask(start_t, new_t, max_new, kv_len), max_new=max_new, kv_len=kv_len,
         dense=all(n == max_new for n in new_counts),
         slot_range=(slots[0], slots[0] + B) if contiguous else None)
+
+
+def decode_layout(slot: torch.Tensor, pos: torch.Tensor, kv_len: int) -> BatchLayout:
+    """The layout of one token per row, from device tensors only (slot, pos: [M]): what a captured
+    decode step builds inside the graph from its static input buffers."""
+    M = slot.shape[0]
+    return BatchLayout(
+        slots=slot, row=torch.arange(M, device=slot.device), col=torch.zeros_like(pos), pos=pos, slot=slot,
+        mask=attention_mask(pos, torch.ones_like(pos), 1, kv_len), max_new=1, kv_len=kv_len,
+        dense=True, slot_range=None)
