@@ -226,9 +226,8 @@ class Qwen3Decoder(nn.Module):
     def forward(self, inputs_embeds: torch.Tensor) -> torch.Tensor:
         """Cache-free causal pass. inputs_embeds: [B, S, hidden] at positions 0..S-1 -> logits [B, S, vocab]."""
         B, S, _ = inputs_embeds.shape
-        positions = torch.arange(S, device=inputs_embeds.device).expand(B, S)
-        cos, sin = self.rope(positions)  # [B, S, D]
-        x = inputs_embeds.to(self.dtype)
+        x = inputs_embeds.to(device=self.device, dtype=self.dtype)
+        cos, sin = self.rope(torch.arange(S, device=x.device).expand(B, S))  # [B, S, D]
         for layer in self.model.layers:
             x = layer(x, cos, sin)
         return self.lm_head(self.model.norm(x))
@@ -237,7 +236,7 @@ class Qwen3Decoder(nn.Module):
         """x: [N, hidden] packed new tokens placed by `layout` -> final-normed hidden [N, hidden];
         writes every layer's keys/values into `cache`."""
         cos, sin = self.rope(layout.pos)  # [N, D]
-        x = x.to(self.dtype)
+        x = x.to(device=self.device, dtype=self.dtype)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, layout, cache.k[i], cache.v[i])
         return self.model.norm(x)
