@@ -387,6 +387,11 @@ def test_errors(decoder):
     cache.free(s)
     with pytest.raises(ValueError):
         cache.length(s)
+    wrong = new_cache(dec, slots=1, max_len=8, dtype=torch.float64)
+    ws = wrong.allocate()
+    with pytest.raises(ValueError, match="KV cache"):
+        prefill(dec, wrong, [ws], [prompt_embeds(dec, 3, seed=61)])
+    assert wrong.length(ws) == 0
     sd = {k: v for k, v in dec.state_dict().items() if k != "model.norm.weight"}
     with pytest.raises(ValueError, match="model.norm.weight"):
         Qwen3Decoder(dec.config).load_official_state_dict(sd)

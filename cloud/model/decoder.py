@@ -241,6 +241,14 @@ class Qwen3Decoder(nn.Module):
             x = layer(x, cos, sin, layout, cache.k[i], cache.v[i])
         return self.model.norm(x)
 
+    def check_cache(self, cache: KVCache) -> None:
+        """Raise ValueError unless `cache` fits this decoder (shape, dtype, device)."""
+        c = self.config
+        want = (c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype, self.device)
+        got = (cache.k.shape[0], cache.k.shape[2], cache.k.shape[4], cache.dtype, cache.device)
+        if want != got:
+            raise ValueError(f"KV cache (layers, kv heads, head_dim, dtype, device) {got}, decoder needs {want}")
+
     def load_official_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load the checkpoint's `thinker.model.*` and `thinker.lm_head.*` tensors, `thinker.` stripped.
 
@@ -277,6 +285,7 @@ def prefill(decoder: Qwen3Decoder, cache: KVCache, slots: list[int], embeds: lis
     """
     if len(slots) != len(embeds) or not slots:
         raise ValueError(f"{len(slots)} slots for {len(embeds)} sequences")
+    decoder.check_cache(cache)
     counts = [e.shape[0] for e in embeds]
     layout = plan_batch(cache, slots, counts, kv_len)
     h = decoder.forward_packed(torch.cat(embeds), layout, cache)  # [N, hidden]
@@ -294,6 +303,7 @@ def decode_step(decoder: Qwen3Decoder, cache: KVCache, slots: list[int], token_i
     """
     if token_ids.shape != (len(slots),):
         raise ValueError(f"token_ids shape {tuple(token_ids.shape)} for {len(slots)} slots")
+    decoder.check_cache(cache)
     layout = plan_batch(cache, slots, [1] * len(slots), kv_len)
     return decoder.lm_head(decoder.forward_packed(decoder.embed(token_ids.to(decoder.device)), layout, cache))
 

@@ -36,6 +36,7 @@ class StaticDecodeStep:
                  min_kv_len: int = 256):
         if cuda_graphs and cache.device.type != "cuda":
             raise ValueError("CUDA graphs need the cache on a CUDA device")
+        decoder.check_cache(cache)
         self.decoder, self.cache, self.max_batch = decoder, cache, max_batch
         self.cuda_graphs = cuda_graphs
         self.min_kv_len = min(min_kv_len, cache.max_len)
