@@ -48,7 +48,7 @@ class SessionSeed(_message.Message):
     def __init__(self, present: _Optional[bool] = ..., running_max_log10: _Optional[float] = ..., context_tail: _Optional[str] = ..., next_segment_id: _Optional[int] = ...) -> None: ...
 
 class Features(_message.Message):
-    __slots__ = ("seq", "segment_id", "first_frame", "frame_count", "segment_start", "segment_end", "payload")
+    __slots__ = ("seq", "segment_id", "first_frame", "frame_count", "segment_start", "segment_end", "payload", "running_max_log10")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_FRAME_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,7 @@ class Features(_message.Message):
     SEGMENT_START_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_END_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_MAX_LOG10_FIELD_NUMBER: _ClassVar[int]
     seq: int
     segment_id: int
     first_frame: int
@@ -63,7 +64,8 @@ class Features(_message.Message):
     segment_start: bool
     segment_end: bool
     payload: bytes
-    def __init__(self, seq: _Optional[int] = ..., segment_id: _Optional[int] = ..., first_frame: _Optional[int] = ..., frame_count: _Optional[int] = ..., segment_start: _Optional[bool] = ..., segment_end: _Optional[bool] = ..., payload: _Optional[bytes] = ...) -> None: ...
+    running_max_log10: float
+    def __init__(self, seq: _Optional[int] = ..., segment_id: _Optional[int] = ..., first_frame: _Optional[int] = ..., frame_count: _Optional[int] = ..., segment_start: _Optional[bool] = ..., segment_end: _Optional[bool] = ..., payload: _Optional[bytes] = ..., running_max_log10: _Optional[float] = ...) -> None: ...
 
 class Audio(_message.Message):
     __slots__ = ("seq", "pcm16", "sample_rate")
