@@ -1,0 +1,641 @@
+"""The edge's gRPC client: audio in, transcript events out, nothing lost across network faults.
+
+`TranscriptionClient.stream(source)` runs the edge pipeline (`FeatureStream`: VAD + log-mel +
+codec) over the source, sends one `Features` message per packet on a `harken.v1.Transcription/
+Stream` call and yields the server's transcript as `TranscriptEvent`s. The session semantics are
+those of `proto/harken.proto`:
+
+- Every packet of every segment not yet final stays in the client's buffer (`_OutBuffer`); a
+  segment's packets are dropped once its final event has arrived (or an `Ack` says it is final).
+- A dropped connection (UNAVAILABLE, a reset stream, EOF before `End`) is retried with jittered,
+  capped exponential backoff. The retry resumes the same session (`Start{session_id,
+  last_event_seq}`); the server answers `Ready{resume_after_seq}`, re-sends the transcript events
+  lost in flight, and the client re-sends every message after `resume_after_seq`.
+- NOT_FOUND on resume means the server lost the session (restart, expiry): the client opens a new
+  session seeded with the `SessionSeed` of the last final event, and replays every unfinished
+  segment from its first frame. The replacement session re-sends committed text the user already
+  has; the client keeps, per segment, what it delivered and passes on only what extends it.
+- The buffer is bounded (`max_buffer_bytes`) and so is the time without a server
+  (`max_offline_s`): past either the stream fails with a `TransportError` saying so, instead of
+  growing or hanging.
+
+The thin-client mode (`ClientOptions(send_audio=True)`) sends PCM16 `Audio` messages and lets the
+server run the edge pipeline; it resumes the same way after dropped connections. After a server
+restart it replays the audio since the last final segment into a seeded session (times corrected
+by the replay offset); since the server's VAD then starts afresh, that transcript is close to, not
+guaranteed identical to, an uninterrupted one. Feature mode is exact.
+
+No torch here: grpcio, protobuf, numpy and the edge modules only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from harken.edge.audio import load_audio
+from harken.edge.feature_stream import FeaturePacket, FeatureStream
+from harken.proto import harken_pb2 as pb
+from harken.proto import harken_pb2_grpc
+from harken.shared.codec import DEFAULT_MODE
+from harken.shared.errors import HarkenError
+from harken.shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
+
+CODEC_NAME = "harken-mel/1"  # shared/codec.py, wire format version 1 (proto `Start.codec`)
+THIN_REPLAY_MAX_S = 60  # thin client: audio kept for a replay after a server restart, at most
+
+# Status codes after which the same request may succeed later: the connection, not the request,
+# was the problem. Everything else except NOT_FOUND (session lost -> replacement) is final.
+RETRYABLE_CODES = frozenset({
+    grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED,
+})
+
+
+class TransportError(HarkenError):
+    """The stream could not be completed; the message says why and what was not transcribed."""
+
+
+class ServerUnavailableError(TransportError):
+    """The server stayed unreachable for longer than `ClientOptions.max_offline_s`."""
+
+
+class BufferOverflowError(TransportError):
+    """More unacknowledged audio than `ClientOptions.max_buffer_bytes` piled up."""
+
+
+class ServerRejectedError(TransportError):
+    """The server refused the stream with a status that retrying cannot fix (bad key, bad input,
+    admission control). `code` is the gRPC status code name, e.g. "UNAUTHENTICATED"."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"server refused the stream: {code}: {message}")
+        self.code = code
+
+
+@dataclass(frozen=True)
+class TranscriptEvent:
+    """One transcript update, as the engine emits it (the fields of the proto `Transcript`).
+
+    `committed_delta` is appended to the segment's text and never retracted; `partial` is the
+    current guess after all committed text and replaces the previous partial of the segment.
+    """
+
+    segment_id: int
+    committed_delta: str
+    partial: str
+    stability: float
+    start_s: float
+    end_s: float
+    language: str
+    is_final: bool
+
+
+@dataclass
+class ClientOptions:
+    """How a `TranscriptionClient` streams, buffers and reconnects."""
+
+    language: str = ""  # force a language ("English"); "" = detect
+    context: str = ""  # context text for the model: hot words, names, topic
+    send_audio: bool = False  # thin client: PCM16 `Audio` messages, the server runs VAD + features
+    codec_mode: str = DEFAULT_MODE
+    packet_frames: int = 20  # frames per `Features` message (20 = 200 ms)
+    audio_piece_ms: int = 100  # thin client: audio per `Audio` message
+    max_offline_s: float = 120.0  # give up when the server stays away this long
+    max_buffer_bytes: int = 64 << 20  # bound on buffered, not yet final, payload bytes
+    connect_timeout_s: float = 10.0  # one attempt's wait for `Ready`
+    backoff_initial_s: float = 0.05
+    backoff_max_s: float = 2.0
+    backoff_multiplier: float = 2.0
+    tls_server_name: str | None = None  # TLS: check the certificate for this name, not the host's
+
+    def __post_init__(self):
+        if self.max_offline_s <= 0 or self.max_buffer_bytes <= 0:
+            raise ValueError("max_offline_s and max_buffer_bytes must be positive")
+        if self.backoff_initial_s <= 0 or self.backoff_max_s < self.backoff_initial_s:
+            raise ValueError("need 0 < backoff_initial_s <= backoff_max_s")
+
+
+@dataclass
+class TransportStats:
+    """What the client did to get the transcript through: read it after (or during) a stream."""
+
+    sessions_opened: int = 0  # 1 + replacement sessions after NOT_FOUND
+    resumes: int = 0  # reconnects that resumed the same session
+    failed_attempts: int = 0  # stream attempts that ended in a retryable error
+    messages_sent: int = 0  # Features/Audio messages written, resends included
+    messages_resent: int = 0
+    frames_sent: int = 0  # feature frames written, resends included
+    frames_resent: int = 0
+    frames_produced: int = 0  # feature frames the edge produced (each counted once)
+    duplicate_events: int = 0  # transcript events dropped as already seen (event_seq replay)
+    replayed_text_chars: int = 0  # committed text re-sent by a replacement session and dropped
+    replay_mismatches: int = 0  # a replacement session's committed text disagreed with ours
+
+
+def file_pieces(path: str | Path, piece_ms: int = 100) -> list[np.ndarray]:
+    """An audio file as 16 kHz mono float32 pieces of `piece_ms`: a ready `stream()` source."""
+    return audio_pieces(load_audio(path), piece_ms)
+
+
+def audio_pieces(audio: np.ndarray, piece_ms: int = 100) -> list[np.ndarray]:
+    """Cut 16 kHz mono float32 audio into pieces of `piece_ms` (the last may be shorter)."""
+    step = SAMPLE_RATE * piece_ms // 1000
+    audio = np.asarray(audio, dtype=np.float32)
+    return [audio[i:i + step] for i in range(0, audio.size, step)]
+
+
+# ---- the buffer of unfinished work -----------------------------------------------------------
+
+@dataclass
+class _Outgoing:
+    """One Features/Audio message, kept until its segment is final (its seq is per session)."""
+
+    seq: int
+    segment_id: int  # -1 for thin-client audio (the server segments it)
+    message: pb.ClientMessage  # seq filled in when written
+    nbytes: int
+    frames: int  # feature frames (0 for audio)
+    first_sample: int = 0  # thin client: the audio's position in the stream
+    end_sample: int = 0
+    segment_start_s: float | None = None  # the segment's start, on its first packet
+    times_sent: int = 0
+
+
+@dataclass
+class _OutBuffer:
+    """The client's unfinished messages, oldest first, with contiguous seqs."""
+
+    entries: deque[_Outgoing] = field(default_factory=deque)
+    next_seq: int = 1
+    nbytes: int = 0
+
+    def append(self, entry: _Outgoing) -> None:
+        entry.seq = self.next_seq
+        self.next_seq += 1
+        self.entries.append(entry)
+        self.nbytes += entry.nbytes
+
+    def after(self, seq: int) -> _Outgoing | None:
+        """The message with seq `seq + 1`, if buffered."""
+        if not self.entries:
+            return None
+        i = seq + 1 - self.entries[0].seq
+        return self.entries[i] if 0 <= i < len(self.entries) else None
+
+    def drop_segments_through(self, segment_id: int) -> None:
+        while self.entries and 0 <= self.entries[0].segment_id <= segment_id:
+            self.nbytes -= self.entries.popleft().nbytes
+
+    def drop_audio_before(self, seq: int, sample: int) -> None:
+        """Thin client: drop audio both applied (seq <= `seq`) and ending before `sample`."""
+        while self.entries and self.entries[0].seq <= seq and self.entries[0].end_sample <= sample:
+            self.nbytes -= self.entries.popleft().nbytes
+
+    def renumber(self) -> None:
+        """A replacement session counts from 1 again."""
+        for i, e in enumerate(self.entries):
+            e.seq = i + 1
+        self.next_seq = len(self.entries) + 1
+
+
+@dataclass
+class _Progress:
+    """In-band with the events: no final event with start_s < `bound_s` will come any more."""
+
+    bound_s: float
+
+
+@dataclass
+class _StreamState:
+    """Everything one `stream()` call knows; owned by that call, touched only on its event loop."""
+
+    buffer: _OutBuffer = field(default_factory=_OutBuffer)
+    session_id: str = ""
+    replacement: bool = False  # the next Start opens a seeded replacement session
+    last_event_seq: int = 0
+    sent_through: int = 0  # highest seq written on the current call
+    seed: pb.SessionSeed | None = None
+    last_final_segment: int = -1
+    final_end_sample: int = 0  # thin client: where the last final segment ended
+    replay_offset_s: float = 0.0  # thin client: replacement-session times are relative to this
+    delivered: dict[int, str] = field(default_factory=dict)  # committed text the user has, per segment
+    delivered_partial: dict[int, str] = field(default_factory=dict)
+    server_text: dict[int, str] = field(default_factory=dict)  # committed text this session sent
+    source_done: bool = False
+    wake_sender: asyncio.Event = field(default_factory=asyncio.Event)
+    new_segment_bound_s: float = 0.0  # edge: where the next segment can start at the earliest
+    audio_position: int = 0  # thin client: samples enqueued so far
+    end_written: bool = False  # End went out on the current call
+    connected_once_this_attempt: bool = False
+
+
+class TranscriptionClient:
+    """An asyncio client of a harken server.
+
+    ```
+    client = TranscriptionClient("localhost:50051", api_key="...", options=ClientOptions(language="English"))
+    async for event in client.stream(file_pieces("talk.wav")):
+        print(event.committed_delta, end="", flush=True)
+    ```
+
+    `target` is "host:port"; `tls` is None (plaintext), True (system roots) or the path of a PEM
+    root certificate; `api_key` is sent as `authorization: Bearer <key>`. One client may run
+    several streams (one per audio track), concurrently or one after another; `stats` describes
+    the latest.
+    """
+
+    def __init__(self, target: str, api_key: str | None = None, tls: bool | str | Path | None = None,
+                 language: str | None = None, context: str | None = None,
+                 options: ClientOptions | None = None, rng: random.Random | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.target = target
+        self.api_key = api_key
+        self.options = options or ClientOptions()
+        if language is not None:
+            self.options.language = language
+        if context is not None:
+            self.options.context = context
+        self._credentials = _channel_credentials(tls)
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self.stats = TransportStats()
+
+    async def stream(self, source: Iterable[np.ndarray] | AsyncIterable[np.ndarray] | np.ndarray | str | Path
+                     ) -> AsyncIterator[TranscriptEvent]:
+        """Transcribe `source` (16 kHz mono float32 pieces, sync or async; an array; a file path):
+        yield every transcript event, return once the server has sent the last final."""
+        async for item in self._run(source):
+            if isinstance(item, TranscriptEvent):
+                yield item
+
+    async def transcribe(self, source) -> str:
+        """The whole transcript of `source` (the committed text of all segments, space-joined)."""
+        texts: dict[int, str] = {}
+        async for e in self.stream(source):
+            texts[e.segment_id] = texts.get(e.segment_id, "") + e.committed_delta
+        return " ".join(t.strip() for _, t in sorted(texts.items()) if t.strip())
+
+    # ---- the owner of one stream: a producer task, a connection task, events out via a queue ----
+
+    async def _run(self, source) -> AsyncIterator[TranscriptEvent | _Progress]:
+        self.stats = TransportStats()
+        state = _StreamState()
+        out: asyncio.Queue = asyncio.Queue()
+        producer = asyncio.create_task(self._produce(_as_async_pieces(source), state, out), name="harken-produce")
+        connection = asyncio.create_task(self._connect_loop(state, out), name="harken-connection")
+        done_marker = object()
+        connection.add_done_callback(lambda _: out.put_nowait(done_marker))
+        producer.add_done_callback(lambda t: t.cancelled() or t.exception() is None or out.put_nowait(done_marker))
+        try:
+            while True:
+                item = await out.get()
+                if item is done_marker:
+                    # a failed producer ends the stream with its error; a finished connection ends it
+                    if producer.done() and not producer.cancelled() and producer.exception() is not None:
+                        raise producer.exception()
+                    if connection.done():
+                        while not out.empty():  # events queued before the connection finished
+                            item = out.get_nowait()
+                            if item is not done_marker:
+                                yield item
+                        connection.result()  # re-raises its error
+                        return
+                    continue
+                yield item
+        finally:
+            for task in (producer, connection):
+                task.cancel()
+            await asyncio.gather(producer, connection, return_exceptions=True)
+
+    async def _produce(self, pieces: AsyncIterator[np.ndarray], state: _StreamState, out: asyncio.Queue) -> None:
+        o = self.options
+        if o.send_audio:
+            await self._produce_audio(pieces, state, out)
+            return
+        fs = FeatureStream(mode=o.codec_mode, packet_frames=o.packet_frames)
+        samples = 0
+        async for pcm in pieces:
+            pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
+            # the edge's ONNX work leaves the event loop, so transcript events keep flowing
+            packets = await asyncio.to_thread(fs.push, pcm)
+            samples += pcm.size
+            # a segment not yet opened starts at least the VAD's worst-case delay before the newest
+            # frame: feature_stream keeps exactly that look-back for it
+            newest_frame = max(0, (samples - 200) // 160)
+            state.new_segment_bound_s = max(state.new_segment_bound_s,
+                                            (newest_frame - fs.lookback_frames) / FRAMES_PER_SECOND)
+            self._enqueue_packets(packets, state)
+            out.put_nowait(_Progress(self._bound_s(state)))
+        packets = await asyncio.to_thread(fs.flush)
+        self._enqueue_packets(packets, state)
+        state.source_done = True
+        state.new_segment_bound_s = math.inf
+        state.wake_sender.set()
+        out.put_nowait(_Progress(self._bound_s(state)))
+
+    async def _produce_audio(self, pieces: AsyncIterator[np.ndarray], state: _StreamState, out: asyncio.Queue) -> None:
+        step = SAMPLE_RATE * self.options.audio_piece_ms // 1000
+        pending = np.zeros(0, np.float32)
+        position = 0
+
+        def emit(pcm: np.ndarray) -> None:
+            nonlocal position
+            pcm16 = np.clip(np.round(pcm * 32768.0), -32768, 32767).astype("<i2").tobytes()
+            msg = pb.ClientMessage(audio=pb.Audio(pcm16=pcm16, sample_rate=SAMPLE_RATE))
+            self._enqueue(state, _Outgoing(0, -1, msg, len(pcm16), 0, position, position + pcm.size))
+            position += pcm.size
+            state.audio_position = position
+
+        async for pcm in pieces:
+            pending = np.concatenate([pending, np.asarray(pcm, dtype=np.float32).reshape(-1)])
+            while pending.size >= step:
+                emit(pending[:step])
+                pending = pending[step:]
+            await asyncio.sleep(0)
+        if pending.size:
+            emit(pending)
+        state.source_done = True
+        state.wake_sender.set()
+
+    def _enqueue_packets(self, packets: list[FeaturePacket], state: _StreamState) -> None:
+        for p in packets:
+            msg = pb.ClientMessage(features=pb.Features(
+                segment_id=p.segment_id, first_frame=p.first_frame, frame_count=p.frame_count,
+                segment_start=p.segment_start, segment_end=p.segment_end, payload=p.payload))
+            entry = _Outgoing(0, p.segment_id, msg, len(p.payload), p.frame_count,
+                              segment_start_s=p.first_frame / FRAMES_PER_SECOND if p.segment_start else None)
+            self.stats.frames_produced += p.frame_count
+            self._enqueue(state, entry)
+
+    def _enqueue(self, state: _StreamState, entry: _Outgoing) -> None:
+        state.buffer.append(entry)
+        if state.buffer.nbytes > self.options.max_buffer_bytes:
+            raise BufferOverflowError(
+                f"{state.buffer.nbytes} bytes of audio not yet transcribed are buffered (limit "
+                f"{self.options.max_buffer_bytes}): the server at {self.target} is too slow or away")
+        state.wake_sender.set()
+
+    @staticmethod
+    def _bound_s(state: _StreamState) -> float:
+        """Lower bound on the start of any final event still to come (for the meeting merger)."""
+        open_starts = [e.segment_start_s for e in state.buffer.entries if e.segment_start_s is not None]
+        return min([state.new_segment_bound_s, *open_starts])
+
+    # ---- connection attempts ---------------------------------------------------------------
+
+    async def _connect_loop(self, state: _StreamState, out: asyncio.Queue) -> None:
+        o = self.options
+        offline_since: float | None = None
+        failures = 0
+        while True:
+            try:
+                finished = await self._attempt(state, out)
+                if finished:
+                    return
+                failure = "the server closed the stream before the end"
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND and state.session_id:
+                    # a replacement session at once, not after a backoff: the server is evidently up
+                    self._prepare_replacement(state)
+                    continue
+                if e.code() not in RETRYABLE_CODES:
+                    raise ServerRejectedError(e.code().name, e.details() or "") from e
+                failure = f"{e.code().name}: {e.details()}"
+            except (asyncio.TimeoutError, _NoReady) as e:
+                failure = str(e) or "no Ready in time"
+            if state.connected_once_this_attempt:
+                offline_since, failures = None, 0
+            self.stats.failed_attempts += 1
+            now = self._clock()
+            offline_since = now if offline_since is None else offline_since
+            offline_s = now - offline_since
+            if offline_s >= o.max_offline_s:
+                pending = sum(e.frames for e in state.buffer.entries)
+                raise ServerUnavailableError(
+                    f"server {self.target} unreachable for {offline_s:.1f} s (max_offline_s="
+                    f"{o.max_offline_s:g}); last error: {failure}; {pending} feature frames "
+                    f"({len(state.buffer.entries)} messages) were not transcribed")
+            delay = min(o.backoff_max_s, o.backoff_initial_s * o.backoff_multiplier ** failures)
+            delay *= 0.5 + 0.5 * self._rng.random()  # jitter: clients cut off together retry apart
+            failures += 1
+            await asyncio.sleep(min(delay, o.max_offline_s - offline_s))
+
+    def _prepare_replacement(self, state: _StreamState) -> None:
+        """The server lost the session: open a new one seeded with the last final's seed and
+        replay every unfinished message from seq 1."""
+        state.session_id = ""
+        state.replacement = True
+        state.last_event_seq = 0
+        state.server_text.clear()
+        if self.options.send_audio and state.buffer.entries:
+            state.replay_offset_s = state.buffer.entries[0].first_sample / SAMPLE_RATE
+        state.buffer.renumber()
+
+    async def _attempt(self, state: _StreamState, out: asyncio.Queue) -> bool:
+        """One stream call: Start/Ready, then send and receive until the server closes it.
+        True when the whole stream is done (End sent, server closed with OK)."""
+        state.connected_once_this_attempt = False
+        state.end_written = False
+        o = self.options
+        async with self._channel() as channel:
+            stub = harken_pb2_grpc.TranscriptionStub(channel)
+            metadata = (("authorization", f"Bearer {self.api_key}"),) if self.api_key else None
+            call = stub.Stream(metadata=metadata)
+            sender: asyncio.Task | None = None
+            try:
+                start = pb.Start(language=o.language, context=o.context,
+                                 codec="" if o.send_audio else CODEC_NAME, session_id=state.session_id,
+                                 last_event_seq=state.last_event_seq if state.session_id else 0)
+                if not state.session_id and state.replacement and state.seed is not None:
+                    start.seed.CopyFrom(state.seed)
+                await call.write(pb.ClientMessage(start=start))
+                first = await asyncio.wait_for(call.read(), o.connect_timeout_s)
+                if first is grpc.aio.EOF:
+                    await _raise_status(call)
+                    raise _NoReady("the server closed the stream without Ready")
+                if first.WhichOneof("kind") == "error":
+                    await _raise_status(call)
+                if first.WhichOneof("kind") != "ready":
+                    raise ServerRejectedError("PROTOCOL", f"expected Ready, got {first.WhichOneof('kind')}")
+                self._on_ready(first.ready, state)
+                state.connected_once_this_attempt = True
+                sender = asyncio.create_task(self._send(call, state), name="harken-send")
+                while True:
+                    msg = await call.read()
+                    if msg is grpc.aio.EOF:
+                        await _raise_status(call)
+                        # OK after our End: all finals are in. OK without it (a server shutting
+                        # down): resume, or replay into a new session
+                        return state.end_written
+                    self._on_message(msg, state, out)
+            finally:
+                if sender is not None:
+                    sender.cancel()
+                    await asyncio.gather(sender, return_exceptions=True)
+                call.cancel()
+
+    def _channel(self) -> grpc.aio.Channel:
+        # a fresh channel per attempt: grpc's own reconnect backoff (up to minutes) stays out of
+        # the way of ours, and a restarted server is found at once
+        options = [("grpc.max_receive_message_length", 16 << 20)]
+        if self._credentials is None:
+            return grpc.aio.insecure_channel(self.target, options=options)
+        if self.options.tls_server_name:
+            options.append(("grpc.ssl_target_name_override", self.options.tls_server_name))
+        return grpc.aio.secure_channel(self.target, self._credentials, options=options)
+
+    def _on_ready(self, ready: pb.Ready, state: _StreamState) -> None:
+        if not state.session_id:
+            self.stats.sessions_opened += 1
+            state.replacement = False
+        else:
+            self.stats.resumes += 1
+        state.session_id = ready.session_id
+        if ready.resume_after_seq >= state.buffer.next_seq:
+            raise ServerRejectedError("PROTOCOL", f"server applied seq {ready.resume_after_seq}, "
+                                                  f"but only {state.buffer.next_seq - 1} were sent")
+        state.sent_through = ready.resume_after_seq
+        state.wake_sender.set()
+
+    async def _send(self, call, state: _StreamState) -> None:
+        """Write every buffered message after `sent_through`, then End once the source is done."""
+        while True:
+            state.wake_sender.clear()
+            while (entry := state.buffer.after(state.sent_through)) is not None:
+                getattr(entry.message, entry.message.WhichOneof("kind")).seq = entry.seq
+                await call.write(entry.message)
+                state.sent_through = entry.seq
+                self.stats.messages_sent += 1
+                self.stats.frames_sent += entry.frames
+                if entry.times_sent:
+                    self.stats.messages_resent += 1
+                    self.stats.frames_resent += entry.frames
+                entry.times_sent += 1
+            if state.source_done and state.buffer.after(state.sent_through) is None:
+                await call.write(pb.ClientMessage(end=pb.End()))
+                state.end_written = True
+                await call.done_writing()
+                return
+            await state.wake_sender.wait()
+
+    # ---- server -> client ------------------------------------------------------------------
+
+    def _on_message(self, msg: pb.ServerMessage, state: _StreamState, out: asyncio.Queue) -> None:
+        kind = msg.WhichOneof("kind")
+        if kind == "transcript":
+            t = msg.transcript
+            if t.event_seq and t.event_seq <= state.last_event_seq:
+                self.stats.duplicate_events += 1
+                return
+            state.last_event_seq = max(state.last_event_seq, t.event_seq)
+            event = self._deliver(t, state)
+            if event is not None:
+                out.put_nowait(event)
+            if t.is_final:
+                if t.seed.present:
+                    state.seed = pb.SessionSeed()
+                    state.seed.CopyFrom(t.seed)
+                self._segment_final(t.segment_id, state, t.end_s)
+                out.put_nowait(_Progress(self._bound_s(state)))
+        elif kind == "ack":
+            if self.options.send_audio:
+                # keep for a replay what a lost session had not finished: the audio since the last
+                # final segment (with a little run-up for the VAD), at most the last minute
+                keep_from = max(state.final_end_sample - SAMPLE_RATE // 2,
+                                state.audio_position - THIN_REPLAY_MAX_S * SAMPLE_RATE)
+                state.buffer.drop_audio_before(msg.ack.seq, keep_from)
+            elif msg.ack.last_final_segment > state.last_final_segment:
+                # the server's finals come before its Ack on the stream, so they are with us
+                self._segment_final(msg.ack.last_final_segment, state, None)
+                out.put_nowait(_Progress(self._bound_s(state)))
+        elif kind == "error":
+            pass  # the stream's status follows with the same code; handled there
+
+    def _segment_final(self, segment_id: int, state: _StreamState, end_s: float | None) -> None:
+        state.last_final_segment = max(state.last_final_segment, segment_id)
+        if self.options.send_audio:
+            if end_s is not None:
+                state.final_end_sample = max(state.final_end_sample,
+                                             int((end_s + state.replay_offset_s) * SAMPLE_RATE))
+        else:
+            state.buffer.drop_segments_through(state.last_final_segment)
+
+    def _deliver(self, t: pb.Transcript, state: _StreamState) -> TranscriptEvent | None:
+        """The event as the user sees it: after a replacement session re-sent text the user
+        already has, only what extends it is passed on (committed text is never retracted)."""
+        seg = t.segment_id
+        if seg <= state.last_final_segment and not self.options.send_audio:
+            self.stats.duplicate_events += 1
+            return None
+        server_text = state.server_text.get(seg, "") + t.committed_delta
+        state.server_text[seg] = server_text
+        have = state.delivered.get(seg, "")
+        if len(server_text) >= len(have):
+            if not server_text.startswith(have):
+                self.stats.replay_mismatches += 1
+            delta = server_text[len(have):]
+            self.stats.replayed_text_chars += len(t.committed_delta) - len(delta)
+        else:
+            if not have.startswith(server_text):
+                self.stats.replay_mismatches += 1
+            delta = ""
+            self.stats.replayed_text_chars += len(t.committed_delta)
+        committed = have + delta
+        hypothesis = server_text + t.partial
+        partial = hypothesis[len(committed):] if len(hypothesis) > len(committed) else ""
+        if not delta and not t.is_final and partial == state.delivered_partial.get(seg, ""):
+            return None  # a replayed update that shows the user nothing new
+        state.delivered[seg] = committed
+        state.delivered_partial[seg] = "" if t.is_final else partial
+        offset = state.replay_offset_s
+        return TranscriptEvent(segment_id=seg, committed_delta=delta, partial="" if t.is_final else partial,
+                               stability=t.stability, start_s=t.start_s + offset, end_s=t.end_s + offset,
+                               language=t.language, is_final=t.is_final)
+
+
+class _NoReady(Exception):
+    pass
+
+
+async def _raise_status(call) -> None:
+    """Raise the call's final status as an AioRpcError (the caller classifies it)."""
+    code = await call.code()
+    details = await call.details()
+    if code == grpc.StatusCode.OK:
+        return
+    raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+def _channel_credentials(tls: bool | str | Path | None) -> grpc.ChannelCredentials | None:
+    if tls is None or tls is False:
+        return None
+    if tls is True:
+        return grpc.ssl_channel_credentials()
+    return grpc.ssl_channel_credentials(root_certificates=Path(tls).read_bytes())
+
+
+async def _as_async_pieces(source) -> AsyncIterator[np.ndarray]:
+    """Any supported source as an async iterator of float32 pieces. Sync iterables are pulled on
+    a worker thread: a microphone iterator blocks until its next block arrives."""
+    if isinstance(source, (str, Path)):
+        source = await asyncio.to_thread(file_pieces, source)
+    elif isinstance(source, np.ndarray):
+        source = audio_pieces(source)
+    if hasattr(source, "__aiter__"):
+        async for piece in source:
+            yield piece
+        return
+    it = iter(source)
+    done = object()
+    while (piece := await asyncio.to_thread(next, it, done)) is not done:
+        yield piece
