@@ -216,7 +216,11 @@ def test_truncate_then_redecode_equals_fresh_decode(decoder):
     assert cache.length(slot) == cache.length(fresh) == 16 + 3 + 5 + 6
 
 
-def test_batch_of_different_lengths_equals_each_alone(decoder):
+@pytest.mark.parametrize("n_slots, slots", [
+    (6, [4, 1, 5, 0]),  # a short range with idle slots 2, 3: attention reads a view of the cache
+    (12, [11, 0, 6, 3]),  # spread out: attention gathers the four slots
+])
+def test_batch_of_different_lengths_equals_each_alone(decoder, n_slots, slots):
     dec = decoder
     prefixes = [3, 0, 17, 9]  # already cached before the batched call
     news = [5, 23, 1, 40]
@@ -232,10 +236,9 @@ def test_batch_of_different_lengths_equals_each_alone(decoder):
         alone_first.append(first[0])
         alone_tokens.append(greedy_decode(dec, cache, [s], first, 10, eos_ids=())[0])
 
-    cache = new_cache(dec, slots=6)
-    for _ in range(6):
+    cache = new_cache(dec, slots=n_slots)
+    for _ in range(n_slots):
         cache.allocate()
-    slots = [4, 1, 5, 0]  # not contiguous: the gather path
     for s, p, x in zip(slots, prefixes, seqs):
         if p:
             prefill(dec, cache, [s], [x[:p]])

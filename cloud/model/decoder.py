@@ -127,21 +127,21 @@ class Attention(nn.Module):
         k_cache[layout.slot, :, layout.pos] = k
         v_cache[layout.slot, :, layout.pos] = v
 
-        B, S, L = layout.slots.numel(), layout.max_new, layout.kv_len
+        R, S, L = layout.rows, layout.max_new, layout.kv_len
         if layout.slot_range is not None:  # a view, no copy
-            keys = k_cache[layout.slot_range[0]:layout.slot_range[1], :, :L]  # [B, Hkv, L, D]
+            keys = k_cache[layout.slot_range[0]:layout.slot_range[1], :, :L]  # [R, Hkv, L, D]
             values = v_cache[layout.slot_range[0]:layout.slot_range[1], :, :L]
         else:
             keys = k_cache[layout.slots, :, :L]
             values = v_cache[layout.slots, :, :L]
         if layout.dense:
-            q_pad = q.view(B, S, self.n_heads, self.head_dim)
+            q_pad = q.view(R, S, self.n_heads, self.head_dim)
         else:
-            q_pad = q.new_zeros(B, S, self.n_heads, self.head_dim)
+            q_pad = q.new_zeros(R, S, self.n_heads, self.head_dim)
             q_pad[layout.row, layout.col] = q
-        out = gqa_attention(q_pad.transpose(1, 2), keys, values, layout.mask)  # [B, Hq, S, D]
-        out = out.transpose(1, 2)  # [B, S, Hq, D]
-        out = out.reshape(B * S, -1) if layout.dense else out[layout.row, layout.col].reshape(x.shape[0], -1)
+        out = gqa_attention(q_pad.transpose(1, 2), keys, values, layout.mask)  # [R, Hq, S, D]
+        out = out.transpose(1, 2)  # [R, S, Hq, D]
+        out = out.reshape(R * S, -1) if layout.dense else out[layout.row, layout.col].reshape(x.shape[0], -1)
         return self.o_proj(out)
 
 

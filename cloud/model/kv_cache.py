@@ -109,21 +109,24 @@ class KVCache:
 class BatchLayout:
     """Where the N packed new tokens of a batch of B slots go.
 
-    Projections and MLPs run on the packed tokens ([N, hidden], no padding); attention runs on a
-    padded [B, max_new, ...] view of the queries against each slot's cached keys [0, kv_len).
-    All fields are small device tensors built from host ints, so a step never syncs.
+    Projections and MLPs run on the packed tokens ([N, hidden], no padding); attention runs on R
+    padded rows [R, max_new, ...] against cached keys [0, kv_len). Either R = B rows gathered from
+    the cache by slot (a copy), or, when the batch's slots lie in a short range lo..hi-1, R = hi - lo
+    rows read from a view of the cache (no copy): rows of slots outside the batch attend position 0
+    only and are dropped. All tensors are small and built from host ints, so a step never syncs.
     """
 
-    slots: torch.Tensor  # [B] cache slot of each sequence
-    row: torch.Tensor  # [N] sequence (0..B-1) of each packed token
+    slots: torch.Tensor  # [R] cache slot of each attention row
+    row: torch.Tensor  # [N] attention row of each packed token
     col: torch.Tensor  # [N] index of the token among its sequence's new tokens
     pos: torch.Tensor  # [N] absolute position = cached length before this call + col
-    slot: torch.Tensor  # [N] cache slot of each token (= slots[row])
-    mask: torch.Tensor  # [B, 1, max_new, kv_len] bool, True where a query may attend
+    slot: torch.Tensor  # [N] cache slot of each token
+    mask: torch.Tensor  # [R, 1, max_new, kv_len] bool, True where a query may attend
+    rows: int  # R
     max_new: int
     kv_len: int
-    dense: bool  # every sequence has max_new tokens: packed == padded, row-major
-    slot_range: tuple[int, int] | None  # slots are start..stop-1 in order: slice, don't gather
+    dense: bool  # packed tokens are exactly the padded rows, row-major: reshape, don't scatter
+    slot_range: tuple[int, int] | None  # rows are the cache slots lo..hi-1: slice, don't gather
 
 
 def attention_mask(start: torch.Tensor, new: torch.Tensor, max_new: int, kv_len: int) -> torch.Tensor:
@@ -156,21 +159,30 @@ def plan_batch(cache: KVCache, slots: list[int], new_counts: list[int],
     starts = cache.reserve(slots, new_counts)
     max_new = max(new_counts)
 
+    B, N = len(slots), sum(new_counts)
+    lo, hi = min(slots), max(slots) + 1
+    if hi - lo <= 2 * B:  # reading a few idle rows costs less than copying every row
+        row_of_seq, row_slots, slot_range = [s - lo for s in slots], list(range(lo, hi)), (lo, hi)
+    else:
+        row_of_seq, row_slots, slot_range = list(range(B)), list(slots), None
+    R = len(row_slots)
+    row_start, row_new = [0] * R, [1] * R  # idle rows: one query at position 0, finite, dropped
+    for r, st, n in zip(row_of_seq, starts, new_counts):
+        row_start[r], row_new[r] = st, n
+
     dev = cache.device
-    B = len(slots)
-    slots_t = torch.tensor(slots, dtype=torch.long, device=dev)
-    start_t = torch.tensor(starts, dtype=torch.long, device=dev)
-    new_t = torch.tensor(new_counts, dtype=torch.long, device=dev)
+    as_t = lambda v: torch.tensor(v, dtype=torch.long, device=dev)  # noqa: E731
+    new_t = as_t(new_counts)
     # output_size from the host: without it repeat_interleave reads the counts back (a sync on CUDA)
-    row = torch.repeat_interleave(torch.arange(B, device=dev), new_t, output_size=sum(new_counts))  # [N]
+    seq = torch.repeat_interleave(torch.arange(B, device=dev), new_t, output_size=N)  # [N]
     first = torch.cumsum(new_t, 0) - new_t  # [B] packed index of each sequence's first token
-    col = torch.arange(row.numel(), device=dev) - first[row]
-    contiguous = slots == list(range(slots[0], slots[0] + B))
+    col = torch.arange(N, device=dev) - first[seq]
     return BatchLayout(
-        slots=slots_t, row=row, col=col, pos=start_t[row] + col, slot=slots_t[row],
-        mask=attention_mask(start_t, new_t, max_new, kv_len), max_new=max_new, kv_len=kv_len,
-        dense=all(n == max_new for n in new_counts),
-        slot_range=(slots[0], slots[0] + B) if contiguous else None)
+        slots=as_t(row_slots), row=as_t(row_of_seq)[seq], col=col, pos=as_t(starts)[seq] + col,
+        slot=as_t(slots)[seq], mask=attention_mask(as_t(row_start), as_t(row_new), max_new, kv_len),
+        rows=R, max_new=max_new, kv_len=kv_len,
+        dense=row_of_seq == list(range(R)) and all(n == max_new for n in new_counts),
+        slot_range=slot_range)
 
 
 def decode_layout(slot: torch.Tensor, pos: torch.Tensor, kv_len: int) -> BatchLayout:
@@ -179,5 +191,5 @@ def decode_layout(slot: torch.Tensor, pos: torch.Tensor, kv_len: int) -> BatchLa
     M = slot.shape[0]
     return BatchLayout(
         slots=slot, row=torch.arange(M, device=slot.device), col=torch.zeros_like(pos), pos=pos, slot=slot,
-        mask=attention_mask(pos, torch.ones_like(pos), 1, kv_len), max_new=1, kv_len=kv_len,
+        mask=attention_mask(pos, torch.ones_like(pos), 1, kv_len), rows=M, max_new=1, kv_len=kv_len,
         dense=True, slot_range=None)
