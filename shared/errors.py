@@ -20,3 +20,21 @@ class CodecError(HarkenError, ValueError):
 
 class ModelError(HarkenError):
     """A model that cannot be found, loaded or run as asked."""
+
+
+class StreamInputError(HarkenError, ValueError):
+    """Malformed streaming input: wrong feature shape, non-finite values, bad options
+    (the service maps it to INVALID_ARGUMENT)."""
+
+
+class StreamOrderError(HarkenError):
+    """Streaming input in the wrong order: a gap in a segment's frames, frames after its end, a
+    segment id going backwards (FAILED_PRECONDITION)."""
+
+
+class EngineOverloaded(HarkenError):
+    """Admission control: too many sessions or too much queued work (RESOURCE_EXHAUSTED)."""
+
+
+class UnknownSession(HarkenError, KeyError):
+    """No open engine session with that id (NOT_FOUND)."""

@@ -126,6 +126,19 @@ class Tokenizer:
         """Text of `ids`; invalid UTF-8 becomes U+FFFD; ids outside the vocabulary are dropped."""
         return self._tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token contributes to `decode(..., skip_special_tokens=True)`: special
+        tokens and ids outside the vocabulary give b"". Streaming text is built from these, so a
+        character split across tokens is never shown half-decoded."""
+        token = self._tk.id_to_token(int(token_id))
+        if token is None:
+            return b""
+        added = self.added.get(token)
+        if added is not None and added.id == token_id:
+            return b"" if added.special else token.encode("utf-8")
+        table = _unicode_to_bytes()
+        return bytes(table[c] for c in token)
+
     def token_id(self, token: str) -> int:
         """Id of a single (added or vocabulary) token; ModelError if the checkpoint lacks it."""
         i = self._tk.token_to_id(token)
@@ -136,6 +149,11 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tk.get_vocab_size(with_added_tokens=True)
+
+
+@lru_cache(maxsize=1)
+def _unicode_to_bytes() -> dict[str, int]:
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 def _read_json(path: Path) -> Any:

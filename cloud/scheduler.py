@@ -1,0 +1,345 @@
+"""The engine that serves every session with one model, and the asyncio task that owns it.
+
+API:
+
+    engine = Engine(asr, EngineConfig(max_sessions=16, max_batch=32, max_queued_frames=...))
+    sid = engine.open_session(SessionOptions(...))     # EngineOverloaded past the limits
+    engine.ingest(sid, segment_id, first_frame, frames, segment_start, segment_end, running_max_log10)
+    engine.ingest_packet(sid, packet)                   # an edge FeaturePacket (payload decoded here)
+    engine.finalize(sid)                                # end the open segment now
+    engine.has_work() -> bool
+    engine.step() -> list[(sid, TranscriptEvent)]       # one batched tick over all ready sessions
+    engine.run_until_idle() -> list[(sid, TranscriptEvent)]
+    engine.close_session(sid)                           # frees the KV slot
+
+    scheduler = Scheduler(engine); await scheduler.start()
+    sid, events = scheduler.open_session(options)       # events: asyncio.Queue[TranscriptEvent]
+    scheduler.ingest(sid, ...) / ingest_packet / finalize / close_session(sid)
+    await scheduler.stop()
+
+One tick (`Engine.step`):
+  (a) every ready session (up to `max_batch`, rotating the start so none starves) plans its next
+      pass; all their encoder windows go through ONE `encode_windows` call;
+  (b) their prompt suffixes (active window, template tail, committed tokens; the slot keeps the
+      rest) go through ONE batched `prefill`;
+  (c) greedy decode steps run batched across all those slots; a slot leaves the batch at EOS or
+      its budget, and sessions that became ready meanwhile (or did not fit) JOIN between steps, each
+      session served at most once per tick;
+  (d) each session's commit policy turns its tokens into events.
+Sessions only meet in the batch: each has its own slot, prompt and positions, so batched results
+are the one-at-a-time results (tests check it).
+
+Threads: `step` runs in one worker thread (the Scheduler's); ingest/open/close come from the event
+loop. One lock guards session bookkeeping; the model runs outside it, on state only the engine
+thread touches (the head item's encoder and decoder state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from harken.cloud.commit import CommitPolicy
+from harken.cloud.model.decoder import decode_step, prefill
+from harken.cloud.model.encoder import num_audio_tokens
+from harken.cloud.model.kv_cache import KVCache
+from harken.cloud.session import MAX_CONTEXT_TOKENS, Job, Session, SessionOptions, TranscriptEvent
+from harken.shared.errors import EngineOverloaded, UnknownSession, StreamInputError
+
+TEMPLATE_TOKENS = 32  # chat-template tokens around the context and audio, forced language included
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Capacity of one engine.
+
+    max_sessions: sessions at once (one KV slot each). max_batch: passes batched in one tick.
+    max_queued_frames: feature frames received but not yet encoded, over all sessions, beyond which
+    new sessions are refused. slot_policy: the largest policy a session may use (it sizes the slots).
+    """
+
+    max_sessions: int = 16
+    max_batch: int = 32
+    max_queued_frames: int = 100 * 60 * 10
+    slot_policy: CommitPolicy = CommitPolicy()
+
+
+def slot_tokens(policy: CommitPolicy) -> int:
+    """KV positions one session needs: system turn, template, the longest item's audio, its text."""
+    return MAX_CONTEXT_TOKENS + TEMPLATE_TOKENS + num_audio_tokens(policy.limit_frames()) + policy.max_item_tokens
+
+
+@dataclass
+class _Running:
+    sid: str
+    session: Session
+    job: Job
+    slot: int
+    tokens: list[int]
+
+
+class Engine:
+    """Synchronous core: owns the model and one KV cache with a slot per session."""
+
+    def __init__(self, asr, config: EngineConfig = EngineConfig()):
+        self.asr = asr
+        self.config = config
+        self.cache = KVCache.for_config(asr.config.text, max_slots=config.max_sessions,
+                                        max_len=slot_tokens(config.slot_policy), dtype=asr.dtype,
+                                        device=asr.device)
+        self.sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+        self._rotor = 0  # where the next tick starts looking for ready sessions
+        self._busy: set[str] = set()  # sessions with a pass in flight
+        self._closing: set[str] = set()  # closed while busy: freed when the pass ends
+
+    # -- sessions --------------------------------------------------------------------------------
+
+    def open_session(self, options: SessionOptions = SessionOptions(), session_id: str | None = None) -> str:
+        """Admit a new session; EngineOverloaded when full or when queued work is past the limit."""
+        limit = self.config.slot_policy
+        p = options.policy
+        if p.max_item_tokens > limit.max_item_tokens or p.limit_frames() > limit.limit_frames():
+            raise StreamInputError("the session's policy needs longer KV slots than this engine has "
+                                   f"(max_item_tokens <= {limit.max_item_tokens}, segment_limit_s <= "
+                                   f"{limit.segment_limit_s})")
+        with self._lock:
+            if len(self.sessions) >= self.config.max_sessions or self.cache.num_free() == 0:
+                raise EngineOverloaded(f"the engine serves {self.config.max_sessions} sessions at most")
+            queued = sum(s.queued_frames() for s in self.sessions.values())
+            if queued > self.config.max_queued_frames:
+                raise EngineOverloaded(f"{queued / 100:.0f} s of audio are waiting to be processed")
+            slot = self.cache.allocate()
+            try:
+                session = Session(self.asr, options, slot)
+            except BaseException:
+                self.cache.free(slot)
+                raise
+            sid = session_id or secrets.token_urlsafe(16)
+            if sid in self.sessions:
+                self.cache.free(slot)
+                raise StreamInputError(f"session {sid} exists")
+            self.sessions[sid] = session
+            return sid
+
+    def close_session(self, sid: str) -> None:
+        """Forget a session and free its slot (after its pass in flight, if any)."""
+        with self._lock:
+            session = self._get(sid)
+            del self.sessions[sid]
+            if sid in self._busy:
+                self._closing.add(sid)
+            else:
+                self.cache.free(session.state.slot)
+
+    def session(self, sid: str) -> Session:
+        with self._lock:
+            return self._get(sid)
+
+    def _get(self, sid: str) -> Session:
+        try:
+            return self.sessions[sid]
+        except KeyError:
+            raise UnknownSession(f"no session {sid!r}") from None
+
+    # -- input -----------------------------------------------------------------------------------
+
+    def ingest(self, sid: str, segment_id: int, first_frame: int, frames, segment_start: bool = False,
+               segment_end: bool = False, running_max_log10: float | None = None) -> int:
+        """Apply frames to a session (see `Session.ingest`). Thread-safe."""
+        with self._lock:
+            return self._get(sid).ingest(segment_id, first_frame, frames, segment_start, segment_end,
+                                         running_max_log10)
+
+    def ingest_packet(self, sid: str, packet) -> int:
+        """Apply an edge `FeaturePacket` (its payload decoded here, as the server does)."""
+        from harken.shared.codec import decode_frames
+
+        frames = decode_frames(packet.payload)
+        if frames.shape[1] != packet.frame_count:
+            raise StreamInputError(f"payload holds {frames.shape[1]} frames, packet says {packet.frame_count}")
+        return self.ingest(sid, packet.segment_id, packet.first_frame, frames, packet.segment_start,
+                           packet.segment_end, packet.running_max_log10)
+
+    def finalize(self, sid: str) -> None:
+        """End the session's open segment now."""
+        with self._lock:
+            self._get(sid).finalize_open()
+
+    def has_work(self) -> bool:
+        with self._lock:
+            return any(sid not in self._busy and s.has_work() for sid, s in self.sessions.items())
+
+    # -- one tick --------------------------------------------------------------------------------
+
+    def _plan(self, exclude: set[str], room: int) -> list[tuple[str, Session, Job]]:
+        """Next passes of up to `room` ready sessions not in `exclude`, rotating the start."""
+        with self._lock:
+            ids = list(self.sessions)
+            if not ids or room <= 0:
+                return []
+            start = self._rotor % len(ids)
+            order = ids[start:] + ids[:start]
+            planned = []
+            for sid in order:
+                if len(planned) >= room:
+                    break
+                s = self.sessions[sid]
+                if sid in exclude or sid in self._busy:
+                    continue
+                job = s.next_job()
+                if job is not None:
+                    planned.append((sid, s, job))
+                    self._busy.add(sid)
+            if planned:
+                # the next tick starts after the last session served: everyone gets a turn
+                self._rotor = (ids.index(planned[-1][0]) + 1) % len(ids)
+            return planned
+
+    def _start(self, planned: list[tuple[str, Session, Job]]) -> tuple[list[_Running], list]:
+        """Encode (one batch) and prefill (one batch) planned passes. Returns the passes that decode,
+        and the events of passes that needed no model."""
+        events, run = [], []
+        requests = [(s, j, r) for _, s, j in planned for r in j.requests]
+        outs = self.asr.encoder.encode_windows([r.features for _, _, r in requests],
+                                               [r.item_start for _, _, r in requests])
+        for (_, job, r), o in zip(requests, outs):
+            job.item.encoder.commit(r, o)
+        slots, embeds = [], []
+        for sid, s, job in planned:
+            if job.model_free:
+                events += self._finish(sid, s, job, [])
+                continue
+            self.cache.truncate(s.state.slot, job.keep)
+            slots.append(s.state.slot)
+            embeds.append(s.prefill_embeds(job))
+            run.append(_Running(sid, s, job, s.state.slot, []))
+        if not run:
+            return [], events
+        logits = prefill(self.asr.decoder, self.cache, slots, embeds)
+        first = logits.argmax(-1).tolist()
+        still = []
+        for r, t in zip(run, first):
+            if r.job.budget > 0:
+                r.tokens.append(t)
+            if self._done(r):
+                events += self._finish(r.sid, r.session, r.job, r.tokens)
+            else:
+                still.append(r)
+        return still, events
+
+    def _done(self, r: _Running) -> bool:
+        return len(r.tokens) >= r.job.budget or (bool(r.tokens) and r.tokens[-1] in self.asr.eos_ids)
+
+    def _finish(self, sid: str, session: Session, job: Job, tokens: list[int]) -> list:
+        with self._lock:
+            self._busy.discard(sid)
+            evs = session.finish_job(job, tokens)
+            if sid in self._closing:
+                self._closing.discard(sid)
+                self.cache.free(session.state.slot)
+                return []  # nobody listens any more
+            return [(sid, e) for e in evs]
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[str, TranscriptEvent]]:
+        """One batched tick over every ready session; returns the events it produced, in order."""
+        served: set[str] = set()
+        planned = self._plan(served, self.config.max_batch)
+        served |= {sid for sid, _, _ in planned}
+        running, events = self._start(planned)
+        while running:
+            feed = torch.tensor([r.tokens[-1] for r in running], device=self.asr.device)
+            logits = decode_step(self.asr.decoder, self.cache, [r.slot for r in running], feed)
+            still = []
+            for r, t in zip(running, logits.argmax(-1).tolist()):
+                r.tokens.append(t)
+                if self._done(r):
+                    events += self._finish(r.sid, r.session, r.job, r.tokens)
+                else:
+                    still.append(r)
+            running = still
+            # join: sessions that became ready (or did not fit) take the freed places
+            joined = self._plan(served, self.config.max_batch - len(running))
+            if joined:
+                served |= {sid for sid, _, _ in joined}
+                more, evs = self._start(joined)
+                running += more
+                events += evs
+        return events
+
+    def run_until_idle(self) -> list[tuple[str, TranscriptEvent]]:
+        """Step while any session has work (what an in-process caller does after feeding audio)."""
+        events = []
+        while self.has_work():
+            events += self.step()
+        return events
+
+
+class Scheduler:
+    """The asyncio owner of an Engine: one task runs `step()` in a worker thread, one tick at a
+    time, whenever input has made work; each session's events arrive on its own asyncio.Queue."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.queues: dict[str, asyncio.Queue] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harken-engine")
+        self._stopping = False
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._stopping = False
+            self._task = asyncio.create_task(self._run(), name="harken-scheduler")
+
+    async def stop(self) -> None:
+        """Finish the tick in flight, then stop (the worker thread cannot be interrupted mid-tick)."""
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            try:
+                await self._task
+            finally:
+                self._task = None
+        self._executor.shutdown(wait=True)
+
+    def open_session(self, options: SessionOptions = SessionOptions()) -> tuple[str, asyncio.Queue]:
+        sid = self.engine.open_session(options)
+        self.queues[sid] = asyncio.Queue()
+        return sid, self.queues[sid]
+
+    def close_session(self, sid: str) -> None:
+        self.queues.pop(sid, None)
+        self.engine.close_session(sid)
+
+    def ingest(self, sid: str, *args, **kwargs) -> int:
+        n = self.engine.ingest(sid, *args, **kwargs)
+        self._wake.set()
+        return n
+
+    def ingest_packet(self, sid: str, packet) -> int:
+        n = self.engine.ingest_packet(sid, packet)
+        self._wake.set()
+        return n
+
+    def finalize(self, sid: str) -> None:
+        self.engine.finalize(sid)
+        self._wake.set()
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            await self._wake.wait()
+            self._wake.clear()
+            while not self._stopping and self.engine.has_work():
+                events = await loop.run_in_executor(self._executor, self.engine.step)
+                for sid, event in events:
+                    q = self.queues.get(sid)
+                    if q is not None:
+                        q.put_nowait(event)
