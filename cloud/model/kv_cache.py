@@ -161,7 +161,9 @@ def plan_batch(cache: KVCache, slots: list[int], new_counts: list[int],
 
     B, N = len(slots), sum(new_counts)
     lo, hi = min(slots), max(slots) + 1
-    if hi - lo <= 2 * B:  # reading a few idle rows costs less than copying every row
+    # in a decode step reading a few idle rows costs less than copying every row; in a prefill an
+    # idle row would cost a whole padded block of queries
+    if hi - lo == B or (max_new == 1 and hi - lo <= 2 * B):
         row_of_seq, row_slots, slot_range = [s - lo for s in slots], list(range(lo, hi)), (lo, hi)
     else:
         row_of_seq, row_slots, slot_range = list(range(B)), list(slots), None
