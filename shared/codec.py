@@ -40,13 +40,14 @@ Wire format, version 1 (a varint is 7 bits per byte, low first, at most 2 bytes 
 
 from __future__ import annotations
 
-import heapq
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
+from harken.shared.entropy import (CLASS_ZERO, N_CLASSES, BitReader, class_bit_costs, decode_symbols,
+                                    encode_symbols, min_body_bits)
 from harken.shared.errors import CodecError
 from harken.shared.features_spec import DYNAMIC_RANGE_LOG10, N_FFT, N_MELS, SAMPLE_RATE
 
@@ -64,19 +65,22 @@ _F32 = struct.Struct("<f")
 
 @dataclass(frozen=True)
 class ModeParams:
-    """Quantiser of one mode: step in log10 units, and the rate-distortion trade-off
-    `rd_lambda`: a value rounds up only if the squared error it saves (in step units) exceeds
-    2 * rd_lambda times the bits it costs under its class model, so sparse classes get wide dead
-    zones and busy ones near-plain rounding (0 = plain rounding)."""
+    """Quantiser of one mode.
+
+    step: in log10 units. rd_lambda: the rate-distortion trade-off; a value rounds up only if the
+    squared error it saves (in steps) exceeds 2 * rd_lambda times the bits it costs under its class
+    model, so sparse classes get wide dead zones and busy ones near-plain rounding. class_offset:
+    -2 log2(step) rounded, which moves the prior (made at step 1) to this step, in half-octaves."""
 
     step: float
     rd_lambda: float
+    class_offset: int
 
 
 _MODE_PARAMS = {
-    "hifi": ModeParams(step=0.10, rd_lambda=0.06),
-    "balanced": ModeParams(step=0.33, rd_lambda=0.06),
-    "low": ModeParams(step=0.75, rd_lambda=0.1),
+    "hifi": ModeParams(step=0.10, rd_lambda=0.06, class_offset=7),
+    "balanced": ModeParams(step=0.33, rd_lambda=0.06, class_offset=3),
+    "low": ModeParams(step=0.75, rd_lambda=0.1, class_offset=1),
 }
 _MODE_IDS = {name: i + 1 for i, name in enumerate(MODES)}
 # RMS error (dB, fidelity.feature_error_db) each mode stays under on noisy speech, with headroom
@@ -220,34 +224,28 @@ def inverse_transform(blocks: list[np.ndarray]) -> np.ndarray:
 # Prior bands: (mel block, log-spaced DCT index inside the block) x time-frequency band (DC, <1/8,
 # <1/4, <1/2, <1 of Nyquist).
 _IN_BLOCK_EDGES = (0, 1, 2, 4, 8, 16, 32)
-# log2 RMS of each band's coefficients, [4 blocks x 7 index bands, 5 time bands], measured
-# on espeak-ng speech with 20-30 dB SNR noise and on the bundled sample (blocks of 10-32 frames).
-# Only efficiency depends on it; the per-packet shift absorbs louder or quieter input.
-_PRIOR_LOG2_RMS = np.array([
-    [5.42, 3.06, 1.97, 0.66, -0.29], [2.68, 1.74, 0.92, -0.17, -0.97],
-    [2.58, 1.15, 0.15, -0.58, -1.30], [1.77, 0.21, -0.50, -1.13, -1.58],
-    [0.86, -0.36, -1.01, -1.51, -1.91], [0.0, 0.0, 0.0, 0.0, 0.0],
-    [0.0, 0.0, 0.0, 0.0, 0.0], [6.03, 3.17, 2.15, 0.78, -0.26],
-    [2.90, 2.11, 1.31, 0.32, -0.63], [2.02, 1.11, 0.45, -0.20, -0.80],
-    [0.79, -0.21, -0.59, -0.88, -1.07], [0.20, -0.81, -0.95, -1.18, -1.38],
-    [0.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0],
-    [6.53, 2.94, 2.14, 0.92, -0.15], [3.39, 2.54, 1.74, 0.68, -0.62],
-    [3.02, 2.15, 1.45, 0.52, -0.62], [1.69, 0.94, 0.33, -0.31, -0.95],
-    [0.17, -0.57, -0.78, -1.14, -1.45], [-1.03, -1.68, -1.79, -1.96, -2.17],
-    [0.0, 0.0, 0.0, 0.0, 0.0], [6.83, 2.72, 1.83, 0.88, -0.57],
-    [3.65, 2.26, 1.27, 0.01, -1.24], [2.59, 1.55, 0.53, -0.58, -1.51],
-    [1.95, 0.81, 0.02, -0.86, -1.58], [0.97, 0.11, -0.56, -1.20, -1.80],
-    [-0.51, -1.37, -1.55, -1.79, -2.19], [-1.57, -2.21, -2.26, -2.38, -2.69],
+# Expected |q| at step 1 of each band, in half-octaves: 2 log2(RMS / sqrt 2) (a Laplacian's mean
+# |c| is its RMS / sqrt 2), rounded; [4 mel blocks x 7 index bands, 5 time bands]. Measured on
+# espeak-ng speech with 20-30 dB SNR noise and on the bundled sample (blocks of 10-32 frames).
+# Only efficiency depends on it: the per-packet shift absorbs louder, quieter or noisier input.
+# Integers, so encoder and decoder derive the same classes on any platform.
+_PRIOR_HALF_OCTAVES = np.array([
+    [10, 5, 3, 0, -2], [4, 2, 1, -1, -3], [4, 1, -1, -2, -4], [3, -1, -2, -3, -4],
+    [1, -2, -3, -4, -5], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [11, 5, 3, 1, -2],
+    [5, 3, 2, 0, -2], [3, 1, 0, -1, -3], [1, -1, -2, -3, -3], [-1, -3, -3, -3, -4],
+    [0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [12, 5, 3, 1, -1], [6, 4, 2, 0, -2],
+    [5, 3, 2, 0, -2], [2, 1, 0, -2, -3], [-1, -2, -3, -3, -4], [-3, -4, -5, -5, -5],
+    [0, 0, 0, 0, 0], [13, 4, 3, 1, -2], [6, 4, 2, -1, -3], [4, 2, 0, -2, -4],
+    [3, 1, -1, -3, -4], [1, -1, -2, -3, -5], [-2, -4, -4, -5, -5], [-4, -5, -6, -6, -6],
 ])  # rows of unused bands are 0
-N_CLASSES = 28  # class c expects mean |q| = 2 ** ((c - _CLASS_ZERO) / 2)
-_CLASS_ZERO = 16
 _SHIFT_LIMIT = 24
 
 
-def _time_band(j: np.ndarray, n: int) -> np.ndarray:
-    """Time-DCT index j of a block of n frames -> band 0 (DC) .. 4."""
-    f = j / n
-    return np.where(j == 0, 0, np.where(f < 0.125, 1, np.where(f < 0.25, 2, np.where(f < 0.5, 3, 4))))
+def _time_band(n: int) -> np.ndarray:
+    """[n] band of each time-DCT index of a block of n frames: 0 (DC), then below 1/8, 1/4, 1/2
+    and up to Nyquist (integer arithmetic: the classes must not depend on float rounding)."""
+    j = np.arange(n)
+    return np.where(j == 0, 0, np.where(8 * j < n, 1, np.where(4 * j < n, 2, np.where(2 * j < n, 3, 4))))
 
 
 def _prior_band(nb: int) -> np.ndarray:
@@ -260,291 +258,13 @@ def _prior_band(nb: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=256)
-def _prior_class(nb: int, n: int, step: float) -> np.ndarray:
-    """[nb, n] class (before the packet shift) of each coefficient of a block of n frames, as
-    2 x log2 of its expected mean |q| (Laplacian: mean |c| = rms / sqrt 2)."""
-    band = _prior_band(nb)
-    tb = _time_band(np.arange(n), n)
-    log2_rms = _PRIOR_LOG2_RMS[band][:, tb]
-    log2_rms[:, 0] += 0.5 * np.log2(n / 20.0)  # the DC carries the block mean, which grows with n
-    cls = np.rint(2.0 * (log2_rms - 0.5 - np.log2(step))).astype(np.int64) + _CLASS_ZERO
+def _prior_class(nb: int, n: int, class_offset: int) -> np.ndarray:
+    """[nb, n] class (before the packet shift) of each coefficient of a block of n frames."""
+    cls = _PRIOR_HALF_OCTAVES[_prior_band(nb)][:, _time_band(n)] + (CLASS_ZERO + class_offset)
+    # the DC carries the block mean, whose level grows with n: about log2(n / 20) half-octaves
+    cls[:, 0] += n.bit_length() - 5
     cls.setflags(write=False)
     return cls
-
-
-# ---------------------------------------------------------------------------- entropy coding
-
-
-@dataclass(frozen=True)
-class CodeTable:
-    """A canonical Huffman code over tuples of `group` values in [-radius, radius], plus an escape
-    symbol (index `escape`) after which each value of the tuple follows as signed Exp-Golomb."""
-
-    group: int
-    radius: int
-    escape: int
-    codes: np.ndarray  # [n_symbols] uint64 codeword, MSB first
-    lengths: np.ndarray  # [n_symbols] int64
-    # canonical decoding: per code length L, the first code, its index into `order`, the count
-    first_code: tuple[int, ...]
-    first_index: tuple[int, ...]
-    count: tuple[int, ...]
-    order: tuple[int, ...]  # symbols sorted by (length, symbol)
-
-
-def _huffman_lengths(p: np.ndarray) -> np.ndarray:
-    """Code lengths of a Huffman code for probabilities p (deterministic tie-breaking)."""
-    heap = [(float(q), i, (i,)) for i, q in enumerate(p)]
-    heapq.heapify(heap)
-    lengths = np.zeros(len(p), dtype=np.int64)
-    tie = len(p)
-    while len(heap) > 1:
-        pa, _, a = heapq.heappop(heap)
-        pb, _, b = heapq.heappop(heap)
-        lengths[list(a + b)] += 1
-        heapq.heappush(heap, (pa + pb, tie, a + b))
-        tie += 1
-    return lengths
-
-
-_SPARSE_GROUP = 4  # runs of classes coded in 4-tuples open with an all-zero flag bit
-
-
-def _tuple_shape(mean_abs: float) -> tuple[int, int]:
-    """(values per tuple, radius) of a class: chosen per expected |value| by the Huffman code's
-    expected length per value under the class model (escapes included); grouping matters most
-    where values are mostly zero, where one code per value would cost at least a bit."""
-    if mean_abs < 0.03:
-        return 4, 1
-    if mean_abs < 0.16:
-        return 4, 2
-    if mean_abs < 0.3:
-        return 3, 3
-    if mean_abs < 0.42:
-        return 2, 5
-    if mean_abs < 1.7:
-        return 2, 7
-    return 1, max(24, int(np.ceil(5 * mean_abs)))
-
-
-def _build_table(mean_abs: float) -> CodeTable:
-    """Huffman code for a two-sided geometric source with the given mean |value|."""
-    theta = (np.sqrt(1.0 + mean_abs**2) - 1.0) / mean_abs
-    group, radius = _tuple_shape(mean_abs)
-    values = np.arange(-radius, radius + 1)
-    p1 = (1 - theta) / (1 + theta) * theta ** np.abs(values)
-    grids = np.meshgrid(*[values] * group, indexing="ij")
-    p = np.ones(grids[0].shape)
-    for g in range(group):
-        p = p * p1[grids[g] + radius]
-    p = p.ravel()
-    p = np.append(p, max(1.0 - p.sum(), 0.0))
-    p = np.maximum(p, 2.0**-18)  # bounds code lengths (and keeps the escape codable)
-    lengths = _huffman_lengths(p / p.sum())
-    order = np.lexsort((np.arange(len(p)), lengths))
-    codes = np.zeros(len(p), dtype=np.uint64)
-    code, prev = 0, int(lengths[order[0]])
-    first_code, first_index, count = [0] * 64, [0] * 64, [0] * 64
-    for rank, s in enumerate(order):
-        length = int(lengths[s])
-        code <<= length - prev
-        prev = length
-        if count[length] == 0:
-            first_code[length], first_index[length] = code, rank
-        count[length] += 1
-        codes[s] = code
-        code += 1
-    return CodeTable(group, radius, len(p) - 1, codes, lengths, tuple(first_code), tuple(first_index),
-                     tuple(count), tuple(int(s) for s in order))
-
-
-@dataclass(frozen=True)
-class CodeBook:
-    """All class tables, plus their codes flattened into one array so encoding needs no loop."""
-
-    tables: tuple[CodeTable, ...]
-    group: np.ndarray  # [N_CLASSES]
-    radius: np.ndarray  # [N_CLASSES]
-    offset: np.ndarray  # [N_CLASSES] start of each table in flat_codes
-    flat_codes: np.ndarray
-    flat_lengths: np.ndarray
-
-
-@lru_cache(maxsize=1)
-def code_book() -> CodeBook:
-    """One table per class; built once, deterministic, part of the format version."""
-    tables = tuple(_build_table(2.0 ** ((c - _CLASS_ZERO) / 2.0)) for c in range(N_CLASSES))
-    sizes = np.array([len(t.codes) for t in tables])
-    return CodeBook(tables, np.array([t.group for t in tables]), np.array([t.radius for t in tables]),
-                    np.cumsum(sizes) - sizes, np.concatenate([t.codes for t in tables]),
-                    np.concatenate([t.lengths for t in tables]))
-
-
-def _exp_golomb(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Signed ints -> (codeword, length) of order-0 Exp-Golomb over the zigzag mapping."""
-    v = values.astype(np.int64)
-    u = np.where(v >= 0, 2 * v, -2 * v - 1).astype(np.uint64) + np.uint64(1)
-    nbits = np.floor(np.log2(u.astype(np.float64))).astype(np.int64) + 1
-    # float log2 can be off by one near powers of two for large u: fix exactly
-    nbits += (u >> nbits.astype(np.uint64)) > 0
-    nbits -= (u >> (nbits - 1).astype(np.uint64)) == 0
-    return u, 2 * nbits - 1
-
-
-def _pack_bits(codes: np.ndarray, lengths: np.ndarray) -> bytes:
-    """Concatenate codewords (MSB first) into bytes, zero-padded at the end."""
-    lengths = lengths.astype(np.int64)
-    total = int(lengths.sum())
-    if total == 0:
-        return b""
-    entry = np.repeat(np.arange(len(lengths)), lengths)
-    start = np.cumsum(lengths) - lengths
-    shift = (lengths[entry] - 1 - (np.arange(total) - start[entry])).astype(np.uint64)
-    bits = ((codes.astype(np.uint64)[entry] >> shift) & np.uint64(1)).astype(np.uint8)
-    return np.packbits(bits).tobytes()
-
-
-def _symbol_order(classes: np.ndarray) -> np.ndarray:
-    """Coefficients are coded class by class (stable within a class) so tuples share a table."""
-    return np.argsort(classes, kind="stable")
-
-
-def encode_symbols(q: np.ndarray, classes: np.ndarray) -> bytes:
-    """q, classes: [n] ints -> the entropy-coded bits of all of them, class by class; each class
-    run is zero-padded to whole tuples. Vectorised: no Python loop over symbols or classes."""
-    if len(q) == 0:
-        return b""
-    book = code_book()
-    order = _symbol_order(classes)
-    q, cls = q[order].astype(np.int64), classes[order]
-    run_start = np.r_[0, np.flatnonzero(np.diff(cls)) + 1]
-    run_len = np.diff(np.r_[run_start, len(q)])
-    run_cls = cls[run_start]
-    g_run = book.group[run_cls]
-    padded_len = -(-run_len // g_run) * g_run
-    padded_start = np.cumsum(padded_len) - padded_len
-    # scatter into the padded layout: [m] values, m = total padded length
-    run_of = np.repeat(np.arange(len(run_len)), run_len)
-    dest = padded_start[run_of] + np.arange(len(q)) - run_start[run_of]
-    m = int(padded_len.sum())
-    v = np.zeros(m, dtype=np.int64)
-    v[dest] = q
-    prun = np.repeat(np.arange(len(run_len)), padded_len)  # [m] run of each padded slot
-    g = g_run[prun]
-    r = book.radius[run_cls][prun]
-    within = np.arange(m) - padded_start[prun]
-    n_tuples_run = padded_len // g_run
-    tuple_of = (np.cumsum(n_tuples_run) - n_tuples_run)[prun] + within // g  # [m]
-    digit = within % g
-    width = 2 * r + 1
-    place = width ** (g - 1 - digit)
-    n_tuples = int(n_tuples_run.sum())
-    index = np.bincount(tuple_of, weights=(np.clip(v, -r, r) + r) * place, minlength=n_tuples)
-    outside = np.bincount(tuple_of, weights=np.abs(v) > r, minlength=n_tuples) > 0
-    tuple_cls = np.repeat(run_cls, n_tuples_run)
-    sym = np.where(outside, _escape_index(book, tuple_cls), index.astype(np.int64))
-    flat = book.offset[tuple_cls] + sym
-    # stream order: each tuple's code, then (escaped tuples only) its values as Exp-Golomb
-    eg_codes, eg_lens = _exp_golomb(v)
-    eg_lens = np.where(outside[tuple_of], eg_lens, 0)
-    # a run of a sparse class starts with one bit: 1 = all zero, nothing else follows
-    sparse = g_run == _SPARSE_GROUP
-    all_zero = sparse & (np.bincount(prun, weights=v != 0, minlength=len(run_len)) == 0)
-    tuple_run = np.repeat(np.arange(len(run_len)), n_tuples_run)
-    main_lens = np.where(all_zero[tuple_run], 0, book.flat_lengths[flat])
-    eg_lens = np.where(all_zero[prun], 0, eg_lens)
-    # entry layout: per run [flag] then per tuple [code, its g Exp-Golomb slots]
-    tuple_first = np.cumsum(n_tuples_run) - n_tuples_run
-    flag_at = padded_start + tuple_first + np.arange(len(run_len))
-    main_at = tuple_first[tuple_run] + padded_start[tuple_run] + (np.arange(n_tuples) - tuple_first[tuple_run]) * (
-        1 + g_run[tuple_run]) + tuple_run + 1
-    eg_at = main_at[tuple_of] + 1 + digit
-    size = n_tuples + m + len(run_len)
-    codes = np.zeros(size, dtype=np.uint64)
-    lens = np.zeros(size, dtype=np.int64)
-    codes[flag_at], lens[flag_at] = all_zero, sparse
-    codes[main_at], lens[main_at] = book.flat_codes[flat], main_lens
-    codes[eg_at], lens[eg_at] = eg_codes, eg_lens
-    return _pack_bits(codes, lens)
-
-
-def _escape_index(book: CodeBook, cls: np.ndarray) -> np.ndarray:
-    """Escape symbol index of each class's table."""
-    return (2 * book.radius[cls] + 1) ** book.group[cls]
-
-
-class BitReader:
-    """MSB-first bit reader over a payload body; running out of bits is a CodecError."""
-
-    def __init__(self, data: bytes):
-        self.bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8)).tolist()
-        self.pos = 0
-
-    def read(self, n: int) -> int:
-        if self.pos + n > len(self.bits):
-            raise CodecError("payload truncated: entropy-coded body ends early")
-        v = 0
-        for b in self.bits[self.pos:self.pos + n]:
-            v = (v << 1) | b
-        self.pos += n
-        return v
-
-    def read_symbol(self, t: CodeTable) -> int:
-        bits, pos, code = self.bits, self.pos, 0
-        end = len(bits)
-        first_code, count = t.first_code, t.count
-        for length in range(1, 64):
-            if pos >= end:
-                raise CodecError("payload truncated: entropy-coded body ends early")
-            code = (code << 1) | bits[pos]
-            pos += 1
-            off = code - first_code[length]
-            if 0 <= off < count[length]:
-                self.pos = pos
-                return t.order[t.first_index[length] + off]
-        raise CodecError("corrupt payload: invalid code word")
-
-    def read_exp_golomb(self) -> int:
-        zeros = 0
-        while self.read(1) == 0:
-            zeros += 1
-            if zeros > 40:
-                raise CodecError("corrupt payload: escape value too long")
-        u = (1 << zeros) | self.read(zeros)
-        u -= 1
-        return u // 2 if u % 2 == 0 else -(u + 1) // 2
-
-
-def decode_symbols(reader: BitReader, classes: np.ndarray) -> np.ndarray:
-    """Inverse of encode_symbols for the same classes: -> [n] int64."""
-    tables = code_book().tables
-    order = _symbol_order(classes)
-    sorted_cls = classes[order]
-    out_sorted = np.zeros(len(classes), dtype=np.int64)
-    cuts = np.r_[0, np.flatnonzero(np.diff(sorted_cls)) + 1, len(classes)]
-    for a, b in zip(cuts[:-1], cuts[1:]):
-        if a == b:
-            continue
-        t = tables[int(sorted_cls[a])]
-        width = 2 * t.radius + 1
-        n_tuples = -(-(b - a) // t.group)
-        if t.group == _SPARSE_GROUP and reader.read(1):
-            continue  # an all-zero run
-        vals = []
-        for _ in range(n_tuples):
-            sym = reader.read_symbol(t)
-            if sym == t.escape:
-                vals.extend(reader.read_exp_golomb() for _ in range(t.group))
-            else:
-                digits = []
-                for _ in range(t.group):
-                    sym, d = divmod(sym, width)
-                    digits.append(d - t.radius)
-                vals.extend(reversed(digits))
-        out_sorted[a:b] = vals[: b - a]
-    out = np.empty_like(out_sorted)
-    out[order] = out_sorted
-    return out
 
 
 # ---------------------------------------------------------------------------------- the packet
@@ -672,10 +392,10 @@ def frame_floors(frames: np.ndarray, floor_log10: float | None) -> np.ndarray:
     return np.minimum(np.maximum(base, running), frames.min(axis=0)).astype(np.float32)
 
 
-def _block_prior(nb: int, lengths: list[int], step: float) -> np.ndarray:
+def _block_prior(nb: int, lengths: list[int], class_offset: int) -> np.ndarray:
     """Prior class (unclipped, before the packet shift) of every basis coefficient of a packet,
     time blocks concatenated: [nb * k]."""
-    return np.concatenate([_prior_class(nb, n, step).ravel() for n in lengths])
+    return np.concatenate([_prior_class(nb, n, class_offset).ravel() for n in lengths])
 
 
 def _shifted(prior: np.ndarray, shift: int) -> np.ndarray:
@@ -686,38 +406,40 @@ def quantize(scaled: np.ndarray, classes: np.ndarray, rd_lambda: float) -> np.nd
     """scaled: [n] coefficients / step, classes: [n] -> [n] int64 levels. Rounding up from
     floor(|x|) to floor(|x|) + 1 saves (2f - 1) squared steps of error and costs b bits, so the
     rounding offset is 0.5 - rd_lambda * b (never below 0.1)."""
-    _, b = _class_bit_costs()
+    _, b = class_bit_costs()
     offset = np.maximum(0.5 - rd_lambda * b[classes], 0.1)
     return (np.sign(scaled) * np.floor(np.abs(scaled) + offset)).astype(np.int64)
-
-
-@lru_cache(maxsize=1)
-def _class_bit_costs() -> tuple[np.ndarray, np.ndarray]:
-    """Per class (a, b): a value v costs about a + b |v| bits under the class's geometric model."""
-    m = 2.0 ** ((np.arange(N_CLASSES) - _CLASS_ZERO) / 2.0)
-    theta = (np.sqrt(1.0 + m * m) - 1.0) / m
-    return -np.log2((1.0 - theta) / (1.0 + theta)), -np.log2(theta)
 
 
 def _measure_shift(q: np.ndarray, prior: np.ndarray) -> int:
     """The class shift (in half-octaves of expected |q|) under which this packet's values cost
     the fewest bits: the prior adapts to louder, quieter or noisier input."""
-    mag = np.abs(q).astype(np.float64)
-    # a value far beyond its class escapes to Exp-Golomb: its cost grows with log |q|, not |q|
-    escape = _ESCAPE_BITS + 2.0 * np.log2(1.0 + mag)
-    best = _best_shift(mag, escape, prior, np.arange(-8, 9))
-    if abs(best) == 8:  # far from the prior: widen the search once
-        best = _best_shift(mag, escape, prior, np.arange(-_SHIFT_LIMIT, _SHIFT_LIMIT + 1))
-    return best
+    return _best_shift(np.abs(q), prior, np.arange(-_SHIFT_LIMIT, _SHIFT_LIMIT + 1))
 
 
 _ESCAPE_BITS = 12.0  # rough length of an escape code word
+_MAG_CAP = 63  # larger magnitudes are counted as this one: they escape in any likely class
 
 
-def _best_shift(mag: np.ndarray, escape: np.ndarray, prior: np.ndarray, shifts: np.ndarray) -> int:
-    a, b = _class_bit_costs()
-    cls = np.clip(prior[:, None] + shifts[None, :], 0, N_CLASSES - 1)  # [n, s]
-    cost = np.minimum(a[cls] + b[cls] * mag[:, None], escape[:, None]).sum(axis=0)
+@lru_cache(maxsize=1)
+def _value_bits() -> np.ndarray:
+    """[N_CLASSES, _MAG_CAP + 1] approximate bits of a value of magnitude m in class c; far
+    beyond its class a value escapes to Exp-Golomb, costing ~log |v| rather than ~|v|."""
+    a, b = class_bit_costs()
+    m = np.arange(_MAG_CAP + 1)
+    return np.minimum(a[:, None] + b[:, None] * m[None, :], (_ESCAPE_BITS + 2.0 * np.log2(1.0 + m))[None, :])
+
+
+def _best_shift(mag: np.ndarray, prior: np.ndarray, shifts: np.ndarray) -> int:
+    """mag, prior: [n] -> the shift s minimising the bits of all values in classes prior + s.
+    Works on a (prior, magnitude) histogram, so its cost does not grow with n."""
+    lo = int(prior.min())
+    width = _MAG_CAP + 1
+    hist = np.bincount((prior - lo) * width + np.minimum(mag, _MAG_CAP),
+                       minlength=(int(prior.max()) - lo + 1) * width).reshape(-1, width)  # [P, M]
+    rows = np.flatnonzero(hist.any(axis=1))
+    cls = np.clip(lo + rows[:, None] + shifts[None, :], 0, N_CLASSES - 1)  # [R, S]
+    cost = np.einsum("rm,rsm->s", hist[rows].astype(np.float64), _value_bits()[cls])
     return int(shifts[np.argmin(cost)])
 
 
@@ -762,14 +484,13 @@ def encode_frames(frames: np.ndarray, mode: str = DEFAULT_MODE, floor_log10: flo
     coefs = forward_transform(x_coded[layout.basis])
     lengths = [c.shape[1] for c in coefs]
     flat = np.concatenate([c.ravel() for c in coefs]) / params.step
-    prior = _block_prior(len(layout.basis), lengths, params.step)
+    prior = _block_prior(len(layout.basis), lengths, params.class_offset)
     shift = _measure_shift(quantize(flat, _shifted(prior, 0), params.rd_lambda), prior)
     classes = _shifted(prior, shift)
     q = quantize(flat, classes, params.rd_lambda)
     res_class = None
     if np.any(res):
-        res_class = _best_shift(np.abs(res).astype(np.float64), np.full(res.size, np.inf),
-                                np.zeros(res.size, dtype=np.int64), np.arange(N_CLASSES))
+        res_class = _best_shift(np.abs(res), np.zeros(res.size, dtype=np.int64), np.arange(N_CLASSES))
         q = np.concatenate([q, res])
         classes = np.concatenate([classes, np.full(res.size, res_class)])
     body = encode_symbols(q, classes)
@@ -800,13 +521,13 @@ def decode_frames(payload: bytes) -> np.ndarray:
     layout = mel_layout()
     nb = len(layout.basis)
     lengths = [n for _, n in time_blocks(k)]
-    classes = _shifted(_block_prior(nb, lengths, params.step), header.shift)
+    classes = _shifted(_block_prior(nb, lengths, params.class_offset), header.shift)
     if header.residual_class is not None:
         classes = np.concatenate([classes, np.full(len(layout.dependent) * k, header.residual_class)])
     body = payload[pos:]
     # every tuple costs at least one bit: a body too short for the claimed frames fails here,
     # before any per-symbol work
-    min_bits = _min_body_bits(classes)
+    min_bits = min_body_bits(classes)
     if 8 * len(body) < min_bits:
         raise CodecError(f"payload truncated: {len(body)} body bytes for {k} frames")
     reader = BitReader(body)
@@ -827,13 +548,3 @@ def decode_frames(payload: bytes) -> np.ndarray:
     if not np.all(np.abs(x) <= VALUE_LIMIT):
         raise CodecError("corrupt payload: decoded values out of range")
     return x.astype(np.float32)
-
-
-def _min_body_bits(classes: np.ndarray) -> int:
-    """Fewest bits any valid body for these classes can have (one shortest code per tuple)."""
-    book = code_book()
-    counts = np.bincount(classes, minlength=N_CLASSES)
-    tuples = -(-counts // book.group)
-    shortest = np.array([int(t.lengths.min()) for t in book.tables])
-    bits = np.where(book.group == _SPARSE_GROUP, counts > 0, tuples * shortest)  # all-zero flag
-    return int(bits.sum())
