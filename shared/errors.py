@@ -36,5 +36,5 @@ class EngineOverloaded(HarkenError):
     """Admission control: too many sessions or too much queued work (RESOURCE_EXHAUSTED)."""
 
 
-class UnknownSession(HarkenError, KeyError):
+class UnknownSession(HarkenError):
     """No open engine session with that id (NOT_FOUND)."""

@@ -1,0 +1,80 @@
+"""The embedded engine: edge and cloud in one process, on audio time, no server.
+
+    for event in stream_file("talk.wav", "tiny", SessionOptions()):
+        ...
+
+The audio takes the real wire path — the edge's `FeatureStream` (VAD, streaming log-mel, running-max
+floor, codec encode) and the engine's `ingest_packet` (codec decode) — in 100 ms pieces. After each
+piece the engine steps while it has work, so the events are those of a stream served in real time
+by an engine that keeps up, only without waiting for the clock.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from harken.cloud.scheduler import Engine, EngineConfig
+from harken.cloud.session import SessionOptions, TranscriptEvent
+from harken.shared.features_spec import SAMPLE_RATE
+
+PIECE_SECONDS = 0.1
+
+
+def stream_audio(audio: np.ndarray, engine: Engine, options: SessionOptions = SessionOptions(),
+                 piece_seconds: float = PIECE_SECONDS) -> Iterator[TranscriptEvent]:
+    """Stream 16 kHz mono float32 audio through the edge pipeline and `engine` (one session)."""
+    from harken.edge.feature_stream import FeatureStream
+
+    seed = options.resume.running_max_log10 if options.resume is not None else float("-inf")
+    edge = FeatureStream(running_max_log10=seed)
+    sid = engine.open_session(options)
+    try:
+        step = max(1, int(round(piece_seconds * SAMPLE_RATE)))
+        for i in range(0, len(audio), step):
+            for packet in edge.push(audio[i:i + step]):
+                engine.ingest_packet(sid, packet)
+            yield from _drain(engine, sid)
+        for packet in edge.flush():
+            engine.ingest_packet(sid, packet)
+        engine.finalize(sid)
+        yield from _drain(engine, sid)
+    finally:
+        engine.close_session(sid)
+
+
+def _drain(engine: Engine, sid: str) -> Iterator[TranscriptEvent]:
+    while engine.has_work():
+        for s, event in engine.step():
+            if s == sid:
+                yield event
+
+
+def stream_file(path: str, model, options: SessionOptions = SessionOptions()) -> Iterator[TranscriptEvent]:
+    """Stream an audio file (any format `load_audio` reads) through an in-process engine.
+    `model` is a loaded `Qwen3ASR` or anything `Qwen3ASR.load` takes."""
+    from harken.cloud.commands import peak_normalize
+    from harken.edge.audio import load_audio
+
+    audio = peak_normalize(load_audio(path))
+    if isinstance(model, str):
+        from harken.cloud.model.asr import Qwen3ASR
+
+        model = Qwen3ASR.load(model)
+    engine = Engine(model, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
+    yield from stream_audio(audio, engine, options)
+
+
+def transcript_text(events: list[TranscriptEvent]) -> str:
+    """All committed text of a stream, segments in order (joined as `join_texts` says)."""
+    from harken.cloud.commit import join_texts
+
+    segments: dict[int, str] = {}
+    for e in events:
+        segments[e.segment_id] = segments.get(e.segment_id, "") + e.committed_delta
+    text = ""
+    for sid in sorted(segments):
+        piece = segments[sid]
+        text += join_texts(text, piece) + piece
+    return text
