@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harken.edge.features import log_mel_raw
-from harken.shared import codec, entropy
+from harken.shared import codec
 from harken.shared.codec import (ERROR_BOUND_DB, MAX_FRAMES, MODES, CodecError, decode_frames, encode_frames,
                                  keepalive)
 from harken.shared.features_spec import DYNAMIC_RANGE_LOG10, N_MELS, RunningMaxFloor
@@ -188,16 +188,6 @@ def test_dependent_bins_follow_from_the_basis(features):
     unfloored = above[layout.dependent] & above[layout.source_a] & above[layout.source_b]
     pred = codec.predict_dependent(raw, layout)
     assert np.abs(pred - raw[layout.dependent])[unfloored].max() < 1e-3
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, entropy.N_CLASSES - 1), st.integers(-3000, 3000)), max_size=300))
-def test_entropy_coder_round_trips(pairs):
-    classes = np.array([c for c, _ in pairs], dtype=np.int64)
-    values = np.array([v for _, v in pairs], dtype=np.int64)
-    body = entropy.encode_symbols(values, classes)
-    decoded = entropy.decode_symbols(entropy.BitReader(body), classes)
-    np.testing.assert_array_equal(decoded, values)
 
 
 # ------------------------------------------------------------------------------ decoder fuzzing
