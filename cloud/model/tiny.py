@@ -56,6 +56,11 @@ _NAMED_SPECIALS = {
     151704: ("<asr_text>", False),
 }
 LAST_SPECIAL_ID = 151704
+IM_END_ID = 151645
+# The <|im_end|> row of the (tied) output head is scaled up so that a random model ends its answer
+# after ten-odd tokens (its logit then wins ~10% of steps) instead of running to max_new_tokens:
+# `--model tiny` stays quick, and tests see both ways a generation stops.
+EOS_ROW_SCALE = 4.0
 
 
 def added_tokens() -> list[AddedToken]:
@@ -301,6 +306,8 @@ def random_weights(cfg: Qwen3ASRConfig, seed: int = 0) -> dict[str, np.ndarray]:
             x = 1.0 + 0.1 * x
         else:
             x = 0.1 * x
+        if name in ("thinker.model.embed_tokens.weight", "thinker.lm_head.weight") and shape[0] > IM_END_ID:
+            x[IM_END_ID] *= EOS_ROW_SCALE
         out[name] = x.astype(np.float32)
     return out
 

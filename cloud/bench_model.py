@@ -1,0 +1,173 @@
+"""`harken bench model --json`: throughput of harken's Qwen3-ASR encoder and decoder, random weights.
+
+For each size (the tiny test dims and the real 0.6B dims):
+- encoder ms per audio second: one full pass over the clip; a stream in 1-s updates through the
+  `IncrementalEncoder` (completed 8-s windows cached); and the same stream re-encoding everything
+  on every update (what the official streaming loop does) — all three per second of audio;
+- prefill tokens/s for a prompt of the clip's length (audio tokens + chat template), batch 1;
+- decode tokens/s at batch 1, 8 and 32 (one token per sequence per step, KV cache).
+
+Prints one JSON object. Timings are the fastest of a few repeats; the CPU figures use the threads
+torch is given (torch.get_num_threads()).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import torch
+
+from harken.cloud.model.checkpoint import resolve_device, resolve_dtype
+from harken.cloud.model.config import AudioEncoderConfig, Qwen3ASRConfig, TextDecoderConfig
+from harken.cloud.model.decoder import Qwen3Decoder, decode_step, prefill
+from harken.cloud.model.encoder import AudioEncoder, IncrementalEncoder, num_audio_tokens
+from harken.cloud.model.kv_cache import KVCache
+
+PROMPT_TEXT_TOKENS = 15  # chat-template tokens around the audio, no context
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    name: str
+    config: Qwen3ASRConfig
+    audio_s: float  # clip length for the encoder and prefill figures
+    decode_steps: int  # timed decode steps per batch size
+    context_tokens: int  # tokens already cached per sequence before the decode steps
+    batches: tuple[int, ...] = (1, 8, 32)
+    repeats: int = 3
+
+
+def plans(device: torch.device, real_dims: bool, tiny_only: bool) -> list[BenchPlan]:
+    gpu = device.type == "cuda"
+    tiny = BenchPlan("tiny", Qwen3ASRConfig.tiny(), audio_s=30.0, decode_steps=32, context_tokens=128)
+    # released 0.6B dims (config.py defaults); on a CPU a few seconds of audio and a few tokens
+    real = BenchPlan("qwen3-asr-0.6b", Qwen3ASRConfig(audio=AudioEncoderConfig(), text=TextDecoderConfig()),
+                     audio_s=30.0 if gpu else 3.0, decode_steps=32 if gpu else 3,
+                     context_tokens=256 if gpu else 64, repeats=3 if gpu else 1)
+    if tiny_only:
+        return [tiny]
+    if real_dims:
+        return [real]
+    return [tiny, real]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _best_seconds(fn, device: torch.device, repeats: int) -> float:
+    fn()  # warm-up: allocator, kernels, lazy init
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@torch.no_grad()
+def bench_encoder(plan: BenchPlan, device: torch.device, dtype: torch.dtype) -> dict:
+    with torch.device(device):
+        enc = AudioEncoder(plan.config.audio).to(dtype).eval()
+    frames = int(plan.audio_s * 100)
+    g = torch.Generator().manual_seed(0)
+    feats = torch.randn(plan.config.audio.num_mel_bins, frames, generator=g).to(device=device, dtype=dtype)
+    step = 100  # 1-s updates
+
+    def full():
+        enc(feats)
+
+    def incremental():
+        state = IncrementalEncoder(enc)
+        for s in range(0, frames, step):
+            state.append(feats[:, s:s + step])
+            state.outputs()
+
+    def reencode():
+        for s in range(step, frames + step, step):
+            enc(feats[:, :min(s, frames)])
+
+    per_s = 1000.0 / plan.audio_s
+    return {
+        "audio_s": plan.audio_s,
+        "full_ms_per_audio_s": round(_best_seconds(full, device, plan.repeats) * per_s, 3),
+        "incremental_1s_updates_ms_per_audio_s": round(_best_seconds(incremental, device, plan.repeats) * per_s, 3),
+        "reencode_1s_updates_ms_per_audio_s": round(_best_seconds(reencode, device, plan.repeats) * per_s, 3),
+    }
+
+
+@torch.no_grad()
+def bench_decoder(plan: BenchPlan, device: torch.device, dtype: torch.dtype) -> dict:
+    cfg = plan.config.text
+    with torch.device(device):
+        dec = Qwen3Decoder(cfg).to(dtype).eval()
+    g = torch.Generator().manual_seed(1)
+    hidden = cfg.hidden_size
+
+    # prefill: one prompt the length of the clip's prompt
+    prompt_len = num_audio_tokens(int(plan.audio_s * 100)) + PROMPT_TEXT_TOKENS
+    prompt = (torch.randn(prompt_len, hidden, generator=g) * 0.02).to(device=device, dtype=dtype)
+    cache = KVCache.for_config(cfg, max_slots=max(plan.batches), max_len=max(prompt_len, plan.context_tokens
+                                                                            + plan.decode_steps + 1),
+                               dtype=dtype, device=device)
+
+    def run_prefill():
+        slot = cache.allocate()
+        prefill(dec, cache, [slot], [prompt])
+        cache.free(slot)
+
+    prefill_s = _best_seconds(run_prefill, device, plan.repeats)
+    out = {"prefill_tokens": prompt_len, "prefill_tokens_per_s": round(prompt_len / prefill_s, 1)}
+
+    context = (torch.randn(plan.context_tokens, hidden, generator=g) * 0.02).to(device=device, dtype=dtype)
+    for batch in plan.batches:
+        slots = [cache.allocate() for _ in range(batch)]
+        # fill every slot's context in one batched prefill, then time the steps after it
+        prefill(dec, cache, slots, [context] * batch)
+        tokens = torch.randint(0, cfg.vocab_size, (batch,), generator=g).to(device)
+
+        def steps():
+            for s in slots:
+                cache.truncate(s, plan.context_tokens)
+            nxt = tokens
+            for _ in range(plan.decode_steps):
+                nxt = decode_step(dec, cache, slots, nxt).argmax(-1)
+
+        t = _best_seconds(steps, device, plan.repeats)
+        out[f"decode_batch{batch}_tokens_per_s"] = round(batch * plan.decode_steps / t, 1)
+        out[f"decode_batch{batch}_ms_per_step"] = round(1000.0 * t / plan.decode_steps, 3)
+        for s in slots:
+            cache.free(s)
+    out["decode_context_tokens"] = plan.context_tokens
+    out["decode_steps_timed"] = plan.decode_steps
+    return out
+
+
+def bench_model(real_dims: bool = False, tiny_only: bool = False, device: str | None = None,
+                dtype: str | None = None) -> dict:
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    result = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "dtype": str(dt).removeprefix("torch."),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "models": {},
+    }
+    for plan in plans(dev, real_dims, tiny_only):
+        torch.manual_seed(0)
+        entry = {"encoder": bench_encoder(plan, dev, dt), "decoder": bench_decoder(plan, dev, dt)}
+        result["models"][plan.name] = entry
+    return result
+
+
+def bench_model_command(real_dims: bool = False, tiny_only: bool = False, device: str | None = None,
+                        dtype: str | None = None) -> int:
+    print(json.dumps(bench_model(real_dims, tiny_only, device, dtype)))
+    return 0
+
