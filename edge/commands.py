@@ -86,3 +86,84 @@ def _print_segment(segment_id: int, packets: list) -> None:
     kbps = size * 8 / (frames / 100) / 1000 if frames else 0.0
     print(f"  segment {segment_id}: {first / 100:6.2f} - {(first + frames) / 100:6.2f} s  "
           f"{frames:5d} frames  {len(packets):3d} packets  {size:6d} bytes  {kbps:5.1f} kbps")
+
+
+def stream_server_command(input_path: str | None, server: str, mic: bool = False, as_json: bool = False,
+                          api_key: str | None = None, tls_ca: str | None = None, language: str | None = None,
+                          context: str = "") -> int:
+    """`harken stream IN.wav|--mic --server HOST:PORT`: the edge pipeline here, the transcript from
+    a harken server, printed as the embedded path prints it (live text, or `--json` events and a
+    last `{"final": true, "text": ...}`). The API key comes from `api_key` or $HARKEN_API_KEY."""
+    import asyncio
+    import os
+
+    from harken.edge.transport import ClientOptions, TranscriptionClient, audio_pieces, peak_normalize
+
+    if mic:
+        from harken.edge.audio import microphone_chunks
+
+        source = microphone_chunks()
+    elif input_path:
+        source = audio_pieces(peak_normalize(load_audio(input_path)))  # bad input fails before connecting
+    else:
+        raise HarkenError("give an input audio file or --mic")
+    if tls_ca and not Path(tls_ca).is_file():
+        raise HarkenError(f"{tls_ca}: no such certificate file")
+    client = TranscriptionClient(server, api_key=api_key or os.environ.get("HARKEN_API_KEY") or None,
+                                 tls=tls_ca, options=ClientOptions(language=language or "", context=context))
+    return asyncio.run(_print_stream(client, source, as_json))
+
+
+async def _print_stream(client, source, as_json: bool) -> int:
+    from harken.shared.text import transcript_text
+
+    view = LiveView(sys.stdout)
+    texts: dict[int, str] = {}
+    try:
+        async for event in client.stream(source):
+            texts[event.segment_id] = texts.get(event.segment_id, "") + event.committed_delta
+            if as_json:
+                print(json.dumps({"segment_id": event.segment_id, "committed_delta": event.committed_delta,
+                                  "partial": event.partial, "stability": event.stability,
+                                  "start_s": event.start_s, "end_s": event.end_s, "language": event.language,
+                                  "is_final": event.is_final}, ensure_ascii=False), flush=True)
+            else:
+                view.show(event)
+    finally:
+        if not as_json:
+            view.close()
+    if as_json:
+        print(json.dumps({"final": True, "text": transcript_text(texts)}, ensure_ascii=False))
+    return 0
+
+
+class LiveView:
+    """Terminal rendering of transcript events: the open segment's committed text, then its
+    partial text, rewritten in place (`\\r`) on a TTY; elsewhere one plain line per event (partial
+    lines marked `~ `). A final segment's line stays."""
+
+    def __init__(self, out):
+        self.out = out
+        self.tty = out.isatty()
+        self.text: dict[int, str] = {}
+        self.width = 0
+
+    def show(self, event) -> None:
+        text = self.text.get(event.segment_id, "") + event.committed_delta
+        self.text[event.segment_id] = text
+        line = text + (f" {event.partial.strip()}" if event.partial.strip() else "")
+        if not self.tty:
+            print(("" if event.is_final else "~ ") + line, file=self.out, flush=True)
+            return
+        import shutil
+
+        cols = max(shutil.get_terminal_size().columns - 1, 10)
+        shown = line[-cols:]
+        self.out.write("\r\x1b[K" + shown + ("\n" if event.is_final else ""))
+        self.out.flush()
+        self.width = 0 if event.is_final else len(shown)
+
+    def close(self) -> None:
+        if self.tty and self.width:
+            self.out.write("\n")
+            self.out.flush()

@@ -49,6 +49,7 @@ from harken.proto import harken_pb2_grpc
 from harken.shared.codec import DEFAULT_MODE
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
+from harken.shared.text import transcript_text
 
 CODEC_NAME = "harken-mel/1"  # shared/codec.py, wire format version 1 (proto `Start.codec`)
 THIN_REPLAY_MAX_S = 60  # thin client: audio kept for a replay after a server restart, at most
@@ -143,8 +144,18 @@ class TransportStats:
 
 
 def file_pieces(path: str | Path, piece_ms: int = 100) -> list[np.ndarray]:
-    """An audio file as 16 kHz mono float32 pieces of `piece_ms`: a ready `stream()` source."""
-    return audio_pieces(load_audio(path), piece_ms)
+    """An audio file as 16 kHz mono float32 pieces of `piece_ms`: a ready `stream()` source.
+    Peak-normalised as the embedded engine and the official package treat files."""
+    return audio_pieces(peak_normalize(load_audio(path)), piece_ms)
+
+
+def peak_normalize(audio: np.ndarray) -> np.ndarray:
+    """Audio whose peak exceeds 1.0 (hot float input) divided by its peak, then clipped to [-1, 1]
+    (the official package's rule before its feature extractor; cloud/commands applies the same)."""
+    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+    if peak > 1.0:
+        audio = audio / peak
+    return np.clip(audio, -1.0, 1.0).astype(np.float32, copy=False)
 
 
 def audio_pieces(audio: np.ndarray, piece_ms: int = 100) -> list[np.ndarray]:
@@ -208,9 +219,11 @@ class _OutBuffer:
         self.next_seq = len(self.entries) + 1
 
 
-@dataclass
-class _Progress:
-    """In-band with the events: no final event with start_s < `bound_s` will come any more."""
+@dataclass(frozen=True)
+class StreamProgress:
+    """In band with the events (`stream(..., progress=True)`): no final event with
+    start_s < `bound_s` will come from this stream any more (feature mode; the meeting merger
+    orders tracks with it)."""
 
     bound_s: float
 
@@ -270,24 +283,26 @@ class TranscriptionClient:
         self._clock = clock
         self.stats = TransportStats()
 
-    async def stream(self, source: Iterable[np.ndarray] | AsyncIterable[np.ndarray] | np.ndarray | str | Path
-                     ) -> AsyncIterator[TranscriptEvent]:
+    async def stream(self, source: Iterable[np.ndarray] | AsyncIterable[np.ndarray] | np.ndarray | str | Path,
+                     progress: bool = False) -> AsyncIterator[TranscriptEvent]:
         """Transcribe `source` (16 kHz mono float32 pieces, sync or async; an array; a file path):
-        yield every transcript event, return once the server has sent the last final."""
+        yield every transcript event, return once the server has sent the last final. With
+        `progress`, `StreamProgress` items come in between, each after the events it accounts for."""
         async for item in self._run(source):
-            if isinstance(item, TranscriptEvent):
+            if progress or isinstance(item, TranscriptEvent):
                 yield item
 
     async def transcribe(self, source) -> str:
-        """The whole transcript of `source` (the committed text of all segments, space-joined)."""
+        """The whole transcript of `source`: the committed text of all segments, joined as the
+        engine joins them (`shared/text.py`)."""
         texts: dict[int, str] = {}
         async for e in self.stream(source):
             texts[e.segment_id] = texts.get(e.segment_id, "") + e.committed_delta
-        return " ".join(t.strip() for _, t in sorted(texts.items()) if t.strip())
+        return transcript_text(texts)
 
     # ---- the owner of one stream: a producer task, a connection task, events out via a queue ----
 
-    async def _run(self, source) -> AsyncIterator[TranscriptEvent | _Progress]:
+    async def _run(self, source) -> AsyncIterator[TranscriptEvent | StreamProgress]:
         self.stats = TransportStats()
         state = _StreamState()
         out: asyncio.Queue = asyncio.Queue()
@@ -335,13 +350,13 @@ class TranscriptionClient:
             state.new_segment_bound_s = max(state.new_segment_bound_s,
                                             (newest_frame - fs.lookback_frames) / FRAMES_PER_SECOND)
             self._enqueue_packets(packets, state)
-            out.put_nowait(_Progress(self._bound_s(state)))
+            out.put_nowait(StreamProgress(self._bound_s(state)))
         packets = await asyncio.to_thread(fs.flush)
         self._enqueue_packets(packets, state)
         state.source_done = True
         state.new_segment_bound_s = math.inf
         state.wake_sender.set()
-        out.put_nowait(_Progress(self._bound_s(state)))
+        out.put_nowait(StreamProgress(self._bound_s(state)))
 
     async def _produce_audio(self, pieces: AsyncIterator[np.ndarray], state: _StreamState, out: asyncio.Queue) -> None:
         step = SAMPLE_RATE * self.options.audio_piece_ms // 1000
@@ -546,7 +561,7 @@ class TranscriptionClient:
                     state.seed = pb.SessionSeed()
                     state.seed.CopyFrom(t.seed)
                 self._segment_final(t.segment_id, state, t.end_s)
-                out.put_nowait(_Progress(self._bound_s(state)))
+                out.put_nowait(StreamProgress(self._bound_s(state)))
         elif kind == "ack":
             if self.options.send_audio:
                 # keep for a replay what a lost session had not finished: the audio since the last
@@ -557,7 +572,7 @@ class TranscriptionClient:
             elif msg.ack.last_final_segment > state.last_final_segment:
                 # the server's finals come before its Ack on the stream, so they are with us
                 self._segment_final(msg.ack.last_final_segment, state, None)
-                out.put_nowait(_Progress(self._bound_s(state)))
+                out.put_nowait(StreamProgress(self._bound_s(state)))
         elif kind == "error":
             pass  # the stream's status follows with the same code; handled there
 

@@ -66,8 +66,11 @@ def _build_parser() -> argparse.ArgumentParser:
                                    "codec) and the streaming engine, in-process: committed text solid, "
                                    "partial text as it changes.")
     s.add_argument("input", nargs="?", help="audio file (WAV/FLAC/OGG, any rate, width, channels)")
-    s.add_argument("--mic", action="store_true", help="stream the microphone (not available yet)")
-    s.add_argument("--server", help="HOST:PORT of a harken server (not available yet)")
+    s.add_argument("--mic", action="store_true", help="stream the microphone (with --server)")
+    s.add_argument("--server", help="HOST:PORT of a harken server: the edge pipeline runs here, the "
+                                    "engine there (default: the engine in-process, --model)")
+    s.add_argument("--api-key", help="API key for --server (default: $HARKEN_API_KEY)")
+    s.add_argument("--tls-ca", help="PEM root certificate: connect to --server over TLS")
     s.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"checkpoint dir, Hugging Face id, or 'tiny' (default {DEFAULT_MODEL})")
     s.add_argument("--language", help="force the language (e.g. English); default: detect")
@@ -155,6 +158,12 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
         return transcribe_command(args.input, args.model, language=args.language, context=args.context,
                                   as_json=args.json, device=args.device, dtype=args.dtype)
+    if args.command == "stream" and args.server:
+        from harken.edge.commands import stream_server_command
+
+        return stream_server_command(args.input, args.server, mic=args.mic, as_json=args.json,
+                                     api_key=args.api_key, tls_ca=args.tls_ca, language=args.language,
+                                     context=args.context)
     if args.command == "stream":
         from harken.cloud.commands import stream_command
 
