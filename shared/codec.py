@@ -11,18 +11,19 @@ How a packet [128, k] becomes bytes:
    `x[m] = log10(r1 * 10**x[b1] + r2 * 10**x[b2])` exactly. Those are predicted, not coded; only
    the 107 "basis" bins are transformed (a nonzero residual is sent only when flooring broke the
    identity).
-2. **Transform.** The basis bins go through an orthonormal DCT across mel and a DCT across time in blocks of at most 32
-   frames (the prediction across time; a packet of 20 frames is one block).
-3. **Quantisation.** One step per mode with a dead zone (rounding offset < 0.5), which is what
-   trades rate for the RMS error the fidelity metric counts.
-4. **Entropy coding.** Every coefficient falls in a class: an expected magnitude from a fixed
-   prior over (mel-frequency band, time-frequency band), moved by a per-packet shift the encoder
-   measures. Each class owns a static canonical Huffman code over tuples of 1, 2 or 4 values
-   (tuples make near-zero classes cost well under a bit per value), built at import time from a
-   two-sided geometric model, with an escape to Exp-Golomb for large values. Encoding is fully
-   vectorised in numpy; decoding walks the bits in Python (it runs in the cloud).
-5. **Floor.** The decoder clamps every frame at its floor (carried exactly in the header), so values
-   at the floor decode to the floor and cost nothing beyond the clamp.
+2. **Transform.** The basis bins go through an orthonormal block DCT across mel (blocks of 16,
+   16, 32 and 43 bins, see `_MEL_BLOCKS`) and a DCT across time in blocks of at most 32 frames:
+   the prediction across time (a packet of 20 frames is one block; its first frame needs nothing
+   from earlier packets).
+3. **Quantisation.** One step per mode, with dead zones that widen where a class is sparse
+   (`ModeParams.rd_lambda`): that is what trades rate for the RMS error the fidelity metric counts.
+4. **Entropy coding** (shared/entropy.py). Each coefficient's class, its expected magnitude, is a
+   fixed integer prior over (mel band, time-frequency band) plus one per-packet shift that the
+   encoder picks to minimise the bits; each class has a static canonical Huffman code over tuples
+   of levels. Encoding is vectorised in numpy; decoding walks the bits in Python (in the cloud).
+5. **Floor.** The header carries every frame's floor exactly (the running max - 8 can rise inside
+   a packet). The encoder sinks values at the floor a step below it; the decoder clamps at the
+   floor, so they come back exactly at the floor. A packet entirely at the floor is a header.
 
 Wire format, version 1 (a varint is 7 bits per byte, low first, at most 2 bytes here):
 
@@ -57,8 +58,8 @@ MAGIC = 0xA7
 VERSION = 1
 MAX_FRAMES = 6000  # 60 s per payload: far above any packet, small enough to bound allocations
 MAX_TIME_BLOCK = 32  # frames per time-DCT block
-VALUE_LIMIT = 100.0
-FLOOR_MARGIN = 1.0  # steps by which the encoder sinks values at the floor (see encode_frames)  # |log10 mel| beyond this is not a log-mel (1e-100 .. 1e100)
+VALUE_LIMIT = 100.0  # |log10 mel| beyond this is not a log-mel (1e-100 .. 1e100)
+FLOOR_MARGIN = 1.0  # steps by which the encoder sinks values at the floor (see encode_frames)
 
 _F32 = struct.Struct("<f")
 
@@ -183,24 +184,24 @@ def _dct_matrix(n: int) -> np.ndarray:
 def time_blocks(k: int) -> list[tuple[int, int]]:
     """Split k frames into near-equal blocks of at most MAX_TIME_BLOCK: [(start, length)]."""
     n = -(-k // MAX_TIME_BLOCK)
-    edges = [round(i * k / n) for i in range(n + 1)]
+    edges = [i * k // n for i in range(n + 1)]
     return [(edges[i], edges[i + 1] - edges[i]) for i in range(n)]
 
 
 # The mel-axis DCT runs over blocks of basis bins, not all 107 at once: the noise in a log-mel bin
 # is far stronger in the narrow low bins (one FFT bin each) than in the wide high ones, and a DCT
 # across both would smear the loud noise over every coefficient (blocks measured ~9% fewer bits
-# than one DCT at equal error, as good as a trained KLT).
+# than one DCT at equal error, as good as a trained KLT). They cover the 107 basis bins.
 _MEL_BLOCKS = (16, 16, 32, 43)
 
 
-@lru_cache(maxsize=4)
-def mel_transform(nb: int) -> np.ndarray:
+@lru_cache(maxsize=1)
+def mel_transform() -> np.ndarray:
     """[nb, nb] orthonormal block-diagonal DCT over the basis bins."""
-    sizes = list(_MEL_BLOCKS) if sum(_MEL_BLOCKS) == nb else [nb]
+    nb = sum(_MEL_BLOCKS)
     t = np.zeros((nb, nb))
     s = 0
-    for n in sizes:
+    for n in _MEL_BLOCKS:
         t[s:s + n, s:s + n] = _dct_matrix(n)
         s += n
     t.setflags(write=False)
@@ -209,13 +210,13 @@ def mel_transform(nb: int) -> np.ndarray:
 
 def forward_transform(basis_rows: np.ndarray) -> list[np.ndarray]:
     """basis_rows: [nb, k] -> per time block [nb, L] coefficients (mel DCT x time DCT)."""
-    dm = mel_transform(basis_rows.shape[0])
+    dm = mel_transform()
     return [dm @ basis_rows[:, s:s + n] @ _dct_matrix(n).T for s, n in time_blocks(basis_rows.shape[1])]
 
 
 def inverse_transform(blocks: list[np.ndarray]) -> np.ndarray:
     """Inverse of forward_transform: per block [nb, L] -> [nb, k]."""
-    dm = mel_transform(blocks[0].shape[0])
+    dm = mel_transform()
     return np.concatenate([dm.T @ c @ _dct_matrix(c.shape[1]) for c in blocks], axis=1)
 
 
@@ -248,19 +249,17 @@ def _time_band(n: int) -> np.ndarray:
     return np.where(j == 0, 0, np.where(8 * j < n, 1, np.where(4 * j < n, 2, np.where(2 * j < n, 3, 4))))
 
 
-def _prior_band(nb: int) -> np.ndarray:
+def _prior_band() -> np.ndarray:
     """[nb] prior row of each mel-axis coefficient: block * 7 + index band inside the block."""
-    sizes = list(_MEL_BLOCKS) if sum(_MEL_BLOCKS) == nb else [nb]
-    rows = []
-    for b, n in enumerate(sizes[:4]):
-        rows.append(b * len(_IN_BLOCK_EDGES) + np.searchsorted(_IN_BLOCK_EDGES, np.arange(n), side="right") - 1)
-    return np.concatenate(rows)
+    bands = len(_IN_BLOCK_EDGES)
+    return np.concatenate([b * bands + np.searchsorted(_IN_BLOCK_EDGES, np.arange(n), side="right") - 1
+                           for b, n in enumerate(_MEL_BLOCKS)])
 
 
 @lru_cache(maxsize=256)
-def _prior_class(nb: int, n: int, class_offset: int) -> np.ndarray:
+def _prior_class(n: int, class_offset: int) -> np.ndarray:
     """[nb, n] class (before the packet shift) of each coefficient of a block of n frames."""
-    cls = _PRIOR_HALF_OCTAVES[_prior_band(nb)][:, _time_band(n)] + (CLASS_ZERO + class_offset)
+    cls = _PRIOR_HALF_OCTAVES[_prior_band()][:, _time_band(n)] + (CLASS_ZERO + class_offset)
     # the DC carries the block mean, whose level grows with n: about log2(n / 20) half-octaves
     cls[:, 0] += n.bit_length() - 5
     cls.setflags(write=False)
@@ -392,10 +391,10 @@ def frame_floors(frames: np.ndarray, floor_log10: float | None) -> np.ndarray:
     return np.minimum(np.maximum(base, running), frames.min(axis=0)).astype(np.float32)
 
 
-def _block_prior(nb: int, lengths: list[int], class_offset: int) -> np.ndarray:
+def _block_prior(lengths: list[int], class_offset: int) -> np.ndarray:
     """Prior class (unclipped, before the packet shift) of every basis coefficient of a packet,
     time blocks concatenated: [nb * k]."""
-    return np.concatenate([_prior_class(nb, n, class_offset).ravel() for n in lengths])
+    return np.concatenate([_prior_class(n, class_offset).ravel() for n in lengths])
 
 
 def _shifted(prior: np.ndarray, shift: int) -> np.ndarray:
@@ -466,12 +465,12 @@ def encode_frames(frames: np.ndarray, mode: str = DEFAULT_MODE, floor_log10: flo
     layout = mel_layout()
     floors = frame_floors(frames, floor_log10)
     x = frames.astype(np.float64)
+    at_floor = x <= floors[None, :]
+    if np.all(at_floor):  # silence under the floor: the floors say it all
+        return PacketHeader(mode, k, floors, at_floor=True).serialize()
     # values at the floor carry nothing but "at most this": sink them below it so quantisation
     # noise cannot lift them over the clamp (the decoder puts them back exactly at the floor)
-    x_coded = np.where(x <= floors[None, :], x - FLOOR_MARGIN * params.step, x)
-
-    if np.all(x <= floors[None, :]):  # silence under the floor: the floors say it all
-        return PacketHeader(mode, k, floors, at_floor=True).serialize()
+    x_coded = np.where(at_floor, x - FLOOR_MARGIN * params.step, x)
 
     # dependents: predicted from the basis as the decoder will see it; a residual only where
     # flooring broke the identity
@@ -484,7 +483,7 @@ def encode_frames(frames: np.ndarray, mode: str = DEFAULT_MODE, floor_log10: flo
     coefs = forward_transform(x_coded[layout.basis])
     lengths = [c.shape[1] for c in coefs]
     flat = np.concatenate([c.ravel() for c in coefs]) / params.step
-    prior = _block_prior(len(layout.basis), lengths, params.class_offset)
+    prior = _block_prior(lengths, params.class_offset)
     shift = _measure_shift(quantize(flat, _shifted(prior, 0), params.rd_lambda), prior)
     classes = _shifted(prior, shift)
     q = quantize(flat, classes, params.rd_lambda)
@@ -521,7 +520,7 @@ def decode_frames(payload: bytes) -> np.ndarray:
     layout = mel_layout()
     nb = len(layout.basis)
     lengths = [n for _, n in time_blocks(k)]
-    classes = _shifted(_block_prior(nb, lengths, params.class_offset), header.shift)
+    classes = _shifted(_block_prior(lengths, params.class_offset), header.shift)
     if header.residual_class is not None:
         classes = np.concatenate([classes, np.full(len(layout.dependent) * k, header.residual_class)])
     body = payload[pos:]
@@ -532,8 +531,8 @@ def decode_frames(payload: bytes) -> np.ndarray:
         raise CodecError(f"payload truncated: {len(body)} body bytes for {k} frames")
     reader = BitReader(body)
     values = decode_symbols(reader, classes)
-    if len(body) - (reader.pos + 7) // 8 != 0:
-        raise CodecError("corrupt payload: trailing bytes after the body")
+    if len(body) - (reader.pos + 7) // 8 != 0 or any(reader.bits[reader.pos:]):
+        raise CodecError("corrupt payload: trailing bits after the body")
     q = values[: nb * k].astype(np.float64) * params.step
     blocks, at = [], 0
     for n in lengths:

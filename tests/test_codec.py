@@ -180,6 +180,12 @@ def test_mel_filters_match_transformers():
     assert np.array_equal(ours > 0, ref > 0)
 
 
+def test_mel_blocks_cover_the_basis():
+    assert sum(codec._MEL_BLOCKS) == len(codec.mel_layout().basis) == N_MELS - len(codec.mel_layout().dependent)
+    t = codec.mel_transform()
+    np.testing.assert_allclose(t @ t.T, np.eye(t.shape[0]), atol=1e-12)
+
+
 def test_dependent_bins_follow_from_the_basis(features):
     frames, _ = features
     raw = frames.astype(np.float64)
