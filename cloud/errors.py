@@ -1,0 +1,46 @@
+"""What a stream can do wrong, as the service sees it: one exception per gRPC status code.
+
+They extend the engine's errors in shared/errors.py where the meaning is the same, so the servicer
+maps both to status codes with one table (`server.STATUS_OF`). Messages are shown to the client as
+they are: they say what was wrong and never echo secrets.
+"""
+
+from __future__ import annotations
+
+from harken.shared.errors import EngineOverloaded, HarkenError, StreamInputError, StreamOrderError
+
+__all__ = ["MalformedMessage", "OutOfOrder", "Unauthenticated", "NotYourSession", "SessionNotFound",
+           "Overloaded", "ShuttingDown", "Superseded"]
+
+
+class MalformedMessage(StreamInputError):
+    """A message that is invalid on its own: bad sizes, counts, values (INVALID_ARGUMENT)."""
+
+
+class OutOfOrder(StreamOrderError):
+    """A message that is valid alone but not now: no `start` first, a gap in `seq`, frames not
+    contiguous, Audio after Features (FAILED_PRECONDITION)."""
+
+
+class Unauthenticated(HarkenError):
+    """No API key, or one the server does not know (UNAUTHENTICATED)."""
+
+
+class NotYourSession(HarkenError):
+    """A session id issued to another key (PERMISSION_DENIED)."""
+
+
+class SessionNotFound(HarkenError):
+    """A session id the server does not hold: it restarted, or the grace period ran out (NOT_FOUND)."""
+
+
+class Overloaded(EngineOverloaded):
+    """Admission control said no: session limits, per-key limits (RESOURCE_EXHAUSTED)."""
+
+
+class ShuttingDown(HarkenError):
+    """The server is stopping; reconnect later and resume or replay (UNAVAILABLE)."""
+
+
+class Superseded(HarkenError):
+    """A newer stream attached to this stream's session (ABORTED)."""

@@ -1,0 +1,544 @@
+"""Sessions as the service hosts them: ids bound to keys, order checks, the event log for replay,
+attach/detach of client streams, the grace period, and the thin-client audio front end.
+
+    SessionTable    ids -> HostedSession; admission (max sessions, per key); grace expiry; shutdown
+    HostedSession   one session: what was applied (`seq`), the segment/frame order, the engine's
+                    session, the transcript events not yet safe to forget, the attached stream
+    Attachment      one client stream's view: which events it has been sent, an Ack due, its end
+
+Owners: the table owns its reaper task and every session; a session owns its event pump task; a
+stream handler (cloud/server.py) owns its reader task and its attachment. Each cancels and awaits
+what it owns when it closes.
+
+The event log keeps every event of a segment that is not final yet (a resumed client may not have
+them) and, of final segments, a tail of `replay_tail` events behind the last one sent (those may
+have been lost in flight when the connection dropped). Events produced while no stream is attached
+stay until one is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harken.cloud import wire
+from harken.cloud.errors import (MalformedMessage, NotYourSession, OutOfOrder, Overloaded,
+                                 SessionNotFound, ShuttingDown, Superseded)
+from harken.cloud.metrics import ServerMetrics
+from harken.cloud.wire import AudioIn, EndIn, FeaturesIn, FinalizeIn, Seed, StartRequest, TranscriptOut
+
+log = logging.getLogger("harken.server")
+
+ACK_EVERY = 5  # messages between Acks (plus one on every segment end and every final event)
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    max_sessions: int = 256
+    max_sessions_per_key: int = 64
+    grace_s: float = 60.0
+    replay_tail: int = 64  # events of final segments kept behind the last one sent
+    max_events_held: int = 20_000  # hard cap on the event log of one session
+
+
+@dataclass
+class Attachment:
+    """One client stream attached to a session. The stream's writer waits on `wake`, then sends
+    the events after `sent_event_seq`, an Ack when `ack_due`, and ends when `end` is set
+    (None = go on; an exception = fail with it; `CLOSED_OK` = close with OK)."""
+
+    sent_event_seq: int
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    ack_due: bool = False
+    end: object = None
+    reader: asyncio.Task | None = None  # owned by the stream handler; cancelled by a newer attach
+
+
+CLOSED_OK = "closed-ok"
+
+
+@dataclass
+class _FrameOrder:
+    """The frame timeline as far as applied: segments in order, frames contiguous inside one."""
+
+    open_segment: int | None = None
+    next_frame: int = 0
+    last_segment_id: int = -1
+    last_segment_first_frame: int = 0
+    closed_by_finalize: int | None = None  # audio path: VAD frames of this segment are dropped
+
+    def check(self, f: FeaturesIn) -> None:
+        if f.frame_count == 0 and not f.segment_start and not f.segment_end:
+            return  # keep-alive
+        if self.open_segment is None:
+            if not f.segment_start:
+                raise OutOfOrder(f"features for segment {f.segment_id} without segment_start: no segment is open")
+            if f.segment_id <= self.last_segment_id:
+                raise OutOfOrder(f"segment id {f.segment_id} does not increase (last was {self.last_segment_id})")
+            if f.first_frame < self.last_segment_first_frame:
+                raise OutOfOrder(f"segment {f.segment_id} starts at frame {f.first_frame}, before the "
+                                 f"previous segment ({self.last_segment_first_frame})")
+            return
+        if f.segment_start or f.segment_id != self.open_segment:
+            raise OutOfOrder(f"segment {self.open_segment} is still open; got frames of segment "
+                             f"{f.segment_id}{' with segment_start' if f.segment_start else ''}")
+        if f.first_frame != self.next_frame:
+            raise OutOfOrder(f"segment {f.segment_id}: frames not contiguous (expected first_frame "
+                             f"{self.next_frame}, got {f.first_frame})")
+
+    def apply(self, f: FeaturesIn) -> None:
+        if f.frame_count == 0 and not f.segment_start and not f.segment_end:
+            return
+        if f.segment_start:
+            self.open_segment = f.segment_id
+            self.last_segment_id = f.segment_id
+            self.last_segment_first_frame = f.first_frame
+        self.next_frame = f.first_frame + f.frame_count
+        if f.segment_end:
+            self.open_segment = None
+
+
+class HostedSession:
+    """One session on this server. Created by `SessionTable`; driven by stream handlers."""
+
+    def __init__(self, session_id: str, key_id: str, start: StartRequest, scheduler,
+                 limits: SessionLimits, metrics: ServerMetrics, executor: Executor,
+                 on_ended: Callable[["HostedSession"], None]):
+        """Opens the engine's session (EngineOverloaded / StreamInputError when it cannot)."""
+        from harken.cloud.session import ResumeState, SessionOptions
+
+        self.session_id = session_id
+        self.key_id = key_id
+        self.start = start
+        self.scheduler = scheduler
+        resume = None
+        if start.seed is not None:
+            resume = ResumeState(start.seed.running_max_log10, start.seed.context_tail,
+                                 start.seed.next_segment_id)
+        self.engine_sid, self._engine_events = scheduler.open_session(
+            SessionOptions(language=start.language, context=start.context, resume=resume))
+        self.limits = limits
+        self.metrics = metrics
+        self.executor = executor
+        self._on_ended = on_ended
+        self.applied_seq = 0
+        self.last_final_segment = (start.seed.next_segment_id - 1) if start.seed else -1
+        self.input_kind: str | None = None  # "features" or "audio", fixed by the first one
+        self.order = _FrameOrder(last_segment_id=self.last_final_segment)
+        self.audio: AudioFrontEnd | None = None
+        self.events: deque[TranscriptOut] = deque()
+        self.next_event_seq = 1
+        self.delivered_event_seq = 0  # highest event_seq handed to some stream
+        self.attachment: Attachment | None = None
+        self.detached_at: float | None = time.monotonic()
+        self.ending = False  # End received (or shutdown): no more input
+        self.ended_by_client = False
+        self.ended = False  # every final is in the event log: the session is done
+        self._awaiting_final: set[int] = set()  # segments fed frames whose final has not come
+        self._apply_lock = asyncio.Lock()
+        self._msgs_since_ack = 0
+        self._arrivals: deque[tuple[int, float]] = deque()  # (frame end, arrival time) for latency
+        self._segment_started_at: dict[int, float] = {}
+        self._segment_ended_at: dict[int, float] = {}
+        self._first_event_seen: set[int] = set()
+        self._closed = False
+        self._pump = asyncio.get_running_loop().create_task(self._pump_events(),
+                                                             name=f"events-{session_id[:6]}")
+
+    # ---- streams ---------------------------------------------------------------------------------
+
+    async def attach(self, last_event_seq: int) -> Attachment:
+        """Attach a new stream; an attached older one is detached first (its reader cancelled and
+        awaited, so nothing it was applying is half done)."""
+        old = self.attachment
+        if old is not None:
+            old.end = Superseded("a newer stream attached to this session")
+            old.wake.set()
+            if old.reader is not None:
+                old.reader.cancel()
+                await asyncio.wait([old.reader])
+        async with self._apply_lock:  # a message being applied finishes first
+            a = Attachment(sent_event_seq=min(last_event_seq, self.next_event_seq - 1))
+            self.attachment = a
+            self.detached_at = None
+            self.metrics.streams.inc()
+            if self.ended:
+                a.end = CLOSED_OK
+            a.wake.set()  # replay what the client has not seen
+            return a
+
+    def detach(self, a: Attachment) -> None:
+        if self.attachment is a:
+            self.attachment = None
+            self.detached_at = time.monotonic()
+        self.metrics.streams.dec()
+
+    def events_after(self, event_seq: int) -> list[TranscriptOut]:
+        """Held events with a higher event_seq, in order (what a stream sends next)."""
+        if not self.events or self.events[-1].event_seq <= event_seq:
+            return []
+        start = max(0, event_seq + 1 - self.events[0].event_seq)
+        return [self.events[i] for i in range(start, len(self.events))]
+
+    def undelivered(self) -> bool:
+        """An attached stream has events still to send."""
+        a = self.attachment
+        return a is not None and a.sent_event_seq < self.next_event_seq - 1
+
+    def sent(self, a: Attachment, event_seq: int) -> None:
+        a.sent_event_seq = event_seq
+        self.delivered_event_seq = max(self.delivered_event_seq, event_seq)
+        self._trim_events()
+
+    # ---- input -----------------------------------------------------------------------------------
+
+    async def apply(self, item: wire.ClientInput) -> None:
+        """Apply one client message (after `start`). Raises a StreamError for bad input; the
+        session itself stays usable (state changes only once a message is known good)."""
+        async with self._apply_lock:
+            if isinstance(item, StartRequest):
+                raise OutOfOrder("start may only be the first message of a stream")
+            if self.ending:
+                raise OutOfOrder("the session has ended: no input after end")
+            if isinstance(item, FinalizeIn):
+                self._finalize()
+                return
+            if isinstance(item, EndIn):
+                await self._end()
+                return
+            if item.seq <= self.applied_seq:
+                return  # a duplicate resent after a reconnect: already applied
+            if item.seq != self.applied_seq + 1:
+                raise OutOfOrder(f"seq {item.seq} leaves a gap: the last applied was {self.applied_seq}")
+            kind = "features" if isinstance(item, FeaturesIn) else "audio"
+            if self.input_kind is None:
+                self.input_kind = kind
+            elif self.input_kind != kind:
+                raise OutOfOrder(f"{kind} in a session that receives {self.input_kind}: do not mix them")
+            if isinstance(item, FeaturesIn):
+                await self._apply_features(item)
+                self.metrics.bytes_in.labels("features").inc(len(item.payload))
+            else:
+                await self._apply_audio(item)
+                self.metrics.bytes_in.labels("audio").inc(2 * item.samples.size)
+            self.metrics.messages_in.labels(kind).inc()
+            self.applied_seq = item.seq
+            self._msgs_since_ack += 1
+            if self._msgs_since_ack >= ACK_EVERY or (isinstance(item, FeaturesIn) and item.segment_end):
+                self._ack()
+
+    async def _apply_features(self, f: FeaturesIn) -> None:
+        self.order.check(f)
+        frames = await _run(self.executor, wire.decode_features, f)
+        self._feed(f, frames)
+
+    async def _apply_audio(self, a: AudioIn) -> None:
+        if self.audio is None:
+            seed_max = self.start.seed.running_max_log10 if self.start.seed else float("-inf")
+            self.audio = await _run(self.executor, AudioFrontEnd, a.sample_rate, seed_max,
+                                    self.order.last_segment_id + 1)
+        elif a.sample_rate != self.audio.sample_rate:
+            raise MalformedMessage(f"audio.sample_rate changed from {self.audio.sample_rate} to {a.sample_rate}")
+        packets = await _run(self.executor, self.audio.push, a.samples)
+        await self._feed_packets(packets)
+
+    async def _feed_packets(self, packets: list[FeaturesIn]) -> None:
+        """Frames the server's own front end made: the same path as a client's Features."""
+        for p in packets:
+            if self.order.closed_by_finalize == p.segment_id:
+                if p.segment_end:
+                    self.order.closed_by_finalize = None
+                continue
+            frames = await _run(self.executor, wire.decode_features, p)
+            self.order.check(p)
+            self._feed(p, frames)
+
+    def _feed(self, f: FeaturesIn, frames: np.ndarray) -> None:
+        now = time.monotonic()
+        if f.segment_start:
+            self._segment_started_at[f.segment_id] = now
+        if f.frame_count:
+            self._arrivals.append((f.first_frame + f.frame_count, now))
+            while len(self._arrivals) > 512:
+                self._arrivals.popleft()
+        if f.segment_end:
+            self._segment_ended_at[f.segment_id] = now
+        if f.frame_count or f.segment_start or f.segment_end:
+            self.scheduler.ingest(self.engine_sid, f.segment_id, f.first_frame, frames, f.segment_start,
+                                  f.segment_end, f.running_max_log10)
+        if f.frame_count:
+            self._awaiting_final.add(f.segment_id)
+        self.order.apply(f)
+
+    def _finalize(self) -> None:
+        seg = self.order.open_segment
+        if seg is None:
+            return
+        self._segment_ended_at[seg] = time.monotonic()
+        self.scheduler.finalize(self.engine_sid)
+        if self.input_kind == "audio":
+            self.order.closed_by_finalize = seg
+        self.order.open_segment = None
+
+    async def _end(self, by_client: bool = True) -> None:
+        """No more input: flush the audio front end, close the open segment; the session has ended
+        once the final of every segment is in."""
+        if self.audio is not None:
+            packets = await _run(self.executor, self.audio.flush)
+            await self._feed_packets(packets)
+        self._finalize()
+        self.ending = True
+        self.ended_by_client = by_client
+        self._check_ended()
+
+    async def close_input_for_shutdown(self) -> None:
+        async with self._apply_lock:
+            if not self.ending:
+                await self._end(by_client=False)
+
+    def _ack(self) -> None:
+        self._msgs_since_ack = 0
+        if self.attachment is not None:
+            self.attachment.ack_due = True
+            self.attachment.wake.set()
+
+    # ---- output ----------------------------------------------------------------------------------
+
+    async def _pump_events(self) -> None:
+        """The engine's events -> the event log (with event_seq) -> the attached stream."""
+        while not self.ended:
+            self._record(await self._engine_events.get())
+            self._check_ended()
+
+    def _check_ended(self) -> None:
+        if self.ended or not self.ending or self._awaiting_final:
+            return
+        self.ended = True
+        if self.attachment is not None:
+            self.attachment.end = CLOSED_OK if self.ended_by_client else ShuttingDown(
+                "the server is shutting down: open segments were finalised")
+            self.attachment.wake.set()
+        self._on_ended(self)
+
+    def _record(self, ev) -> None:
+        now = time.monotonic()
+        out = TranscriptOut(event_seq=self.next_event_seq, segment_id=ev.segment_id,
+                            committed_delta=ev.committed_delta, partial=ev.partial,
+                            stability=ev.stability, start_s=ev.start_s, end_s=ev.end_s,
+                            language=ev.language, is_final=ev.is_final,
+                            seed=_seed(ev.resume) if ev.is_final and ev.resume is not None else None)
+        self.next_event_seq += 1
+        self.events.append(out)
+        self.metrics.events_out.inc()
+        if ev.segment_id not in self._first_event_seen:
+            self._first_event_seen.add(ev.segment_id)
+            t0 = self._segment_started_at.pop(ev.segment_id, None)
+            if t0 is not None:
+                self.metrics.first_partial.observe(now - t0)
+        if ev.is_final:
+            self._awaiting_final.discard(ev.segment_id)
+            self.last_final_segment = max(self.last_final_segment, ev.segment_id)
+            t_end = self._segment_ended_at.pop(ev.segment_id, None)
+            if t_end is not None:
+                self.metrics.final_latency.observe(now - t_end)
+            self._segment_started_at.pop(ev.segment_id, None)
+            self._first_event_seen.discard(ev.segment_id)
+        else:
+            arrived = self._arrival_of(round(ev.end_s * 100))
+            if arrived is not None:
+                self.metrics.update_latency.observe(now - arrived)
+        self._trim_events()
+        if self.attachment is not None:
+            if ev.is_final:
+                self.attachment.ack_due = True
+            self.attachment.wake.set()
+
+    def _arrival_of(self, frame_end: int) -> float | None:
+        for end, t in self._arrivals:
+            if end >= frame_end:
+                return t
+        return None
+
+    def _trim_events(self) -> None:
+        keep_after = self.delivered_event_seq - self.limits.replay_tail
+        while self.events and (
+                (self.events[0].event_seq <= keep_after and self.events[0].segment_id <= self.last_final_segment)
+                or len(self.events) > self.limits.max_events_held):
+            self.events.popleft()
+
+    async def close(self) -> None:
+        """Stop the event pump and release the engine's session. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.attachment is not None and self.attachment.end is None:
+            self.attachment.end = ShuttingDown("the session was closed")
+            self.attachment.wake.set()
+        self._pump.cancel()
+        await asyncio.wait([self._pump])
+        self.scheduler.close_session(self.engine_sid)
+
+
+def _seed(r) -> Seed:
+    return Seed(running_max_log10=r.running_max_log10, context_tail=r.context_tail,
+                next_segment_id=r.next_segment_id)
+
+
+class SessionTable:
+    """Every session on the server, by id; admission control; the grace-period reaper."""
+
+    def __init__(self, scheduler, limits: SessionLimits, metrics: ServerMetrics, executor: Executor):
+        self.scheduler = scheduler
+        self.limits = limits
+        self.metrics = metrics
+        self.executor = executor
+        self.sessions: dict[str, HostedSession] = {}
+        self.shutting_down = False
+        self._reaper = asyncio.get_running_loop().create_task(self._reap(), name="session-reaper")
+        self._closing: set[asyncio.Task] = set()
+
+    async def open(self, key_id: str, start: StartRequest) -> HostedSession:
+        if self.shutting_down:
+            raise ShuttingDown("the server is shutting down")
+        if len(self.sessions) >= self.limits.max_sessions:
+            raise Overloaded(f"the server holds its maximum of {self.limits.max_sessions} sessions")
+        held = sum(1 for s in self.sessions.values() if s.key_id == key_id)
+        if held >= self.limits.max_sessions_per_key:
+            raise Overloaded(f"this key holds its maximum of {self.limits.max_sessions_per_key} sessions")
+        session_id = secrets.token_urlsafe(18)
+        s = HostedSession(session_id, key_id, start, self.scheduler, self.limits, self.metrics,
+                          self.executor, self._ended)
+        self.sessions[session_id] = s
+        self.metrics.sessions.set(len(self.sessions))
+        log.info("session opened", extra={"fields": {"session": _short(session_id), "key": key_id,
+                                                     "seeded": start.seed is not None}})
+        return s
+
+    def find(self, key_id: str, session_id: str) -> HostedSession:
+        if self.shutting_down:
+            raise ShuttingDown("the server is shutting down")
+        s = self.sessions.get(session_id)
+        if s is None:
+            raise SessionNotFound("unknown session id: the server restarted or the session expired; "
+                                  "open a new session with the last seed")
+        if s.key_id != key_id:
+            raise NotYourSession("this session belongs to another API key")
+        return s
+
+    def _ended(self, s: HostedSession) -> None:
+        """A session's engine output ended (End, shutdown or grace expiry): forget it."""
+        if self.sessions.get(s.session_id) is s:
+            del self.sessions[s.session_id]
+            self.metrics.sessions.set(len(self.sessions))
+            log.info("session ended", extra={"fields": {"session": _short(s.session_id), "key": s.key_id,
+                                                        "events": s.next_event_seq - 1}})
+        t = asyncio.get_running_loop().create_task(s.close())
+        self._closing.add(t)
+        t.add_done_callback(self._closing.discard)
+
+    async def discard(self, s: HostedSession) -> None:
+        """Drop a session whose input broke the protocol: what it was fed cannot be continued."""
+        if self.sessions.get(s.session_id) is s:
+            del self.sessions[s.session_id]
+            self.metrics.sessions.set(len(self.sessions))
+        await s.close()
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.limits.grace_s / 4))
+            now = time.monotonic()
+            for s in list(self.sessions.values()):
+                if s.detached_at is not None and now - s.detached_at > self.limits.grace_s:
+                    log.info("session expired", extra={"fields": {"session": _short(s.session_id),
+                                                                  "key": s.key_id}})
+                    del self.sessions[s.session_id]
+                    self.metrics.sessions.set(len(self.sessions))
+                    await s.close()
+
+    async def finish_all(self, timeout_s: float) -> None:
+        """Shutdown, first half: no new sessions; every session finalises its open segments and
+        its finals go to the attached streams (waited for up to `timeout_s`)."""
+        self.shutting_down = True
+        sessions = list(self.sessions.values())
+        for s in sessions:
+            try:
+                await s.close_input_for_shutdown()
+            except Exception as e:  # one session's failure must not stop the others' finals
+                log.warning("finalise on shutdown failed", extra={"fields": {
+                    "session": _short(s.session_id), "error": type(e).__name__}})
+        deadline = time.monotonic() + timeout_s
+        while any(not s.ended or s.undelivered() for s in sessions) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        self._reaper.cancel()
+        await asyncio.wait([self._reaper])
+        for s in list(self.sessions.values()):
+            await s.close()
+        self.sessions.clear()
+        if self._closing:
+            await asyncio.wait(list(self._closing))
+
+
+class AudioFrontEnd:
+    """Thin clients: PCM at any rate -> the edge's FeatureStream (VAD + features + codec) ->
+    `FeaturesIn` packets, exactly what a Features client would send. Runs in the executor."""
+
+    def __init__(self, sample_rate: int, running_max_log10: float, first_segment_id: int):
+        from harken.edge.feature_stream import FeatureStream
+        from harken.shared.features_spec import SAMPLE_RATE
+
+        self.sample_rate = sample_rate
+        self.stream = FeatureStream(running_max_log10=running_max_log10)
+        self.segment_offset = first_segment_id
+        self.resampler = None
+        if sample_rate != SAMPLE_RATE:
+            import soxr
+
+            self.resampler = soxr.ResampleStream(sample_rate, SAMPLE_RATE, 1, dtype="float32", quality="VHQ")
+
+    def push(self, samples: np.ndarray) -> list[FeaturesIn]:
+        if self.resampler is not None:
+            samples = self.resampler.resample_chunk(samples)
+        return self._packets(self.stream.push(samples))
+
+    def flush(self) -> list[FeaturesIn]:
+        packets = []
+        if self.resampler is not None:
+            packets += self.stream.push(self.resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+        return self._packets(packets + self.stream.flush())
+
+    @property
+    def running_max_log10(self) -> float:
+        return self.stream.floor.max_log10
+
+    def _packets(self, packets) -> list[FeaturesIn]:
+        return [FeaturesIn(seq=0, segment_id=p.segment_id + self.segment_offset, first_frame=p.first_frame,
+                           frame_count=p.frame_count, segment_start=p.segment_start,
+                           segment_end=p.segment_end, payload=p.payload,
+                           running_max_log10=p.running_max_log10) for p in packets]
+
+
+async def _run(executor: Executor, fn, *args):
+    """Run `fn` in the executor and finish it even if the caller is cancelled meanwhile: the
+    message being applied completes (or fails) as a whole before cancellation goes on, so a
+    session's state is never half updated."""
+    fut = asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        await asyncio.wait([fut])
+        raise
+
+
+def _short(session_id: str) -> str:
+    """Enough of an id to follow one session through the logs."""
+    return session_id[:6]

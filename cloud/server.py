@@ -1,0 +1,400 @@
+"""`harken serve`: the gRPC service `harken.v1.Transcription/Stream` over the streaming engine.
+
+    client stream -> auth (bearer key) -> `start` -> SessionTable (new / resume) -> Ready, replay
+                  -> reader task: every message -> wire (parse) -> HostedSession.apply -> Scheduler
+    Scheduler (one task owns the model) -> session's events -> event log -> this stream -> client
+
+The servicer stays thin: it authenticates, attaches the stream to its session, then yields what
+the session has for it while a reader task applies what the client sends. Errors become gRPC
+status codes in one place (`STATUS_OF`). A stream's error ends that stream only.
+
+Also on the port: gRPC health (`grpc.health.v1`, service "" and "harken.v1.Transcription") and
+reflection. Prometheus metrics on `--metrics-port`. JSON logs on stderr, without keys or transcript
+text. Shutdown (SIGINT/SIGTERM, or `RunningServer.stop()`): refuse new streams, finalise every
+open segment and send the finals to the attached clients (their streams then end UNAVAILABLE, so
+they reconnect and, the server being gone, replay into a new one), then `server.stop(grace)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import grpc
+
+from harken.cloud import wire
+from harken.cloud.auth import OPEN_ACCESS, ApiKeys, Caller
+from harken.cloud.errors import (MalformedMessage, NotYourSession, SessionNotFound, ShuttingDown,
+                                 Superseded, Unauthenticated)
+from harken.cloud.hosted import CLOSED_OK, Attachment, HostedSession, SessionLimits, SessionTable
+from harken.cloud.metrics import MetricsEndpoint, ServerMetrics, serve_metrics
+from harken.proto import harken_pb2, harken_pb2_grpc
+from harken.shared.errors import (CodecError, EngineOverloaded, StreamInputError, StreamOrderError,
+                                  UnknownSession)
+
+log = logging.getLogger("harken.server")
+
+SERVICE_NAME = harken_pb2.DESCRIPTOR.services_by_name["Transcription"].full_name
+
+# The one place where errors become status codes. Looked up along the exception's MRO, so the
+# service's own errors and the engine's map alike; anything else is INTERNAL.
+STATUS_OF: dict[type, grpc.StatusCode] = {
+    CodecError: grpc.StatusCode.INVALID_ARGUMENT,
+    StreamInputError: grpc.StatusCode.INVALID_ARGUMENT,  # incl. MalformedMessage
+    StreamOrderError: grpc.StatusCode.FAILED_PRECONDITION,  # incl. OutOfOrder
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    NotYourSession: grpc.StatusCode.PERMISSION_DENIED,
+    SessionNotFound: grpc.StatusCode.NOT_FOUND,
+    UnknownSession: grpc.StatusCode.NOT_FOUND,
+    EngineOverloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,  # incl. Overloaded
+    ShuttingDown: grpc.StatusCode.UNAVAILABLE,
+    Superseded: grpc.StatusCode.ABORTED,
+}
+# Errors of the input itself: the session they happened in is dropped (it cannot go on coherently).
+_INPUT_ERRORS = (CodecError, StreamInputError, StreamOrderError)
+
+
+def status_of(e: BaseException) -> grpc.StatusCode:
+    for cls in type(e).__mro__:
+        code = STATUS_OF.get(cls)
+        if code is not None:
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """`harken serve` as a dataclass. Ports 0 pick free ones (see `RunningServer`)."""
+
+    host: str = "127.0.0.1"
+    port: int = 50051
+    tls_cert: str | None = None  # PEM paths; both or neither
+    tls_key: str | None = None
+    api_keys: str | None = None  # keys file; None = open server
+    metrics_port: int | None = None  # None = no metrics endpoint
+    max_sessions: int = 16
+    max_sessions_per_key: int = 16
+    grace_s: float = 60.0  # a detached session waits this long for its client to resume
+    replay_tail: int = 64
+    shutdown_grace_s: float = 5.0  # for finals on shutdown, then for server.stop()
+    max_message_bytes: int = 1 << 20
+    max_batch: int = 32
+    decode_threads: int = 2  # codec decoding and the thin clients' front end
+
+    def __post_init__(self):
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if self.max_sessions < 1 or self.max_sessions_per_key < 1:
+            raise ValueError("--max-sessions and --max-sessions-per-key must be >= 1")
+
+
+class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
+    """`Stream`: one session attempt per call (see the semantics in proto/harken.proto)."""
+
+    def __init__(self, table: SessionTable, keys: ApiKeys | None, metrics: ServerMetrics):
+        self.table = table
+        self.keys = keys
+        self.metrics = metrics
+
+    async def Stream(self, requests, context):
+        session: HostedSession | None = None
+        attachment: Attachment | None = None
+        try:
+            caller = self._authenticate(context)
+            start = wire.require_start(await _first(requests))
+            if start.session_id:
+                session = self.table.find(caller.key_id, start.session_id)
+                attachment = await session.attach(start.last_event_seq)
+            else:
+                session = await self.table.open(caller.key_id, start)
+                attachment = await session.attach(0)
+            log.info("stream attached", extra={"fields": {
+                "session": session.session_id[:6], "key": caller.key_id, "resume": bool(start.session_id),
+                "resume_after_seq": session.applied_seq}})
+            attachment.reader = asyncio.get_running_loop().create_task(
+                _read(requests, session, attachment), name=f"reader-{session.session_id[:6]}")
+            yield wire.ready_message(session.session_id, session.applied_seq, session.last_final_segment)
+            async for message in _outgoing(session, attachment):
+                yield message
+        except Exception as e:
+            code = status_of(e)
+            self.metrics.errors.labels(code.name).inc()
+            message = str(e) if code is not grpc.StatusCode.INTERNAL else "internal error"
+            fields = {"code": code.name, "error": type(e).__name__,
+                      "session": session.session_id[:6] if session else None}
+            if code is grpc.StatusCode.INTERNAL:
+                log.error("stream failed", exc_info=e, extra={"fields": fields})
+            else:
+                log.info("stream ended with an error", extra={"fields": {**fields, "message": message}})
+            if session is not None and isinstance(e, _INPUT_ERRORS):
+                await self.table.discard(session)
+            yield wire.error_message(code.name, message)
+            await context.abort(code, message)
+        finally:
+            if attachment is not None:
+                if attachment.reader is not None:
+                    attachment.reader.cancel()
+                    await asyncio.wait([attachment.reader])
+                session.detach(attachment)
+
+    def _authenticate(self, context) -> Caller:
+        if self.keys is None:
+            return Caller(OPEN_ACCESS)
+        return self.keys.authenticate(context.invocation_metadata())
+
+
+async def _first(requests):
+    async for message in requests:
+        return message
+    raise MalformedMessage("the stream ended before its first message (start)")
+
+
+async def _read(requests, session: HostedSession, attachment: Attachment) -> None:
+    """Owned by the stream: apply the client's messages in order. A message being applied is
+    finished even when the stream is cancelled meanwhile (see `HostedSession.attach`)."""
+    try:
+        async for message in requests:
+            item = wire.parse_client_message(message)
+            applying = asyncio.ensure_future(session.apply(item))
+            try:
+                await asyncio.shield(applying)
+            except asyncio.CancelledError:
+                await asyncio.wait([applying])
+                raise
+        # the client closed its side without `end`: nothing more can come on this stream
+        if not session.ending:
+            await session.apply(wire.EndIn())
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        attachment.end = e
+        attachment.wake.set()
+
+
+async def _outgoing(session: HostedSession, a: Attachment):
+    """What the stream sends after Ready: events after `a.sent_event_seq` (replay first), Acks,
+    and at the end the remaining events, a last Ack, then OK or the stream's error."""
+    while True:
+        await a.wake.wait()
+        a.wake.clear()
+        end = a.end
+        for event in session.events_after(a.sent_event_seq):
+            yield wire.transcript_message(event)
+            session.sent(a, event.event_seq)
+        if a.ack_due or end is not None:
+            a.ack_due = False
+            yield wire.ack_message(session.applied_seq, session.last_final_segment)
+        if end is not None:
+            if end == CLOSED_OK:
+                return
+            raise end
+
+
+# ---- the running server ------------------------------------------------------------------------
+
+@dataclass
+class RunningServer:
+    """A started server. `port` and `metrics_port` are the real ones; `stop()` shuts it down
+    gracefully (finals first) and releases everything it owns."""
+
+    port: int
+    metrics_port: int | None
+    tls: bool
+    host: str
+    _grpc: grpc.aio.Server
+    _table: SessionTable
+    _scheduler: object
+    _executor: ThreadPoolExecutor
+    _health: object
+    _metrics_endpoint: MetricsEndpoint | None
+    _options: ServerOptions
+    metrics: ServerMetrics
+    _stopped: bool = False
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        grace = self._options.shutdown_grace_s if grace_s is None else grace_s
+        t0 = time.monotonic()
+        await self._health.enter_graceful_shutdown()
+        held = len(self._table.sessions)
+        await self._table.finish_all(timeout_s=grace)
+        await self._grpc.stop(grace)
+        await self._table.close()
+        await self._scheduler.stop()
+        self._executor.shutdown(wait=True)
+        if self._metrics_endpoint is not None:
+            self._metrics_endpoint.close()
+        log.info("server stopped", extra={"fields": {"sessions_finalised": held,
+                                                     "seconds": round(time.monotonic() - t0, 3)}})
+
+    async def wait_for_termination(self) -> None:
+        await self._grpc.wait_for_termination()
+
+
+async def start_server(model, options: ServerOptions = ServerOptions()) -> RunningServer:
+    """Start the service on the running event loop. `model`: a loaded `Qwen3ASR`, or a name for
+    `Qwen3ASR.load` ("tiny", a Hugging Face id, a local dir)."""
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection
+
+    from harken.cloud.model.asr import Qwen3ASR
+    from harken.cloud.scheduler import EngineConfig, Scheduler
+
+    keys = ApiKeys.load(options.api_keys) if options.api_keys else None
+    credentials = _tls_credentials(options)
+    asr = await asyncio.to_thread(Qwen3ASR.load, model) if isinstance(model, str) else model
+    metrics = ServerMetrics()
+    engine = _metered_engine(asr, EngineConfig(max_sessions=options.max_sessions,
+                                               max_batch=options.max_batch), metrics)
+    scheduler = Scheduler(engine)
+    await scheduler.start()
+    executor = ThreadPoolExecutor(max_workers=options.decode_threads, thread_name_prefix="harken-decode")
+    limits = SessionLimits(max_sessions=options.max_sessions,
+                           max_sessions_per_key=options.max_sessions_per_key,
+                           grace_s=options.grace_s, replay_tail=options.replay_tail)
+    table = SessionTable(scheduler, limits, metrics, executor)
+
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", options.max_message_bytes),
+        ("grpc.max_send_message_length", options.max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ])
+    harken_pb2_grpc.add_TranscriptionServicer_to_server(TranscriptionService(table, keys, metrics), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server)
+    address = f"{_bracketed(options.host)}:{options.port}"
+    try:
+        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError as e:
+        raise OSError(f"cannot listen on {address}: {e}") from e
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    endpoint = None
+    if options.metrics_port is not None:
+        endpoint = serve_metrics(metrics, options.host, options.metrics_port)
+    if keys is None:
+        log.warning("no --api-keys: the server accepts every caller", extra={"fields": {}})
+    log.info("server started", extra={"fields": {"port": port, "tls": credentials is not None,
+                                                 "metrics_port": endpoint.port if endpoint else None,
+                                                 "max_sessions": options.max_sessions}})
+    return RunningServer(port=port, metrics_port=endpoint.port if endpoint else None,
+                         tls=credentials is not None, host=options.host, _grpc=server, _table=table,
+                         _scheduler=scheduler, _executor=executor, _health=health_servicer,
+                         _metrics_endpoint=endpoint, _options=options, metrics=metrics)
+
+
+def _tls_credentials(options: ServerOptions):
+    if options.tls_cert is None:
+        return None
+    from harken.shared.errors import HarkenError
+
+    try:
+        with open(options.tls_key, "rb") as f:
+            key = f.read()
+        with open(options.tls_cert, "rb") as f:
+            cert = f.read()
+    except OSError as e:
+        raise HarkenError(f"cannot read the TLS key or certificate ({e.strerror}: {e.filename})") from e
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _metered_engine(asr, config, metrics: ServerMetrics):
+    """The engine, reporting each tick's batch size and the sessions waiting for the model."""
+    from harken.cloud.scheduler import Engine
+
+    class MeteredEngine(Engine):
+        def _plan(self, exclude, room):
+            planned = super()._plan(exclude, room)
+            self._tick_sessions += len(planned)
+            return planned
+
+        def step(self):
+            with self._lock:
+                ready = sum(1 for sid, s in self.sessions.items() if sid not in self._busy and s.has_work())
+            metrics.queue_depth.set(ready)
+            self._tick_sessions = 0
+            events = super().step()
+            if self._tick_sessions:
+                metrics.batch_size.observe(self._tick_sessions)
+            return events
+
+    return MeteredEngine(asr, config)
+
+
+# ---- `harken serve` ----------------------------------------------------------------------------
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and the record's `fields`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
+               "msg": record.getMessage()}
+        out.update(getattr(record, "fields", None) or {})
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLogFormatter())
+    root = logging.getLogger("harken")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
+def serve_command(model: str, options: ServerOptions, device: str | None = None,
+                  dtype: str | None = None) -> int:
+    """Load the model, serve until SIGINT/SIGTERM, shut down gracefully. Prints the addresses it
+    listens on, one line each, once ready."""
+    configure_logging()
+    from harken.cloud.model.asr import Qwen3ASR
+
+    asr = Qwen3ASR.load(model, dtype=dtype, device=device)
+    if model == "tiny":
+        print("harken: the tiny model has random weights: its transcripts are meaningless", file=sys.stderr)
+    return asyncio.run(_serve(asr, options))
+
+
+async def _serve(asr, options: ServerOptions) -> int:
+    running = await start_server(asr, options)
+    scheme = "grpcs" if running.tls else "grpc"
+    print(f"harken: listening on {scheme}://{_bracketed(options.host)}:{running.port}", flush=True)
+    if running.metrics_port is not None:
+        print(f"harken: metrics on http://{_bracketed(options.host)}:{running.metrics_port}/metrics", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await running.stop()
+    return 0
+
+
+__all__ = ["ServerOptions", "RunningServer", "start_server", "serve_command", "status_of", "STATUS_OF",
+           "TranscriptionService"]

@@ -1,0 +1,226 @@
+"""The wire boundary: `harken.v1` proto messages <-> the service's domain objects.
+
+Proto names stop here. Everything a message can get wrong on its own (sizes, counts, values,
+a payload the codec rejects) raises `MalformedMessage` or `CodecError` here, so nothing malformed
+gets further in; what depends on the session's state (order, gaps, ownership) is checked by
+`cloud/hosted.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from harken.cloud.errors import MalformedMessage, OutOfOrder
+from harken.proto import harken_pb2 as pb
+from harken.shared.codec import MAX_FRAMES, decode_frames
+from harken.shared.features_spec import N_MELS
+
+CODEC_NAME = "harken-mel/1"  # the codec of shared/codec.py, wire format version 1
+MAX_LANGUAGE_CHARS = 64
+MAX_CONTEXT_CHARS = 8_000
+MAX_SESSION_ID_CHARS = 64
+MAX_FRAMES_PER_MESSAGE = MAX_FRAMES
+MAX_FRAME_INDEX = 1 << 40  # ~350 years of frames: bounds the arithmetic, rejects garbage
+MAX_AUDIO_SECONDS_PER_MESSAGE = 30
+MIN_SAMPLE_RATE = 8_000
+MAX_SAMPLE_RATE = 192_000
+MAX_SEGMENT_ID = (1 << 32) - 1
+
+
+# ---- client -> server ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Seed:
+    """The state a replacement session starts from (proto `SessionSeed`)."""
+
+    running_max_log10: float
+    context_tail: str
+    next_segment_id: int
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    language: str | None  # None = detect
+    context: str
+    codec: str
+    session_id: str  # "" = new session
+    seed: Seed | None
+    last_event_seq: int
+
+
+@dataclass(frozen=True)
+class FeaturesIn:
+    """One `Features` message; `payload` still encoded (decoded only once its seq is due)."""
+
+    seq: int
+    segment_id: int
+    first_frame: int
+    frame_count: int
+    segment_start: bool
+    segment_end: bool
+    payload: bytes
+    running_max_log10: float | None = None  # the edge's floor reference after these frames
+
+
+@dataclass(frozen=True)
+class AudioIn:
+    """One `Audio` message: PCM16 as float32 in [-1, 1), at `sample_rate`."""
+
+    seq: int
+    samples: np.ndarray
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class FinalizeIn:
+    pass
+
+
+@dataclass(frozen=True)
+class EndIn:
+    pass
+
+
+ClientInput = StartRequest | FeaturesIn | AudioIn | FinalizeIn | EndIn
+
+
+def parse_client_message(msg: pb.ClientMessage) -> ClientInput:
+    """Proto -> domain, validating everything the message holds on its own."""
+    kind = msg.WhichOneof("kind")
+    if kind is None:
+        raise MalformedMessage("empty ClientMessage: set one of start, features, audio, finalize, end")
+    if kind == "start":
+        return _parse_start(msg.start)
+    if kind == "features":
+        return _parse_features(msg.features)
+    if kind == "audio":
+        return _parse_audio(msg.audio)
+    if kind == "finalize":
+        return FinalizeIn()
+    return EndIn()
+
+
+def _parse_start(s: pb.Start) -> StartRequest:
+    if len(s.language) > MAX_LANGUAGE_CHARS:
+        raise MalformedMessage(f"start.language longer than {MAX_LANGUAGE_CHARS} characters")
+    if len(s.context) > MAX_CONTEXT_CHARS:
+        raise MalformedMessage(f"start.context longer than {MAX_CONTEXT_CHARS} characters")
+    if s.codec not in ("", CODEC_NAME):
+        raise MalformedMessage(f"start.codec {s.codec[:40]!r} is not supported; use {CODEC_NAME!r}")
+    if len(s.session_id) > MAX_SESSION_ID_CHARS:
+        raise MalformedMessage(f"start.session_id longer than {MAX_SESSION_ID_CHARS} characters")
+    seed = None
+    if s.seed.present:
+        if not math.isfinite(s.seed.running_max_log10) and s.seed.running_max_log10 != -math.inf:
+            raise MalformedMessage("start.seed.running_max_log10 must be finite (or -inf before any sound)")
+        if abs(s.seed.running_max_log10) > 100 and math.isfinite(s.seed.running_max_log10):
+            raise MalformedMessage("start.seed.running_max_log10 is not a log10-mel value")
+        if len(s.seed.context_tail) > MAX_CONTEXT_CHARS:
+            raise MalformedMessage(f"start.seed.context_tail longer than {MAX_CONTEXT_CHARS} characters")
+        seed = Seed(float(s.seed.running_max_log10), s.seed.context_tail, int(s.seed.next_segment_id))
+    if s.session_id and seed is not None:
+        raise MalformedMessage("start: a resume (session_id) takes no seed; a seed starts a new session")
+    return StartRequest(language=s.language or None, context=s.context, codec=s.codec,
+                        session_id=s.session_id, seed=seed, last_event_seq=int(s.last_event_seq))
+
+
+def _parse_features(f: pb.Features) -> FeaturesIn:
+    if f.seq < 1:
+        raise MalformedMessage("features.seq must be >= 1")
+    if f.frame_count > MAX_FRAMES_PER_MESSAGE:
+        raise MalformedMessage(f"features.frame_count {f.frame_count} exceeds {MAX_FRAMES_PER_MESSAGE}")
+    if f.first_frame + f.frame_count > MAX_FRAME_INDEX:
+        raise MalformedMessage("features.first_frame is out of range")
+    if not f.payload:
+        raise MalformedMessage("features.payload is empty")
+    running_max = None
+    if f.HasField("running_max_log10"):
+        running_max = float(f.running_max_log10)
+        if not abs(running_max) <= 100:
+            raise MalformedMessage("features.running_max_log10 must be a finite log10-mel value")
+    return FeaturesIn(seq=int(f.seq), segment_id=int(f.segment_id), first_frame=int(f.first_frame),
+                      frame_count=int(f.frame_count), segment_start=bool(f.segment_start),
+                      segment_end=bool(f.segment_end), payload=bytes(f.payload),
+                      running_max_log10=running_max)
+
+
+def _parse_audio(a: pb.Audio) -> AudioIn:
+    if a.seq < 1:
+        raise MalformedMessage("audio.seq must be >= 1")
+    if not MIN_SAMPLE_RATE <= a.sample_rate <= MAX_SAMPLE_RATE:
+        raise MalformedMessage(f"audio.sample_rate {a.sample_rate} outside {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE}")
+    if len(a.pcm16) % 2:
+        raise MalformedMessage("audio.pcm16 has an odd number of bytes (expected 16-bit samples)")
+    n = len(a.pcm16) // 2
+    if n > MAX_AUDIO_SECONDS_PER_MESSAGE * a.sample_rate:
+        raise MalformedMessage(f"audio message longer than {MAX_AUDIO_SECONDS_PER_MESSAGE} s")
+    samples = np.frombuffer(a.pcm16, dtype="<i2").astype(np.float32) / 32768.0
+    return AudioIn(seq=int(a.seq), samples=samples, sample_rate=int(a.sample_rate))
+
+
+def decode_features(f: FeaturesIn) -> np.ndarray:
+    """The payload's frames [128, frame_count] float32. CodecError for a bad payload,
+    MalformedMessage when it disagrees with the message or holds non-finite values."""
+    frames = decode_frames(f.payload)
+    if frames.shape != (N_MELS, f.frame_count):
+        raise MalformedMessage(f"features.frame_count is {f.frame_count} but the payload holds "
+                               f"{frames.shape[1]} frames")
+    if not np.all(np.isfinite(frames)):
+        raise MalformedMessage("features payload decodes to NaN or infinite values")
+    return frames
+
+
+def require_start(msg: pb.ClientMessage) -> StartRequest:
+    """The first message of a stream: it must be `start`."""
+    kind = msg.WhichOneof("kind")
+    if kind != "start":
+        raise OutOfOrder(f"the first message must be start, got {kind or 'an empty message'}")
+    return _parse_start(msg.start)
+
+
+# ---- server -> client ----------------------------------------------------------------------------
+
+def ready_message(session_id: str, resume_after_seq: int, last_final_segment: int) -> pb.ServerMessage:
+    return pb.ServerMessage(ready=pb.Ready(session_id=session_id, resume_after_seq=resume_after_seq,
+                                           last_final_segment=last_final_segment))
+
+
+def ack_message(seq: int, last_final_segment: int) -> pb.ServerMessage:
+    return pb.ServerMessage(ack=pb.Ack(seq=seq, last_final_segment=last_final_segment))
+
+
+def error_message(code_name: str, message: str) -> pb.ServerMessage:
+    return pb.ServerMessage(error=pb.Error(code=code_name, message=message))
+
+
+def seed_to_proto(seed: Seed) -> pb.SessionSeed:
+    return pb.SessionSeed(present=True, running_max_log10=seed.running_max_log10,
+                          context_tail=seed.context_tail, next_segment_id=seed.next_segment_id)
+
+
+@dataclass(frozen=True)
+class TranscriptOut:
+    """One transcript event as the service sends it: the engine's event plus its event_seq."""
+
+    event_seq: int
+    segment_id: int
+    committed_delta: str
+    partial: str
+    stability: float
+    start_s: float
+    end_s: float
+    language: str
+    is_final: bool
+    seed: Seed | None
+
+
+def transcript_message(t: TranscriptOut) -> pb.ServerMessage:
+    out = pb.Transcript(segment_id=t.segment_id, committed_delta=t.committed_delta, partial=t.partial,
+                        stability=t.stability, start_s=t.start_s, end_s=t.end_s, language=t.language,
+                        is_final=t.is_final, event_seq=t.event_seq)
+    if t.seed is not None:
+        out.seed.CopyFrom(seed_to_proto(t.seed))
+    return pb.ServerMessage(transcript=out)
