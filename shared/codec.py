@@ -131,6 +131,9 @@ class MelLayout:
     source_b: np.ndarray  # [nd] int
     ratio_a: np.ndarray  # [nd] float64
     ratio_b: np.ndarray  # [nd] float64
+    # [128] how far above its sources a dependent can sit (log10(ratio_a + ratio_b)); values at
+    # the floor are sunk this much further so their dependents' predictions stay under it too
+    floor_sink: np.ndarray
 
 
 @lru_cache(maxsize=1)
@@ -155,8 +158,11 @@ def mel_layout() -> MelLayout:
         (a, ra), (b, rb) = srcs
         src_a.append(a), src_b.append(b), r_a.append(ra), r_b.append(rb)
     basis = np.array([m for m in range(N_MELS) if m not in set(dep)])
+    sink = np.zeros(N_MELS)
+    for a, b, ra, rb in zip(src_a, src_b, r_a, r_b):
+        sink[[a, b]] = np.maximum(sink[[a, b]], np.log10(ra + rb))
     return MelLayout(basis, np.array(dep, dtype=np.int64), np.array(src_a, dtype=np.int64),
-                     np.array(src_b, dtype=np.int64), np.array(r_a), np.array(r_b))
+                     np.array(src_b, dtype=np.int64), np.array(r_a), np.array(r_b), sink)
 
 
 def predict_dependent(frames: np.ndarray, layout: MelLayout) -> np.ndarray:
@@ -470,14 +476,21 @@ def encode_frames(frames: np.ndarray, mode: str = DEFAULT_MODE, floor_log10: flo
         return PacketHeader(mode, k, floors, at_floor=True).serialize()
     # values at the floor carry nothing but "at most this": sink them below it so quantisation
     # noise cannot lift them over the clamp (the decoder puts them back exactly at the floor)
-    x_coded = np.where(at_floor, x - FLOOR_MARGIN * params.step, x)
+    x_coded = np.where(at_floor, x - (FLOOR_MARGIN * params.step + layout.floor_sink[:, None]), x)
+    # a floored bin whose one-source dependent is not floored has its true value right there
+    single = layout.ratio_b == 0
+    src, dep_rows = layout.source_a[single], layout.dependent[single]
+    known = at_floor[src] & ~at_floor[dep_rows]  # [ns, k]
+    implied = x[dep_rows] - np.log10(layout.ratio_a[single])[:, None]
+    x_coded[src] = np.where(known, implied, x_coded[src])
 
     # dependents: predicted from the basis as the decoder will see it; a residual only where
     # flooring broke the identity
     pred = predict_dependent(x_coded, layout)
     dep = x_coded[layout.dependent]
-    needed = ~((x[layout.dependent] <= floors) & (pred <= dep))  # at the floor, lower is as good
-    res = np.where(needed, np.rint((dep - pred) / params.step), 0).astype(np.int64).ravel()
+    # at the floor, any prediction under it is as good
+    fine = at_floor[layout.dependent] & (pred <= floors)
+    res = np.where(fine, 0, np.rint((dep - pred) / params.step)).astype(np.int64).ravel()
 
     # basis: mel DCT x time DCT, dead-zone quantiser
     coefs = forward_transform(x_coded[layout.basis])
