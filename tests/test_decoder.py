@@ -16,7 +16,6 @@ from harken.cloud.model.static_decode import StaticDecodeStep
 
 AUDIO_PAD, AUDIO_START, AUDIO_END = 151676, 151669, 151670
 IM_START, IM_END = 151644, 151645
-EOS = (IM_END, 151643)
 
 
 def thinker_decoder_state_dict(model) -> dict[str, torch.Tensor]:
@@ -76,7 +75,8 @@ def test_forward_matches_transformers_qwen3_float64(tied):
     cfg = Qwen3ASRConfig.tiny().text
     hf_cfg = Qwen3Config(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
                          intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
-                         num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+                         num_attention_heads=cfg.num_attention_heads,
+                         num_key_value_heads=cfg.num_key_value_heads,
                          head_dim=cfg.head_dim, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.rms_norm_eps,
                          tie_word_embeddings=tied, attn_implementation="sdpa")
     torch.manual_seed(0)
@@ -140,9 +140,10 @@ def test_bf16_as_accurate_as_official_bf16(official):
     RMSNorm), no extra error from the cache or the packed layout."""
     ids = torch.randint(0, 151000, (1, 40), generator=torch.Generator().manual_seed(9))
     with torch.no_grad():
-        truth = copy.deepcopy(official).double().thinker(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0]
+        mask = torch.ones_like(ids)
+        truth = copy.deepcopy(official).double().thinker(input_ids=ids, attention_mask=mask).logits[0]
         off16 = copy.deepcopy(official).to(torch.bfloat16)
-        ref = off16.thinker(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].double()
+        ref = off16.thinker(input_ids=ids, attention_mask=mask).logits[0].double()
     dec = Qwen3Decoder(Qwen3ASRConfig.from_dict(official.config.to_dict()).text)
     dec.load_official_state_dict(thinker_decoder_state_dict(official))
     dec = dec.to(torch.bfloat16).eval()

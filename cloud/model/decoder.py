@@ -195,7 +195,8 @@ class Qwen3Decoder(nn.Module):
 
     def __init__(self, config: TextDecoderConfig, tie_word_embeddings: bool | None = None):
         super().__init__()
-        rope_type = (config.rope_scaling or {}).get("rope_type", (config.rope_scaling or {}).get("type", "default"))
+        scaling = config.rope_scaling or {}
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))  # mrope_section: see above
         if rope_type != "default":
             raise NotImplementedError(f"rope_type {rope_type!r}: only the default RoPE is implemented")
         self.config = config
@@ -224,7 +225,7 @@ class Qwen3Decoder(nn.Module):
         return precompute_rope(positions, inv_freq)
 
     def forward(self, inputs_embeds: torch.Tensor) -> torch.Tensor:
-        """Cache-free causal pass. inputs_embeds: [B, S, hidden] at positions 0..S-1 -> logits [B, S, vocab]."""
+        """Cache-free causal pass at positions 0..S-1. inputs_embeds: [B, S, hidden] -> [B, S, vocab]."""
         B, S, _ = inputs_embeds.shape
         x = inputs_embeds.to(device=self.device, dtype=self.dtype)
         cos, sin = self.rope(torch.arange(S, device=x.device).expand(B, S))  # [B, S, D]
@@ -247,7 +248,8 @@ class Qwen3Decoder(nn.Module):
         want = (c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.dtype, self.device)
         got = (cache.k.shape[0], cache.k.shape[2], cache.k.shape[4], cache.dtype, cache.device)
         if want != got:
-            raise ValueError(f"KV cache (layers, kv heads, head_dim, dtype, device) {got}, decoder needs {want}")
+            raise ValueError(f"KV cache (layers, kv heads, head_dim, dtype, device) {got}, "
+                             f"decoder needs {want}")
 
     def load_official_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load the checkpoint's `thinker.model.*` and `thinker.lm_head.*` tensors, `thinker.` stripped.
@@ -263,8 +265,9 @@ class Qwen3Decoder(nn.Module):
         expected = set(own) - ({"lm_head.weight"} if self.tied else set())
         missing, unexpected = sorted(expected - set(sd)), sorted(set(sd) - expected)
         if missing or unexpected:
-            raise ValueError(f"decoder state dict mismatch: missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
-                             f"unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}")
+            more = lambda names: "..." if len(names) > 8 else ""  # noqa: E731
+            raise ValueError(f"decoder state dict mismatch: missing {missing[:8]}{more(missing)}, "
+                             f"unexpected {unexpected[:8]}{more(unexpected)}")
         for name, t in sd.items():
             if tuple(t.shape) != tuple(own[name].shape):
                 raise ValueError(f"{name}: checkpoint shape {tuple(t.shape)}, model {tuple(own[name].shape)}")
