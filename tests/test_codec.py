@@ -73,6 +73,19 @@ def test_deterministic(features):
     assert decode_frames(a).tobytes() == decode_frames(b).tobytes()
 
 
+def test_deterministic_across_processes():
+    # fresh interpreter: code tables and classes are rebuilt from scratch and must not differ
+    import subprocess
+    import sys
+
+    script = ("import numpy as np; from harken.shared.codec import encode_frames; "
+              "x = np.random.default_rng(7).normal(-4, 1, (128, 20)).astype(np.float32); "
+              "print(encode_frames(x, 'hifi', -9.0).hex())")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    x = np.random.default_rng(7).normal(-4, 1, (128, 20)).astype(np.float32)
+    assert out.strip() == encode_frames(x, "hifi", -9.0).hex()
+
+
 def test_payloads_decode_alone_and_in_any_order(features):
     frames, floors = features
     payloads = [encode_frames(frames[:, a:a + PACKET], "balanced", float(floors[a - 1]) if a else None)
