@@ -47,6 +47,7 @@ class SessionLimits:
     grace_s: float = 60.0
     replay_tail: int = 64  # events of final segments kept behind the last one sent
     max_events_held: int = 20_000  # hard cap on the event log of one session
+    policy: object = None  # the sessions' CommitPolicy (None: the engine's default)
 
 
 @dataclass
@@ -123,8 +124,11 @@ class HostedSession:
         if start.seed is not None:
             resume = ResumeState(start.seed.running_max_log10, start.seed.context_tail,
                                  start.seed.next_segment_id)
-        self.engine_sid, self._engine_events = scheduler.open_session(
-            SessionOptions(language=start.language, context=start.context, resume=resume))
+        options = SessionOptions(language=start.language, context=start.context, resume=resume)
+        if limits.policy is not None:
+            options = SessionOptions(language=start.language, context=start.context, resume=resume,
+                                     policy=limits.policy)
+        self.engine_sid, self._engine_events = scheduler.open_session(options)
         self.limits = limits
         self.metrics = metrics
         self.executor = executor

@@ -24,12 +24,13 @@ import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
 from harken.cloud import wire
 from harken.cloud.auth import OPEN_ACCESS, ApiKeys, Caller
+from harken.cloud.commit import CommitPolicy
 from harken.cloud.errors import (MalformedMessage, NotYourSession, SessionNotFound, ShuttingDown,
                                  Superseded, Unauthenticated)
 from harken.cloud.hosted import CLOSED_OK, Attachment, HostedSession, SessionLimits, SessionTable
@@ -86,6 +87,7 @@ class ServerOptions:
     max_message_bytes: int = 1 << 20
     max_batch: int = 32
     decode_threads: int = 2  # codec decoding and the thin clients' front end
+    policy: CommitPolicy = field(default_factory=CommitPolicy)  # every session's commit policy
 
     def __post_init__(self):
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -150,8 +152,8 @@ class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
 
 
 async def _first(requests):
-    async for message in requests:
-        return message
+    async for data in requests:
+        return wire.client_message_from_bytes(data)
     raise MalformedMessage("the stream ended before its first message (start)")
 
 
@@ -159,8 +161,8 @@ async def _read(requests, session: HostedSession, attachment: Attachment) -> Non
     """Owned by the stream: apply the client's messages in order. A message being applied is
     finished even when the stream is cancelled meanwhile (see `HostedSession.attach`)."""
     try:
-        async for message in requests:
-            item = wire.parse_client_message(message)
+        async for data in requests:
+            item = wire.parse_client_message(wire.client_message_from_bytes(data))
             applying = asyncio.ensure_future(session.apply(item))
             try:
                 await asyncio.shield(applying)
@@ -256,14 +258,14 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
     credentials = _tls_credentials(options)
     asr = await asyncio.to_thread(Qwen3ASR.load, model) if isinstance(model, str) else model
     metrics = ServerMetrics()
-    engine = _metered_engine(asr, EngineConfig(max_sessions=options.max_sessions,
-                                               max_batch=options.max_batch), metrics)
+    engine = _metered_engine(asr, EngineConfig(max_sessions=options.max_sessions, max_batch=options.max_batch,
+                                               slot_policy=options.policy), metrics)
     scheduler = Scheduler(engine)
     await scheduler.start()
     executor = ThreadPoolExecutor(max_workers=options.decode_threads, thread_name_prefix="harken-decode")
     limits = SessionLimits(max_sessions=options.max_sessions,
                            max_sessions_per_key=options.max_sessions_per_key,
-                           grace_s=options.grace_s, replay_tail=options.replay_tail)
+                           grace_s=options.grace_s, replay_tail=options.replay_tail, policy=options.policy)
     table = SessionTable(scheduler, limits, metrics, executor)
 
     server = grpc.aio.server(options=[
@@ -271,7 +273,7 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
         ("grpc.max_send_message_length", options.max_message_bytes),
         ("grpc.so_reuseport", 0),
     ])
-    harken_pb2_grpc.add_TranscriptionServicer_to_server(TranscriptionService(table, keys, metrics), server)
+    server.add_generic_rpc_handlers([_service_handler(TranscriptionService(table, keys, metrics))])
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -297,6 +299,15 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
                          tls=credentials is not None, host=options.host, _grpc=server, _table=table,
                          _scheduler=scheduler, _executor=executor, _health=health_servicer,
                          _metrics_endpoint=endpoint, _options=options, metrics=metrics)
+
+
+def _service_handler(service: TranscriptionService) -> grpc.GenericRpcHandler:
+    """The generated registration, except that requests arrive as bytes (see wire.client_message_from_bytes)."""
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, {
+        "Stream": grpc.stream_stream_rpc_method_handler(
+            service.Stream, request_deserializer=None,
+            response_serializer=harken_pb2.ServerMessage.SerializeToString),
+    })
 
 
 def _tls_credentials(options: ServerOptions):

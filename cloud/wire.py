@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from harken.cloud.errors import MalformedMessage, OutOfOrder
 from harken.proto import harken_pb2 as pb
@@ -85,6 +86,15 @@ class EndIn:
 
 
 ClientInput = StartRequest | FeaturesIn | AudioIn | FinalizeIn | EndIn
+
+
+def client_message_from_bytes(data: bytes) -> pb.ClientMessage:
+    """The raw request bytes -> ClientMessage (the service parses them itself, so that bytes that
+    are no ClientMessage get INVALID_ARGUMENT with a reason instead of a generic failure)."""
+    try:
+        return pb.ClientMessage.FromString(data)
+    except DecodeError as e:
+        raise MalformedMessage(f"not a harken.v1.ClientMessage ({e})") from e
 
 
 def parse_client_message(msg: pb.ClientMessage) -> ClientInput:

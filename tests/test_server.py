@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from harken.cloud import wire
+from harken.cloud.commit import CommitPolicy
 from harken.cloud.server import ServerOptions, start_server
 from harken.proto import harken_pb2 as pb
 from harken.proto import harken_pb2_grpc
@@ -37,17 +38,29 @@ SR = 16_000
 
 # ---- fixtures ------------------------------------------------------------------------------------
 
+# Short budgets keep the tiny model quick; a forced language makes it write text (left to detect,
+# the random weights answer "language None", i.e. silence, and every transcript would be empty).
+POLICY = CommitPolicy(update_interval_s=0.5, rollback_tokens=2, max_new_tokens_per_update=6, max_item_tokens=24)
+LANGUAGE = "English"
+
+
 @pytest.fixture(scope="module")
 def asr():
+    import torch
+
     from harken.cloud.model.asr import Qwen3ASR
 
+    torch.set_num_threads(1)  # the test machine is shared: one thread is several times faster here
     return Qwen3ASR.load("tiny")
 
 
 @pytest.fixture(scope="module")
 def audio() -> np.ndarray:
-    """Two short utterances with a pause: two VAD segments."""
-    return concat(silence(0.3), speech("Hello there."), silence(0.8), speech("Good morning."), silence(0.5))
+    """Two utterances with a pause: two VAD segments, the second one long enough to be cut into.
+    On the PCM16 grid, so a thin client sends exactly these samples."""
+    x = concat(silence(0.3), speech("Hello there."), silence(0.8),
+               speech("Good morning, how are you doing today?"), silence(0.5))
+    return (np.clip(np.round(x * 32768), -32768, 32767) / 32768).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +80,12 @@ def reference(asr, audio):
     """The in-process engine's events for `audio` (cloud/embedded.py)."""
     from harken.cloud.embedded import stream_audio
     from harken.cloud.scheduler import Engine, EngineConfig
+    from harken.cloud.session import SessionOptions
 
-    engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1))
-    return [_domain(e) for e in stream_audio(audio, engine)]
+    engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=POLICY))
+    events = [_domain(e) for e in stream_audio(audio, engine, SessionOptions(language=LANGUAGE, policy=POLICY))]
+    assert any(e[1] for e in events), "the reference should hold committed text"
+    return events
 
 
 def _domain(e) -> tuple:
@@ -109,6 +125,7 @@ class Outcome:
 
 
 def start_msg(**kw) -> pb.ClientMessage:
+    kw.setdefault("language", LANGUAGE)
     return pb.ClientMessage(start=pb.Start(**kw))
 
 
@@ -120,7 +137,7 @@ def features_msgs(packets, first_seq: int = 1) -> list[pb.ClientMessage]:
 
 
 def audio_msgs(audio: np.ndarray, rate: int = SR, piece_s: float = 0.1) -> list[pb.ClientMessage]:
-    pcm = np.clip(np.round(audio * 32767), -32768, 32767).astype("<i2")
+    pcm = np.clip(np.round(audio * 32768), -32768, 32767).astype("<i2")
     step = int(rate * piece_s)
     return [pb.ClientMessage(audio=pb.Audio(seq=i + 1, pcm16=pcm[j:j + step].tobytes(), sample_rate=rate))
             for i, j in enumerate(range(0, len(pcm), step))]
@@ -159,11 +176,75 @@ async def run_stream(target: str, messages, metadata=(), credentials=None, stop_
 @contextlib.asynccontextmanager
 async def serving(asr, **kw):
     kw.setdefault("port", 0)
+    kw.setdefault("policy", POLICY)
     server = await start_server(asr, ServerOptions(**kw))
     try:
         yield server
     finally:
         await server.stop(grace_s=2.0)
+
+
+def transcript_of(events: list[tuple]) -> list[tuple]:
+    """Per segment: (segment id, all its committed text, start_s, end_s, language) of its final.
+    This is what does not depend on arrival timing: the engine commits at fixed audio-time
+    boundaries, but whether an update runs at a segment's very end depends on whether the end
+    arrived before the engine got to that boundary, so partial events may differ."""
+    text: dict[int, str] = {}
+    finals = []
+    for seg, delta, partial, _, start_s, end_s, language, is_final in events:
+        text[seg] = text.get(seg, "") + delta
+        if is_final:
+            assert partial == ""
+            finals.append((seg, start_s, end_s, language))
+    assert [f[0] for f in finals] == sorted(text), "one final per segment, in order"
+    return [(seg, text[seg], start_s, end_s, language) for seg, start_s, end_s, language in finals]
+
+
+# ---- end to end ----------------------------------------------------------------------------------
+
+def test_features_client_gets_the_embedded_engines_transcript(asr, packets, reference):
+    async def main():
+        async with serving(asr) as server:
+            return await run_stream(server.address, [start_msg(codec=wire.CODEC_NAME)]
+                                    + features_msgs(packets) + [END])
+
+    out = asyncio.run(main())
+    assert out.code == grpc.StatusCode.OK, out.details
+    assert out.ready.session_id and out.ready.resume_after_seq == 0 and out.ready.last_final_segment == -1
+    assert transcript_of(out.events) == transcript_of(reference)
+    assert [t.event_seq for t in out.transcripts] == list(range(1, len(out.transcripts) + 1))
+    finals = [t for t in out.transcripts if t.is_final]
+    assert all(t.seed.present and t.seed.next_segment_id == t.segment_id + 1 for t in finals)
+    assert finals[-1].seed.running_max_log10 == pytest.approx(packets[-1].running_max_log10)
+    assert out.acks[-1].seq == len(packets) and out.acks[-1].last_final_segment == finals[-1].segment_id
+
+
+def test_thin_client_audio_gets_the_same_transcript(asr, audio, reference):
+    """PCM16 in 100 ms pieces: the server's FeatureStream makes the packets the edge would."""
+    async def main():
+        async with serving(asr) as server:
+            return await run_stream(server.address, [start_msg()] + audio_msgs(audio) + [END])
+
+    out = asyncio.run(main())
+    assert out.code == grpc.StatusCode.OK, out.details
+    assert transcript_of(out.events) == transcript_of(reference)
+    assert out.acks[-1].seq == len(audio_msgs(audio))
+
+
+def test_thin_client_at_48k_is_resampled(asr, audio):
+    import soxr
+
+    audio48 = soxr.resample(audio, SR, 48_000).astype(np.float32)
+
+    async def main():
+        async with serving(asr) as server:
+            return await run_stream(server.address, [start_msg()] + audio_msgs(audio48, rate=48_000) + [END])
+
+    out = asyncio.run(main())
+    assert out.code == grpc.StatusCode.OK, out.details
+    finals = [t for t in out.transcripts if t.is_final]
+    assert [t.segment_id for t in finals] == [0, 1]
+    assert finals[0].start_s == pytest.approx(0.25, abs=0.05) and finals[1].end_s == pytest.approx(4.54, abs=0.1)
 
 
 def committed_text(transcripts) -> dict[int, str]:
@@ -173,21 +254,3 @@ def committed_text(transcripts) -> dict[int, str]:
     return out
 
 
-# ---- end to end ----------------------------------------------------------------------------------
-
-def test_features_client_gets_the_embedded_engines_events(asr, packets, reference):
-    async def main():
-        async with serving(asr) as server:
-            return await run_stream(server.address, [start_msg(codec=wire.CODEC_NAME)]
-                                    + features_msgs(packets) + [END])
-
-    out = asyncio.run(main())
-    assert out.code == grpc.StatusCode.OK, out.details
-    assert out.ready.session_id and out.ready.resume_after_seq == 0 and out.ready.last_final_segment == -1
-    assert out.events == reference
-    assert [t.event_seq for t in out.transcripts] == list(range(1, len(reference) + 1))
-    finals = [t for t in out.transcripts if t.is_final]
-    assert [t.segment_id for t in finals] == sorted({p.segment_id for p in packets})
-    assert all(t.seed.present and t.seed.next_segment_id == t.segment_id + 1 for t in finals)
-    assert finals[-1].seed.running_max_log10 == pytest.approx(packets[-1].running_max_log10)
-    assert out.acks[-1].seq == len(packets) and out.acks[-1].last_final_segment == finals[-1].segment_id
