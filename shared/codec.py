@@ -47,7 +47,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from harken.shared.entropy import (CLASS_ZERO, N_CLASSES, BitReader, class_bit_costs, decode_symbols,
+from harken.shared.entropy import (N_CLASSES, BitReader, class_bit_costs, decode_symbols,
                                     encode_symbols, min_body_bits)
 from harken.shared.errors import CodecError
 from harken.shared.features_spec import DYNAMIC_RANGE_LOG10, N_FFT, N_MELS, SAMPLE_RATE
@@ -70,18 +70,16 @@ class ModeParams:
 
     step: in log10 units. rd_lambda: the rate-distortion trade-off; a value rounds up only if the
     squared error it saves (in steps) exceeds 2 * rd_lambda times the bits it costs under its class
-    model, so sparse classes get wide dead zones and busy ones near-plain rounding. class_offset:
-    -2 log2(step) rounded, which moves the prior (made at step 1) to this step, in half-octaves."""
+    model, so sparse classes get wide dead zones and busy ones near-plain rounding."""
 
     step: float
     rd_lambda: float
-    class_offset: int
 
 
 _MODE_PARAMS = {
-    "hifi": ModeParams(step=0.10, rd_lambda=0.06, class_offset=7),
-    "balanced": ModeParams(step=0.33, rd_lambda=0.06, class_offset=3),
-    "low": ModeParams(step=0.75, rd_lambda=0.1, class_offset=1),
+    "hifi": ModeParams(step=0.10, rd_lambda=0.06),
+    "balanced": ModeParams(step=0.33, rd_lambda=0.06),
+    "low": ModeParams(step=0.75, rd_lambda=0.1),
 }
 _MODE_IDS = {name: i + 1 for i, name in enumerate(MODES)}
 # RMS error (dB, fidelity.feature_error_db) each mode stays under on noisy speech, with headroom
@@ -189,6 +187,7 @@ def _dct_matrix(n: int) -> np.ndarray:
 
 def time_blocks(k: int) -> list[tuple[int, int]]:
     """Split k frames into near-equal blocks of at most MAX_TIME_BLOCK: [(start, length)]."""
+    k = int(k)
     n = -(-k // MAX_TIME_BLOCK)
     edges = [i * k // n for i in range(n + 1)]
     return [(edges[i], edges[i + 1] - edges[i]) for i in range(n)]
@@ -231,20 +230,41 @@ def inverse_transform(blocks: list[np.ndarray]) -> np.ndarray:
 # Prior bands: (mel block, log-spaced DCT index inside the block) x time-frequency band (DC, <1/8,
 # <1/4, <1/2, <1 of Nyquist).
 _IN_BLOCK_EDGES = (0, 1, 2, 4, 8, 16, 32)
-# Expected |q| at step 1 of each band, in half-octaves: 2 log2(RMS / sqrt 2) (a Laplacian's mean
-# |c| is its RMS / sqrt 2), rounded; [4 mel blocks x 7 index bands, 5 time bands]. Measured on
-# espeak-ng speech with 20-30 dB SNR noise and on the bundled sample (blocks of 10-32 frames).
-# Only efficiency depends on it: the per-packet shift absorbs louder, quieter or noisier input.
-# Integers, so encoder and decoder derive the same classes on any platform.
-_PRIOR_HALF_OCTAVES = np.array([
-    [10, 5, 3, 0, -2], [4, 2, 1, -1, -3], [4, 1, -1, -2, -4], [3, -1, -2, -3, -4],
-    [1, -2, -3, -4, -5], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [11, 5, 3, 1, -2],
-    [5, 3, 2, 0, -2], [3, 1, 0, -1, -3], [1, -1, -2, -3, -3], [-1, -3, -3, -3, -4],
-    [0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [12, 5, 3, 1, -1], [6, 4, 2, 0, -2],
-    [5, 3, 2, 0, -2], [2, 1, 0, -2, -3], [-1, -2, -3, -3, -4], [-3, -4, -5, -5, -5],
-    [0, 0, 0, 0, 0], [13, 4, 3, 1, -2], [6, 4, 2, -1, -3], [4, 2, 0, -2, -4],
-    [3, 1, -1, -3, -4], [1, -1, -2, -3, -5], [-2, -4, -4, -5, -5], [-4, -5, -6, -6, -6],
-])  # rows of unused bands are 0
+# Prior class of each band for each mode, at a block of 20 frames: 2 log2(mean |level|) + CLASS_ZERO,
+# rounded, [4 mel blocks x 7 index bands, 5 time bands]. Fitted per mode (the dead zone makes the
+# level statistics of quiet bands fall much faster than step / RMS) on espeak-ng speech with 20-30
+# dB SNR white noise and the bundled sample. Only efficiency depends on them: the per-packet shift
+# absorbs louder, quieter or noisier input. Integers, so encoder and decoder derive the same classes
+# on any platform. Rows of unused bands are 0.
+_PRIOR_CLASSES = {
+    "hifi": np.array([
+        [33, 28, 26, 23, 21], [27, 26, 24, 22, 20], [27, 24, 22, 21, 19], [25, 22, 21, 20, 19],
+        [24, 21, 20, 19, 18], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [34, 29, 26, 23, 21],
+        [28, 26, 25, 22, 21], [25, 24, 23, 22, 20], [23, 21, 21, 20, 20], [22, 20, 20, 20, 19],
+        [0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [36, 28, 27, 24, 22], [28, 27, 26, 23, 21],
+        [27, 26, 25, 23, 21], [25, 24, 23, 21, 20], [21, 21, 20, 20, 19], [19, 18, 18, 18, 17],
+        [0, 0, 0, 0, 0], [36, 27, 26, 23, 20], [30, 27, 25, 22, 19], [27, 25, 23, 21, 19],
+        [26, 24, 22, 20, 19], [24, 22, 21, 20, 18], [19, 19, 19, 18, 17], [18, 17, 17, 17, 16],
+    ]),
+    "balanced": np.array([
+        [29, 25, 23, 20, 18], [23, 22, 20, 18, 16], [24, 21, 19, 17, 15], [22, 19, 17, 16, 15],
+        [20, 18, 16, 15, 13], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [31, 25, 23, 20, 18],
+        [24, 23, 21, 19, 17], [22, 21, 19, 18, 17], [19, 18, 17, 16, 16], [18, 17, 16, 16, 15],
+        [0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [32, 24, 23, 20, 18], [25, 24, 22, 20, 17],
+        [24, 23, 22, 19, 17], [21, 20, 19, 18, 16], [18, 17, 17, 16, 15], [15, 14, 14, 14, 13],
+        [0, 0, 0, 0, 0], [33, 24, 22, 20, 17], [26, 23, 21, 18, 16], [23, 22, 20, 17, 15],
+        [22, 20, 19, 17, 15], [20, 19, 17, 16, 14], [16, 15, 15, 14, 13], [13, 13, 12, 12, 10],
+    ]),
+    "low": np.array([
+        [27, 22, 20, 17, 14], [21, 20, 18, 15, 12], [21, 18, 16, 14, 9], [20, 16, 14, 11, 7],
+        [18, 15, 12, 8, 4], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [29, 23, 20, 17, 14],
+        [22, 21, 19, 16, 14], [20, 18, 17, 15, 13], [16, 15, 14, 12, 11], [15, 13, 12, 10, 9],
+        [0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [30, 22, 21, 18, 15], [23, 21, 20, 17, 13],
+        [22, 21, 19, 17, 13], [19, 18, 16, 15, 12], [15, 14, 13, 11, 8], [8, 7, 6, 4, 1],
+        [0, 0, 0, 0, 0], [30, 22, 20, 17, 13], [24, 21, 19, 15, 9], [21, 19, 17, 13, 8],
+        [20, 18, 16, 13, 7], [18, 16, 14, 10, 5], [10, 9, 8, 6, 0], [1, 2, 1, 0, 0],
+    ]),
+}
 _SHIFT_LIMIT = 24
 
 
@@ -263,11 +283,11 @@ def _prior_band() -> np.ndarray:
 
 
 @lru_cache(maxsize=256)
-def _prior_class(n: int, class_offset: int) -> np.ndarray:
+def _prior_class(n: int, mode: str) -> np.ndarray:
     """[nb, n] class (before the packet shift) of each coefficient of a block of n frames."""
-    cls = _PRIOR_HALF_OCTAVES[_prior_band()][:, _time_band(n)] + (CLASS_ZERO + class_offset)
+    cls = _PRIOR_CLASSES[mode][_prior_band()][:, _time_band(n)]
     # the DC carries the block mean, whose level grows with n: about log2(n / 20) half-octaves
-    cls[:, 0] += n.bit_length() - 5
+    cls[:, 0] += int(n).bit_length() - 5
     cls.setflags(write=False)
     return cls
 
@@ -397,10 +417,10 @@ def frame_floors(frames: np.ndarray, floor_log10: float | None) -> np.ndarray:
     return np.minimum(np.maximum(base, running), frames.min(axis=0)).astype(np.float32)
 
 
-def _block_prior(lengths: list[int], class_offset: int) -> np.ndarray:
+def _block_prior(lengths: list[int], mode: str) -> np.ndarray:
     """Prior class (unclipped, before the packet shift) of every basis coefficient of a packet,
     time blocks concatenated: [nb * k]."""
-    return np.concatenate([_prior_class(n, class_offset).ravel() for n in lengths])
+    return np.concatenate([_prior_class(n, mode).ravel() for n in lengths])
 
 
 def _shifted(prior: np.ndarray, shift: int) -> np.ndarray:
@@ -496,7 +516,7 @@ def encode_frames(frames: np.ndarray, mode: str = DEFAULT_MODE, floor_log10: flo
     coefs = forward_transform(x_coded[layout.basis])
     lengths = [c.shape[1] for c in coefs]
     flat = np.concatenate([c.ravel() for c in coefs]) / params.step
-    prior = _block_prior(lengths, params.class_offset)
+    prior = _block_prior(lengths, mode)
     shift = _measure_shift(quantize(flat, _shifted(prior, 0), params.rd_lambda), prior)
     classes = _shifted(prior, shift)
     q = quantize(flat, classes, params.rd_lambda)
@@ -533,7 +553,7 @@ def decode_frames(payload: bytes) -> np.ndarray:
     layout = mel_layout()
     nb = len(layout.basis)
     lengths = [n for _, n in time_blocks(k)]
-    classes = _shifted(_block_prior(lengths, params.class_offset), header.shift)
+    classes = _shifted(_block_prior(lengths, header.mode), header.shift)
     if header.residual_class is not None:
         classes = np.concatenate([classes, np.full(len(layout.dependent) * k, header.residual_class)])
     body = payload[pos:]

@@ -30,7 +30,7 @@ CLASS_ZERO = 16  # the class whose levels have mean |level| 1
 def class_mean_abs(c: int) -> float:
     """Expected |level| of class c: 2 ** ((c - CLASS_ZERO) / 2), from ldexp and sqrt alone, which
     IEEE rounds the same everywhere (the code tables must be bit-identical on edge and cloud)."""
-    half_octaves = c - CLASS_ZERO
+    half_octaves = int(c) - CLASS_ZERO
     return math.ldexp(math.sqrt(2.0) if half_octaves % 2 else 1.0, half_octaves // 2)
 
 
