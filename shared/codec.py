@@ -18,9 +18,9 @@ How a packet [128, k] becomes bytes:
 3. **Quantisation.** One step per mode, with dead zones that widen where a class is sparse
    (`ModeParams.rd_lambda`): that is what trades rate for the RMS error the fidelity metric counts.
 4. **Entropy coding** (shared/entropy.py). Each coefficient's class, its expected magnitude, is a
-   fixed integer prior over (mel band, time-frequency band) plus one per-packet shift that the
-   encoder picks to minimise the bits; each class has a static canonical Huffman code over tuples
-   of levels. Encoding is vectorised in numpy; decoding walks the bits in Python (in the cloud).
+   fixed integer prior per mode over (mel band, time-frequency band) plus one per-packet shift
+   that the encoder picks to minimise the bits; each class has a static canonical Huffman code
+   over tuples of levels. Encoding is vectorised in numpy; decoding walks the bits in Python (in the cloud).
 5. **Floor.** The header carries every frame's floor exactly (the running max - 8 can rise inside
    a packet). The encoder sinks values at the floor a step below it; the decoder clamps at the
    floor, so they come back exactly at the floor. A packet entirely at the floor is a header.

@@ -25,6 +25,7 @@ from harken.shared.errors import CodecError
 
 N_CLASSES = 28
 CLASS_ZERO = 16  # the class whose levels have mean |level| 1
+MAX_LEVEL = 1 << 31
 
 
 def class_mean_abs(c: int) -> float:
@@ -187,9 +188,12 @@ def _symbol_order(classes: np.ndarray) -> np.ndarray:
 
 def encode_symbols(q: np.ndarray, classes: np.ndarray) -> bytes:
     """q, classes: [n] ints -> the entropy-coded bits of all of them, class by class; each class
-    run is zero-padded to whole tuples. Vectorised: no Python loop over symbols or classes."""
+    run is zero-padded to whole tuples. Vectorised: no Python loop over symbols or classes.
+    |q| < 2**31 (an escaped level's Exp-Golomb word must fit 64 bits)."""
     if len(q) == 0:
         return b""
+    if np.abs(q).max() >= MAX_LEVEL:
+        raise CodecError(f"level out of range: |q| must stay below {MAX_LEVEL}")
     book = code_book()
     order = _symbol_order(classes)
     q, cls = q[order].astype(np.int64), classes[order]

@@ -67,6 +67,11 @@ def test_extreme_levels_round_trip():
         np.testing.assert_array_equal(decode_symbols(BitReader(encode_symbols(levels, classes)), classes), levels)
 
 
+def test_levels_beyond_the_limit_are_refused():
+    with pytest.raises(CodecError):
+        encode_symbols(np.array([entropy.MAX_LEVEL]), np.array([3]))
+
+
 def test_all_zero_sparse_runs_cost_one_bit():
     classes = np.zeros(1000, dtype=np.int64)
     assert code_book().group[0] == entropy.SPARSE_GROUP
