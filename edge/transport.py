@@ -31,6 +31,7 @@ No torch here: grpcio, protobuf, numpy and the edge modules only.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import random
 import time
@@ -50,6 +51,8 @@ from harken.shared.codec import DEFAULT_MODE
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
 from harken.shared.text import transcript_text
+
+log = logging.getLogger("harken.transport")
 
 CODEC_NAME = "harken-mel/1"  # shared/codec.py, wire format version 1 (proto `Start.codec`)
 THIN_REPLAY_MAX_S = 60  # thin client: audio kept for a replay after a server restart, at most
@@ -386,7 +389,8 @@ class TranscriptionClient:
         for p in packets:
             msg = pb.ClientMessage(features=pb.Features(
                 segment_id=p.segment_id, first_frame=p.first_frame, frame_count=p.frame_count,
-                segment_start=p.segment_start, segment_end=p.segment_end, payload=p.payload))
+                segment_start=p.segment_start, segment_end=p.segment_end, payload=p.payload,
+                running_max_log10=p.running_max_log10))
             entry = _Outgoing(0, p.segment_id, msg, len(p.payload), p.frame_count,
                               segment_start_s=p.first_frame / FRAMES_PER_SECOND if p.segment_start else None)
             self.stats.frames_produced += p.frame_count
@@ -421,6 +425,8 @@ class TranscriptionClient:
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.NOT_FOUND and state.session_id:
                     # a replacement session at once, not after a backoff: the server is evidently up
+                    log.info("session %s… lost on the server (%s): replaying %d messages into a new one",
+                             state.session_id[:6], e.details(), len(state.buffer.entries))
                     self._prepare_replacement(state)
                     continue
                 if e.code() not in RETRYABLE_CODES:
@@ -428,6 +434,7 @@ class TranscriptionClient:
                 failure = f"{e.code().name}: {e.details()}"
             except (asyncio.TimeoutError, _NoReady) as e:
                 failure = str(e) or "no Ready in time"
+            log.info("stream to %s broke (%s); session %s…", self.target, failure, state.session_id[:6])
             if state.connected_once_this_attempt:
                 offline_since, failures = None, 0
             self.stats.failed_attempts += 1

@@ -32,6 +32,7 @@ class CuttingProxy:
     connections: int = 0
     bytes_forwarded: int = 0
     port: int = 0
+    closed: bool = False  # close() was called: the upstream is unreachable through this proxy
     _server: asyncio.AbstractServer | None = None
     _tasks: set[asyncio.Task] = field(default_factory=set)
     _stops: set[asyncio.Event] = field(default_factory=set)  # one per live connection
@@ -50,6 +51,7 @@ class CuttingProxy:
         return f"127.0.0.1:{self.port}"
 
     async def close(self) -> None:
+        self.closed = True
         if self._server is not None:
             self._server.close()
         # stop the connections through their own exit path: start_server's callback reports a

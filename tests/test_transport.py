@@ -1,0 +1,301 @@
+"""edge/transport: the SDK client against the real server (cloud/server.py) on loopback gRPC.
+
+The model is the tiny random checkpoint with the language forced, so it writes text (random, but
+a deterministic function of the features). Faults are real: a TCP proxy (tests/faults.py) resets
+connections mid-stream, a server process is killed with SIGKILL and started again, a server
+disappears for good. What is checked: the transcript through the server equals the in-process
+engine's; after any number of cuts or a server restart the transcript is identical to the run
+without faults, and the server applied every message exactly once; a server that stays away
+ends the stream with a clear error instead of a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from faults import CuttingProxy
+from harken.cloud.server import ServerOptions, start_server
+from harken.edge.transport import (BufferOverflowError, ClientOptions, ServerRejectedError,
+                                   ServerUnavailableError, TranscriptEvent, TranscriptionClient, audio_pieces,
+                                   peak_normalize)
+from harken.shared.text import transcript_text
+from signals import concat, silence, speech, write_wav
+
+LANGUAGE = "English"  # forced: the random tiny model then writes text instead of a bare header
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def asr():
+    from harken.cloud.model.asr import Qwen3ASR
+
+    return Qwen3ASR.load("tiny")
+
+
+@pytest.fixture(scope="module")
+def audio() -> np.ndarray:
+    """Three utterances with pauses: three VAD segments, ~8 s."""
+    # peak-normalised as the CLI and the embedded engine treat files, so all paths see one signal
+    return peak_normalize(concat(silence(0.3), speech("Hello there, this is a test of the system."),
+                                 silence(0.8), speech("A second sentence follows now."), silence(0.8),
+                                 speech("And the third one ends it."), silence(0.5)))
+
+
+@pytest.fixture(scope="module")
+def reference(asr, audio) -> list[TranscriptEvent]:
+    """The in-process engine's events for `audio` (cloud/embedded.py), as client events."""
+    from harken.cloud.embedded import stream_audio
+    from harken.cloud.scheduler import Engine, EngineConfig
+    from harken.cloud.session import SessionOptions
+
+    engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1))
+    return [TranscriptEvent(e.segment_id, e.committed_delta, e.partial, float(np.float32(e.stability)),
+                            e.start_s, e.end_s, e.language, e.is_final)
+            for e in stream_audio(audio, engine, SessionOptions(language=LANGUAGE))]
+
+
+def _texts(events) -> dict[int, str]:
+    texts: dict[int, str] = {}
+    for e in events:
+        texts[e.segment_id] = texts.get(e.segment_id, "") + e.committed_delta
+    return texts
+
+
+def _finals(events) -> list[tuple[int, float, float, bool]]:
+    return [(e.segment_id, e.start_s, e.end_s, e.is_final) for e in events if e.is_final]
+
+
+@asynccontextmanager
+async def serving(asr, **kw):
+    server = await start_server(asr, ServerOptions(host="127.0.0.1", port=0, **kw))
+    try:
+        yield server
+    finally:
+        await server.stop(0)
+
+
+async def collect(client: TranscriptionClient, source) -> list[TranscriptEvent]:
+    return [e async for e in client.stream(source)]
+
+
+def applied(server, kind: str = "features") -> tuple[float, float]:
+    """(messages, payload bytes) the server applied, from its own metrics."""
+    r = server.metrics.registry
+    return (r.get_sample_value("harken_messages_in_total", {"kind": kind}) or 0.0,
+            r.get_sample_value("harken_bytes_in_total", {"kind": kind}) or 0.0)
+
+
+def test_end_to_end_equals_the_embedded_engine(asr, audio, reference):
+    async def main():
+        async with serving(asr) as server:
+            client = TranscriptionClient(server.address, language=LANGUAGE)
+            events = await collect(client, audio_pieces(audio))
+            return events, client.stats, applied(server)
+
+    events, stats, (messages, nbytes) = asyncio.run(main())
+    assert transcript_text(_texts(reference)).strip(), "the forced-language tiny model writes text"
+    assert events == reference
+    assert stats.sessions_opened == 1 and stats.resumes == 0 and stats.messages_resent == 0
+    assert messages == stats.messages_sent
+
+
+def test_cut_connections_lose_nothing(asr, audio, reference):
+    """At least 10 resets at random byte offsets in one stream: the same transcript, every message
+    applied exactly once though many were sent twice."""
+
+    async def main():
+        async with serving(asr) as server:
+            proxy = await CuttingProxy("127.0.0.1", server.port, min_bytes=600, max_bytes=2_500,
+                                       max_cuts=14, seed=7).start()
+            try:
+                client = TranscriptionClient(proxy.target, language=LANGUAGE,
+                                             options=ClientOptions(backoff_initial_s=0.01, backoff_max_s=0.1))
+                events = await collect(client, audio_pieces(audio))
+            finally:
+                await proxy.close()
+            return events, client.stats, proxy.cuts, applied(server)
+
+    events, stats, cuts, (messages, nbytes) = asyncio.run(main())
+    print(f"\ncuts={cuts} resumes={stats.resumes} sessions={stats.sessions_opened} "
+          f"messages sent={stats.messages_sent} resent={stats.messages_resent} "
+          f"frames produced={stats.frames_produced} sent={stats.frames_sent} resent={stats.frames_resent} "
+          f"server applied messages={messages:.0f} duplicate events dropped={stats.duplicate_events}")
+    assert cuts >= 10
+    assert stats.resumes >= 1 and stats.frames_resent > 0
+    assert _texts(events) == _texts(reference)
+    assert _finals(events) == _finals(reference)
+    # committed text came exactly once: the events' deltas concatenate to the reference text
+    assert transcript_text(_texts(events)) == transcript_text(_texts(reference))
+    # a cut is a dropped connection, not an End: the same session resumes every time. (grpc.aio ends
+    # a servicer's request iterator normally when the TCP connection is reset; a server that reads
+    # that as End finalises and drops the session, and the client has to replay into new ones)
+    assert stats.sessions_opened == 1, "the server dropped the session on a cut connection"
+    produced = stats.messages_sent - stats.messages_resent
+    assert messages == produced  # every message applied once: none lost, none twice
+    assert stats.frames_sent - stats.frames_resent == stats.frames_produced
+
+
+def test_thin_client_resumes_through_cuts(asr, audio):
+    """Audio messages (the server runs VAD + features): cuts -> the transcript of an uncut run."""
+
+    async def main():
+        async with serving(asr) as server:
+            thin = ClientOptions(send_audio=True, backoff_initial_s=0.01, backoff_max_s=0.1)
+            clean = await collect(TranscriptionClient(server.address, language=LANGUAGE, options=thin),
+                                  audio_pieces(audio))
+            before = applied(server, "audio")
+            proxy = await CuttingProxy("127.0.0.1", server.port, min_bytes=20_000, max_bytes=60_000,
+                                       max_cuts=5, seed=3).start()
+            try:
+                client = TranscriptionClient(proxy.target, language=LANGUAGE, options=thin)
+                cut = await collect(client, audio_pieces(audio))
+            finally:
+                await proxy.close()
+            after = applied(server, "audio")
+            return clean, cut, client.stats, proxy.cuts, after[1] - before[1]
+
+    clean, cut, stats, cuts, audio_bytes = asyncio.run(main())
+    assert cuts >= 3 and stats.messages_resent > 0
+    assert _texts(cut) == _texts(clean) and _finals(cut) == _finals(clean)
+    assert transcript_text(_texts(clean)).strip()
+    assert audio_bytes == 2 * audio.size  # every sample applied exactly once
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# `harken serve --model tiny --host 127.0.0.1 --port P`, through the command's own function
+SERVE = ("import sys; from harken.cloud.server import ServerOptions, serve_command; "
+         "sys.exit(serve_command('tiny', ServerOptions(host='127.0.0.1', port=int(sys.argv[1]))))")
+
+
+async def _spawn_server(port: int) -> asyncio.subprocess.Process:
+    """The server as a real process (the tiny model); returns once it listens."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SERVE, str(port),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, cwd=REPO)
+    line = await asyncio.wait_for(proc.stdout.readline(), 120)
+    assert b"listening" in line, line
+    return proc
+
+
+def test_server_killed_and_restarted_mid_stream(audio, reference):
+    """SIGKILL the server after the first final; start it again on the same port. The client's
+    resume gets NOT_FOUND, it opens a seeded session, replays the unfinished segments, and drops
+    the committed text it already had: the transcript is the one without the fault."""
+
+    async def main():
+        port = _free_port()
+        server = await _spawn_server(port)
+        restarted = None
+        try:
+            client = TranscriptionClient(f"127.0.0.1:{port}", language=LANGUAGE,
+                                         options=ClientOptions(backoff_initial_s=0.05, backoff_max_s=0.5))
+            events = []
+            async for e in client.stream(audio_pieces(audio)):
+                events.append(e)
+                if e.is_final and restarted is None:
+                    server.send_signal(signal.SIGKILL)
+                    await server.wait()
+                    restarted = await _spawn_server(port)
+            return events, client.stats
+        finally:
+            for p in (server, restarted):
+                if p is not None and p.returncode is None:
+                    p.send_signal(signal.SIGTERM)
+                    await p.wait()
+
+    events, stats = asyncio.run(main())
+    print(f"\nserver restart: sessions={stats.sessions_opened} failed attempts={stats.failed_attempts} "
+          f"frames resent={stats.frames_resent} of {stats.frames_produced} "
+          f"replayed text dropped={stats.replayed_text_chars} chars mismatches={stats.replay_mismatches}")
+    assert stats.sessions_opened == 2 and stats.frames_resent > 0
+    assert _texts(events) == _texts(reference)
+    assert _finals(events) == _finals(reference)
+    assert stats.replay_mismatches == 0
+
+
+def test_server_away_too_long_is_a_clear_error(asr, audio):
+    """The server goes away mid-stream and does not come back: ServerUnavailableError after
+    max_offline_s, naming what was not transcribed; no hang."""
+
+    async def main():
+        async with serving(asr) as server:
+            proxy = await CuttingProxy("127.0.0.1", server.port, max_cuts=0).start()
+            client = TranscriptionClient(proxy.target, language=LANGUAGE,
+                                         options=ClientOptions(max_offline_s=0.5, backoff_max_s=0.1))
+            seen = []
+            with pytest.raises(ServerUnavailableError) as err:
+                async for e in client.stream(audio_pieces(audio)):
+                    seen.append(e)
+                    if not proxy.closed:
+                        await proxy.close()  # the network to the server is gone for good
+            return err.value, client.stats
+
+    err, stats = asyncio.run(main())
+    assert "unreachable" in str(err) and "not transcribed" in str(err)
+    assert stats.failed_attempts >= 2
+
+
+def test_unreachable_server_and_full_buffer_fail_fast(audio):
+    dead = f"127.0.0.1:{_free_port()}"
+    with pytest.raises(ServerUnavailableError):
+        asyncio.run(collect(TranscriptionClient(dead, options=ClientOptions(max_offline_s=0.3)),
+                            audio_pieces(audio)))
+    with pytest.raises(BufferOverflowError, match="buffered"):
+        asyncio.run(collect(TranscriptionClient(dead, options=ClientOptions(max_buffer_bytes=4_000)),
+                            audio_pieces(audio)))
+
+
+def test_wrong_api_key_is_refused_not_retried(asr, audio, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("right-key alice\n")
+
+    async def main():
+        async with serving(asr, api_keys=str(keys)) as server:
+            client = TranscriptionClient(server.address, api_key="wrong-key", language=LANGUAGE)
+            with pytest.raises(ServerRejectedError) as err:
+                await collect(client, audio_pieces(audio))
+            ok = TranscriptionClient(server.address, api_key="right-key", language=LANGUAGE)
+            text = await ok.transcribe(audio_pieces(audio))
+            return err.value, client.stats, text
+
+    err, stats, text = asyncio.run(main())
+    assert err.code == "UNAUTHENTICATED" and stats.failed_attempts == 0
+    assert text.strip()
+
+
+def test_cli_stream_through_a_server(asr, audio, reference, tmp_path):
+    """`harken stream IN.wav --server HOST:PORT --json`: the embedded path's output format."""
+    wav = write_wav(tmp_path / "in.wav", audio, subtype="FLOAT")
+
+    async def main():
+        async with serving(asr) as server:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "harken", "stream", str(wav), "--server", server.address, "--json",
+                "--language", LANGUAGE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                cwd=REPO, env={**os.environ, "HARKEN_API_KEY": ""})
+            out, err = await proc.communicate()
+            return proc.returncode, out.decode(), err.decode()
+
+    rc, out, err = asyncio.run(main())
+    assert rc == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert lines[-1] == {"final": True, "text": transcript_text(_texts(reference))}
+    keys = ["segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final"]
+    assert all(list(line) == keys for line in lines[:-1])
+    assert [line["committed_delta"] for line in lines[:-1]] == [e.committed_delta for e in reference]
