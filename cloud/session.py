@@ -270,6 +270,14 @@ class Session:
     def _cut(self, seg: SegmentRecord, item: AudioItem) -> AudioItem:
         rest = np.concatenate(item.overflow, axis=1)
         item.closed, item.length, item.overflow = True, self.cut_frames, []
+        # frames past the cut now belong to the next item only
+        keep, kept = self.cut_frames - item.consumed, []
+        for p in item.pending:
+            if keep <= 0:
+                break
+            kept.append(p[:, :keep])
+            keep -= p.shape[1]
+        item.pending = kept
         nxt = AudioItem(seg.segment_id, item.index + 1, item.first_frame + self.cut_frames)
         seg.items += 1
         self.state.items.append(nxt)

@@ -1,0 +1,227 @@
+"""cloud/session.py through the Engine, one session at a time, on the tiny random model (fp32, CPU):
+final passes against offline `Qwen3ASR.transcribe` of the same features, token for token; the
+segment limit; never-retracted text and one final per segment under random layouts and timings;
+input validation; flat state over a fast-forwarded 30-minute stream."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harken.cloud.commit import CommitPolicy, ItemText, compose_context, join_texts
+from harken.cloud.model.prompt import collapse_repeats
+from harken.cloud.scheduler import Engine, EngineConfig, slot_tokens
+from harken.cloud.session import SessionOptions
+from harken.shared.errors import StreamInputError, StreamOrderError
+from streaming import (floored_frames, item_tokens, make_segments, packets, run_alone, segment_texts,
+                       talkative_tiny)
+
+
+@pytest.fixture(scope="module")
+def asr():
+    return talkative_tiny()
+
+
+def offline(asr, frames, language, context, max_tokens):
+    """The reference: one pass over the same features with the engine's normalisation."""
+    return asr.transcribe((frames + 4.0) / 4.0, language=language, context=context, max_new_tokens=max_tokens)
+
+
+def final_events(events):
+    return [e for e in events if e.is_final]
+
+
+@pytest.mark.parametrize("language", [None, "English"])
+def test_final_text_equals_offline_transcription(asr, language):
+    """Intermediate commits off: each segment's final pass is offline transcription of its
+    features with the context the session carried (the previous segments' text)."""
+    policy = CommitPolicy(intermediate_commits=False, max_item_tokens=20, max_new_tokens_per_update=3)
+    options = SessionOptions(language=language, context="hot words: harken", policy=policy)
+    lengths = [3.3, 9.1, 0.45] if language is None else [8.0, 2.2]
+    segments = make_segments(lengths, [0.2, 1.0, 0.7], seed=11 if language is None else 12)
+    engine = Engine(asr, EngineConfig(max_sessions=1, slot_policy=policy))
+    events = run_alone(engine, options, segments, [37, 150, 11])
+    finals = final_events(events)
+    assert [e.segment_id for e in finals] == [s.segment_id for s in segments]
+    texts = segment_texts(events)
+    tail = ""
+    for seg, fin in zip(segments, finals):
+        ref = offline(asr, seg.frames, language, compose_context(options.context, tail), 20)
+        assert list(fin.token_ids) == ref.token_ids, seg.segment_id
+        whole = ItemText(asr.tokenizer.token_bytes, fin.language if language else None)
+        uncollapsed = whole.update(ref.token_ids, [], True).committed
+        assert texts[seg.segment_id] == uncollapsed
+        if collapse_repeats(uncollapsed) == uncollapsed:  # no degenerate repetition to collapse
+            assert texts[seg.segment_id] == ref.text
+        assert fin.language == ref.language or (language and not ref.token_ids)
+        # the context carried on: this segment's text after the earlier ones
+        piece = texts[seg.segment_id]
+        tail = (tail + (join_texts(tail, piece) + piece if piece else ""))[-policy.context_tail_chars:]
+        assert fin.resume.context_tail == tail
+        assert fin.resume.running_max_log10 == pytest.approx(seg.running_max)
+        assert fin.resume.next_segment_id == seg.segment_id + 1
+    assert any(len(t) for t in item_tokens(events).values())  # the model did say something
+
+
+def test_long_segment_is_cut_at_window_boundaries(asr):
+    """A 21-s segment with a 12-s limit: audio items [0, 8), [8, 16), [16, 21) s, each the offline
+    transcription of its frames, the later ones with the text so far as context."""
+    policy = CommitPolicy(intermediate_commits=False, max_item_tokens=12, max_new_tokens_per_update=2,
+                          segment_limit_s=12.0, update_interval_s=2.0)
+    options = SessionOptions(context="ctx", policy=policy)
+    segments = make_segments([21.0], [0.3], seed=5)
+    engine = Engine(asr, EngineConfig(max_sessions=1, slot_policy=policy))
+    events = run_alone(engine, options, segments, [250, 90])
+    passes = [e for e in events if e.token_ids is not None]
+    assert [e.is_final for e in passes] == [False, False, True]
+    assert [e.end_s for e in passes] == [0.3 + 8, 0.3 + 16, 0.3 + 21]
+    frames = segments[0].frames
+    text = ""
+    for e, (a, b) in zip(passes, [(0, 800), (800, 1600), (1600, 2100)]):
+        ref = offline(asr, frames[:, a:b], None, compose_context("ctx", text[-200:]), 12)
+        assert list(e.token_ids) == ref.token_ids
+        text += e.committed_delta
+    assert text == segment_texts(events)[0]
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=st.lists(st.floats(0.0, 5.0), min_size=1, max_size=3),
+       gaps=st.lists(st.floats(0.0, 2.0), min_size=3, max_size=3),
+       pieces_a=st.lists(st.integers(1, 160), min_size=1, max_size=4),
+       pieces_b=st.lists(st.integers(1, 400), min_size=1, max_size=4),
+       lag=st.integers(1, 4), seed=st.integers(0, 1000), agreement=st.sampled_from(["local-agreement", "rollback-only"]))
+def test_random_layouts_and_timings_never_retract_and_finish_every_segment(
+        asr, lengths, gaps, pieces_a, pieces_b, lag, seed, agreement):
+    """Whatever the segment layout, packet sizes and how far the engine lags behind the input:
+    exactly one final event per segment, in order; the committed text at every event is a prefix of
+    the text of the item's final tokens; commits are a function of the features alone."""
+    policy = CommitPolicy(max_item_tokens=12, max_new_tokens_per_update=4, rollback_tokens=2,
+                          agreement=agreement)
+    options = SessionOptions(policy=policy)
+    segments = make_segments(lengths, gaps, seed)
+    engine = Engine(asr, EngineConfig(max_sessions=2, slot_policy=policy))
+
+    a = run_alone(engine, options, segments, pieces_a)
+    # the other run: other pieces, and the engine only steps every `lag` pieces
+    sid = engine.open_session(options)
+    b = []
+    for i, p in enumerate(packets(segments, pieces_b)):
+        engine.ingest(sid, *p)
+        if i % lag == 0:
+            b += [e for _, e in engine.step()]
+    b += [e for _, e in engine.run_until_idle()]
+
+    for events in (a, b):
+        finals = final_events(events)
+        assert [e.segment_id for e in finals] == [s.segment_id for s in segments]
+        assert all(not e.is_final for e in events if e.segment_id in {f.segment_id for f in finals}
+                   and events.index(e) > events.index(next(f for f in finals if f.segment_id == e.segment_id)))
+        shown: dict[int, str] = {}
+        for e in events:
+            shown[e.segment_id] = shown.get(e.segment_id, "") + e.committed_delta
+            if e.is_final:
+                # the text of the final tokens, decoded in one go, is what was committed bit by bit
+                whole = ItemText(asr.tokenizer.token_bytes, None)
+                assert whole.update(list(e.token_ids), [], True).committed == shown[e.segment_id]
+            assert e.start_s <= e.end_s
+    assert segment_texts(a) == segment_texts(b)
+    assert item_tokens(a) == item_tokens(b)
+
+
+def test_ingest_validation_and_duplicates(asr):
+    policy = CommitPolicy(max_item_tokens=8, max_new_tokens_per_update=2)
+    engine = Engine(asr, EngineConfig(max_sessions=2, slot_policy=policy))
+    sid = engine.open_session(SessionOptions(policy=policy))
+    frames, _ = floored_frames(1.0, 1)
+    with pytest.raises(StreamInputError):
+        engine.ingest(sid, 0, 0, frames[:100])  # 100 bins
+    with pytest.raises(StreamInputError):
+        bad = frames.copy()
+        bad[3, 4] = np.nan
+        engine.ingest(sid, 0, 0, bad)
+    assert engine.ingest(sid, 0, 10, frames[:, :50], True) == 50
+    assert engine.ingest(sid, 0, 10, frames[:, :50], True) == 0  # a resend: ignored
+    assert engine.ingest(sid, 0, 40, frames[:, 30:70]) == 20  # overlapping: only the new part
+    with pytest.raises(StreamOrderError):
+        engine.ingest(sid, 0, 90, frames[:, 80:90])  # frames 80..89 missing
+    with pytest.raises(StreamOrderError):
+        engine.ingest(sid, 1, 200, frames[:, :10])  # segment 0 is still open
+    assert engine.ingest(sid, 0, 80, frames[:, 70:100], segment_end=True) == 30
+    with pytest.raises(StreamOrderError):
+        engine.ingest(sid, 0, 110, frames[:, :5])  # after its end
+    assert engine.ingest(sid, 0, 80, frames[:, 70:100], segment_end=True) == 0  # resend of the last
+    with pytest.raises(StreamOrderError):
+        engine.ingest(sid, 2, 50, frames[:, :5])  # starts before segment 0 ended
+    events = engine.run_until_idle()
+    assert [e.is_final for _, e in events][-1] and events[-1][1].segment_id == 0
+    assert engine.ingest(sid, 0, 10, frames[:, :50], True) == 0  # a final segment: ignored
+    assert engine.ingest(sid, 3, 300, frames[:, :0], True, True) == 0  # an empty segment
+    (s, e), = engine.run_until_idle()
+    assert e.is_final and e.segment_id == 3 and e.committed_delta == "" and e.token_ids == ()
+    with pytest.raises(StreamInputError):
+        engine.open_session(SessionOptions(language="Klingon"))
+
+
+def test_thirty_minute_stream_keeps_state_bounded(asr):
+    """30 minutes of segments of 5-40 s (some past the 30-s limit, so cut into items), fast-forwarded:
+    each segment arrives as one packet and the engine catches up (final passes only, to keep the
+    test quick on 2 cores). What the session holds stays within bounds set by the policy and the
+    largest packet, not by the stream's length; the second half peaks no higher than the first."""
+    policy = CommitPolicy(intermediate_commits=False, max_item_tokens=4)
+    engine = Engine(asr, EngineConfig(max_sessions=1, slot_policy=policy))
+    sid = engine.open_session(SessionOptions(context="meeting", policy=policy))
+    session = engine.session(sid)
+    rng = np.random.default_rng(3)
+    base, running = floored_frames(41.0, 99)
+    at, seg_id, finals, cuts = 0, 0, 0, 0
+    halves: list[dict[str, int]] = [{}, {}]
+    total = 30 * 60 * 100
+
+    def measure():
+        st = session.state
+        enc = [it.encoder for it in st.items if it.encoder is not None]
+        sizes = {
+            "items": len(st.items),
+            "segments": len(st.segments),
+            "encoder_outputs": sum(sum(o.numel() for o in e.completed_outputs) for e in enc),
+            "encoder_frames": sum(e.buffered_frames for e in enc),
+            "pending_frames": sum(sum(p.shape[1] for p in it.pending) + sum(p.shape[1] for p in it.overflow)
+                                  for it in st.items),
+            "committed": sum(len(it.committed) for it in st.items),
+            "context": len(st.context_tail),
+            "kv": engine.cache.length(st.slot),
+        }
+        peak = halves[at >= total // 2]
+        for k, v in sizes.items():
+            peak[k] = max(peak.get(k, 0), v)
+
+    while at < total:
+        length = int(rng.uniform(5, 40) * 100)
+        offset = int(rng.integers(0, base.shape[1] - length))
+        at += int(rng.uniform(0.3, 30) * 100)  # pauses: the stream is silent (sends nothing) between
+        # speech-like frames, a different stretch every segment
+        engine.ingest(sid, seg_id, at, base[:, offset:offset + length], True, True, running)
+        measure()
+        while engine.has_work():
+            for _, e in engine.step():
+                finals += e.is_final
+                cuts += e.token_ids is not None and not e.is_final
+            measure()
+        at += length
+        seg_id += 1
+    assert finals == seg_id and cuts > 0
+    for peak in halves:
+        assert peak["items"] <= 2 and peak["segments"] <= 1
+        # the head item's completed windows: at most the cut point's worth (24 s = 3 windows)
+        assert peak["encoder_outputs"] <= 3 * asr.encoder.window_tokens * asr.config.audio.output_dim
+        assert peak["encoder_frames"] <= asr.encoder.window_frames
+        # frames not yet encoded: at most the largest packet (40 s)
+        assert peak["pending_frames"] <= 4000
+        assert peak["committed"] <= policy.max_item_tokens
+        assert peak["context"] <= policy.context_tail_chars
+        assert peak["kv"] <= slot_tokens(policy)
+    # nothing grows with the stream: the second quarter of an hour peaks no higher than the first
+    assert all(halves[1][k] <= halves[0][k] for k in ("items", "segments", "encoder_frames", "committed",
+                                                      "context"))
