@@ -36,8 +36,8 @@ from harken.cloud.errors import (MalformedMessage, NotYourSession, SessionNotFou
 from harken.cloud.hosted import CLOSED_OK, Attachment, HostedSession, SessionLimits, SessionTable
 from harken.cloud.metrics import MetricsEndpoint, ServerMetrics, serve_metrics
 from harken.proto import harken_pb2, harken_pb2_grpc
-from harken.shared.errors import (CodecError, EngineOverloaded, StreamInputError, StreamOrderError,
-                                  UnknownSession)
+from harken.shared.errors import (CodecError, EngineOverloaded, HarkenError, StreamInputError,
+                                  StreamOrderError, UnknownSession)
 
 log = logging.getLogger("harken.server")
 
@@ -91,9 +91,9 @@ class ServerOptions:
 
     def __post_init__(self):
         if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("--tls-cert and --tls-key go together")
+            raise HarkenError("--tls-cert and --tls-key go together")
         if self.max_sessions < 1 or self.max_sessions_per_key < 1:
-            raise ValueError("--max-sessions and --max-sessions-per-key must be >= 1")
+            raise HarkenError("--max-sessions and --max-sessions-per-key must be >= 1")
 
 
 class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
@@ -283,7 +283,7 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
     try:
         port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError as e:
-        raise OSError(f"cannot listen on {address}: {e}") from e
+        raise HarkenError(f"cannot listen on {address} ({e})") from e
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -313,8 +313,6 @@ def _service_handler(service: TranscriptionService) -> grpc.GenericRpcHandler:
 def _tls_credentials(options: ServerOptions):
     if options.tls_cert is None:
         return None
-    from harken.shared.errors import HarkenError
-
     try:
         with open(options.tls_key, "rb") as f:
             key = f.read()
@@ -384,7 +382,7 @@ def serve_command(model: str, options: ServerOptions, device: str | None = None,
 
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)
     if model == "tiny":
-        print("harken: the tiny model has random weights: its transcripts are meaningless", file=sys.stderr)
+        log.warning("the tiny model has random weights: its transcripts are meaningless", extra={"fields": {}})
     return asyncio.run(_serve(asr, options))
 
 

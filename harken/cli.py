@@ -80,6 +80,27 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
 
+    s = sub.add_parser("serve", help="run the gRPC service (harken.v1.Transcription)",
+                       description="Serve live transcription over gRPC: edges stream features (or PCM16), "
+                                   "the engine batches every session on one model. Prints the addresses "
+                                   "it listens on once ready; SIGINT/SIGTERM finalise open segments, "
+                                   "then stop.")
+    s.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"checkpoint dir, Hugging Face id, or 'tiny' (default {DEFAULT_MODEL})")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=50051, help="gRPC port; 0 picks a free one (default 50051)")
+    s.add_argument("--tls-cert", help="PEM certificate chain: serve over TLS (with --tls-key)")
+    s.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    s.add_argument("--api-keys", help="file of accepted API keys, one per line (optional name after it); "
+                                      "without it the server is open to every caller")
+    s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (0: a free one)")
+    s.add_argument("--max-sessions", type=int, default=16, help="sessions at once (default 16)")
+    s.add_argument("--max-sessions-per-key", type=int, default=16, help="sessions per API key (default 16)")
+    s.add_argument("--grace-s", type=float, default=60.0,
+                   help="how long a disconnected session waits for its client to resume (default 60)")
+    s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+
     s = sub.add_parser("bench", help="benchmarks; print JSON",
                        description="Benchmarks. Each prints one JSON object; ratios are measured side "
                                    "by side in one run.")
@@ -170,6 +191,14 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return stream_command(args.input, args.model, language=args.language, context=args.context,
                               as_json=args.json, mic=args.mic, server=args.server, device=args.device,
                               dtype=args.dtype)
+    if args.command == "serve":
+        from harken.cloud.server import ServerOptions, serve_command
+
+        options = ServerOptions(host=args.host, port=args.port, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                                api_keys=args.api_keys, metrics_port=args.metrics_port,
+                                max_sessions=args.max_sessions, max_sessions_per_key=args.max_sessions_per_key,
+                                grace_s=args.grace_s)
+        return serve_command(args.model, options, device=args.device, dtype=args.dtype)
     if args.command == "make-tiny-model":
         from harken.cloud.commands import make_tiny_model_command
 
