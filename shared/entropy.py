@@ -58,6 +58,10 @@ class CodeTable:
     first_index: tuple[int, ...]
     count: tuple[int, ...]
     order: tuple[int, ...]  # symbols sorted by (length, symbol)
+    # fast decoding: the next LUT_BITS bits -> (symbol, length), length 0 for longer codes
+    lut_symbol: tuple[int, ...]
+    lut_length: tuple[int, ...]
+    digits: tuple[tuple[int, ...], ...]  # the levels of each symbol's tuple (escape: ())
 
 
 def _huffman_lengths(weights: list[int]) -> np.ndarray:
@@ -77,6 +81,7 @@ def _huffman_lengths(weights: list[int]) -> np.ndarray:
 
 
 SPARSE_GROUP = 4  # runs of classes coded in 4-tuples open with an all-zero flag bit
+LUT_BITS = 10  # decoding looks codes up to this length in a table
 
 
 def _tuple_shape(mean_abs: float) -> tuple[int, int]:
@@ -131,8 +136,17 @@ def _build_table(mean_abs: float) -> CodeTable:
         count[length] += 1
         codes[s] = code
         code += 1
+    lut_symbol, lut_length = [0] * (1 << LUT_BITS), [0] * (1 << LUT_BITS)
+    for s, (c, n) in enumerate(zip(codes.tolist(), lengths.tolist())):
+        if n <= LUT_BITS:
+            lo = c << (LUT_BITS - n)
+            lut_symbol[lo:lo + (1 << (LUT_BITS - n))] = [s] * (1 << (LUT_BITS - n))
+            lut_length[lo:lo + (1 << (LUT_BITS - n))] = [n] * (1 << (LUT_BITS - n))
+    width = 2 * radius + 1
+    digits = tuple(tuple((s // width ** (group - 1 - g)) % width - radius for g in range(group))
+                   for s in range(len(p) - 1)) + ((),)
     return CodeTable(group, radius, len(p) - 1, codes, lengths, tuple(first_code), tuple(first_index),
-                     tuple(count), tuple(int(s) for s in order))
+                     tuple(count), tuple(int(s) for s in order), tuple(lut_symbol), tuple(lut_length), digits)
 
 
 @dataclass(frozen=True)
@@ -257,8 +271,15 @@ class BitReader:
     """MSB-first bit reader over a payload body; running out of bits is a CodecError."""
 
     def __init__(self, data: bytes):
-        self.bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8)).tolist()
+        bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8))
+        self.bits = bits.tolist()
         self.pos = 0
+        # windows[p]: the LUT_BITS bits from p on (zeros past the end), one table look-up per code
+        padded = np.concatenate([bits, np.zeros(LUT_BITS, dtype=np.uint8)]).astype(np.int64)
+        windows = np.zeros(len(bits), dtype=np.int64)
+        for i in range(LUT_BITS):
+            windows = (windows << 1) | padded[i:i + len(bits)]
+        self.windows = windows.tolist()
 
     def read(self, n: int) -> int:
         if self.pos + n > len(self.bits):
@@ -306,21 +327,27 @@ def decode_symbols(reader: BitReader, classes: np.ndarray) -> np.ndarray:
         if a == b:
             continue
         t = tables[int(sorted_cls[a])]
-        width = 2 * t.radius + 1
         n_tuples = -(-(b - a) // t.group)
         if t.group == SPARSE_GROUP and reader.read(1):
             continue  # an all-zero run
-        vals = []
+        vals: list[int] = []
+        windows, end = reader.windows, len(reader.bits)
+        lut_symbol, lut_length, digits, escape = t.lut_symbol, t.lut_length, t.digits, t.escape
         for _ in range(n_tuples):
-            sym = reader.read_symbol(t)
-            if sym == t.escape:
+            pos = reader.pos
+            if pos >= end:
+                raise CodecError("payload truncated: entropy-coded body ends early")
+            w = windows[pos]
+            n = lut_length[w]
+            if n and pos + n <= end:
+                sym = lut_symbol[w]
+                reader.pos = pos + n
+            else:
+                sym = reader.read_symbol(t)
+            if sym == escape:
                 vals.extend(reader.read_exp_golomb() for _ in range(t.group))
             else:
-                digits = []
-                for _ in range(t.group):
-                    sym, d = divmod(sym, width)
-                    digits.append(d - t.radius)
-                vals.extend(reversed(digits))
+                vals.extend(digits[sym])
         out_sorted[a:b] = vals[: b - a]
     out = np.empty_like(out_sorted)
     out[order] = out_sorted
