@@ -109,6 +109,11 @@ class Meeting:
         self._tracks.append(_Track(len(self._tracks), speaker, source))
 
     @property
+    def active_speakers(self) -> list[str]:
+        """The tracks still streaming (while `lines()` runs)."""
+        return [t.speaker for t in self._tracks if t.bound_s != math.inf]
+
+    @property
     def stats(self) -> dict[str, TransportStats]:
         """Per speaker: what that track's client did (reconnects, resends, ...)."""
         return {t.speaker: t.client.stats for t in self._tracks if t.client is not None}
