@@ -118,6 +118,7 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--real-dims", action="store_true", help="only the real 0.6B dims (default: tiny and 0.6B)")
     b.add_argument("--tiny-only", action="store_true", help="only the tiny dims")
+    b.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
     b = bsub.add_parser("stream", help="streaming engine vs the re-encode-everything baseline (Phase 1)",
@@ -207,7 +208,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         from harken.cloud.bench_model import bench_model_command
 
         return bench_model_command(real_dims=args.real_dims, tiny_only=args.tiny_only,
-                                   device=args.device, dtype=args.dtype)
+                                   device=args.device, dtype=args.dtype, threads=args.threads)
     if args.command == "bench" and args.bench == "stream":
         from harken.cloud.bench_stream import StreamBenchOptions, bench_stream_command
 

@@ -455,3 +455,19 @@ def test_make_tiny_model_is_deterministic(tmp_path):
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
     assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
     assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
+
+
+def test_untied_head_is_loaded_from_lm_head(tmp_path):
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from harken.cloud.model.config import Qwen3ASRConfig
+
+    d = make_tiny_model(tmp_path / "untied", seed=2, vocab="small",
+                        cfg=replace(Qwen3ASRConfig.tiny(), tie_word_embeddings=False))
+    stored = load_file(str(d / "model.safetensors"))
+    asr = Qwen3ASR.load(str(d), dtype="fp32", device="cpu")
+    assert not asr.decoder.tied
+    assert torch.equal(asr.decoder.lm_head.weight, stored["thinker.lm_head.weight"])
+    assert torch.equal(asr.decoder.model.embed_tokens.weight, stored["thinker.model.embed_tokens.weight"])

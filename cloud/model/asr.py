@@ -66,7 +66,7 @@ class Qwen3ASR:
                              f"hidden_size {cfg.text.hidden_size}")
         with torch.device(dev):
             encoder = AudioEncoder(cfg.audio).to(dt)
-            decoder = Qwen3Decoder(cfg.text, tie_word_embeddings=cfg.tie_word_embeddings).to(dt)
+        decoder = _empty_decoder(cfg, dev, dt)
         try:
             encoder.load_state_dict(enc_sd, strict=True)
             decoder.load_official_state_dict(dec_sd)
@@ -133,3 +133,14 @@ class Qwen3ASR:
             self._cache = KVCache.for_config(self.config.text, max_slots=1, max_len=size,
                                              dtype=self.dtype, device=self.device)
         return self._cache
+
+
+def _empty_decoder(cfg: Qwen3ASRConfig, device: torch.device, dtype: torch.dtype) -> Qwen3Decoder:
+    """The decoder with uninitialised storage: every tensor is about to be overwritten by the
+    checkpoint, and the random init of a 0.6B decoder alone takes seconds on a CPU."""
+    with torch.device("meta"):
+        decoder = Qwen3Decoder(cfg.text, tie_word_embeddings=cfg.tie_word_embeddings)
+    decoder = decoder.to_empty(device=device).to(dtype)
+    if decoder.tied:  # to_empty gives each module its own storage: tie the head again
+        decoder.lm_head.weight = decoder.model.embed_tokens.weight
+    return decoder
