@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from harken.shared.text import join_texts  # noqa: F401  (the segment/item join rule, shared with the edge)
+
 ASR_TEXT = "<asr_text>"
 HEADER_WORD = "language"
 AGREEMENT_RULES = ("local-agreement", "rollback-only")
@@ -147,26 +149,11 @@ def split_header(raw: str, forced_language: str | None, final: bool) -> tuple[st
 
 
 def header_language(meta: str) -> str:
-    """'language English' -> 'English'; 'language None' (silence) or anything unreadable -> ''."""
-    name = meta.strip()[len(HEADER_WORD):].strip()
-    if not name or name.lower() == "none":
-        return ""
-    return name[:1].upper() + name[1:].lower()
+    """'language English' -> 'English'; 'language None' (silence) or anything unreadable -> '',
+    exactly as the offline parser reads a header."""
+    from harken.cloud.model.prompt import parse_transcript
 
-
-def join_texts(left: str, right: str) -> str:
-    """The separator between consecutive pieces of text (segments, items): a space, except next to
-    CJK characters (which are written without spaces) or when either side is empty."""
-    if not left or not right:
-        return ""
-    if _is_cjk(left[-1]) or _is_cjk(right[0]):
-        return ""
-    return " "
-
-
-def _is_cjk(ch: str) -> bool:
-    o = ord(ch)
-    return 0x2E80 <= o <= 0x9FFF or 0xAC00 <= o <= 0xD7AF or 0xF900 <= o <= 0xFAFF or 0xFF00 <= o <= 0xFFEF
+    return parse_transcript(meta + ASR_TEXT).language
 
 
 def compose_context(user_context: str, carried: str) -> str:

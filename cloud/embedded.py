@@ -67,14 +67,10 @@ def stream_file(path: str, model, options: SessionOptions = SessionOptions()) ->
 
 
 def transcript_text(events: list[TranscriptEvent]) -> str:
-    """All committed text of a stream, segments in order (joined as `join_texts` says)."""
-    from harken.cloud.commit import join_texts
+    """All committed text of a stream, segments in order (joined as `shared.text` says)."""
+    from harken.shared.text import transcript_text as join_segments
 
     segments: dict[int, str] = {}
     for e in events:
         segments[e.segment_id] = segments.get(e.segment_id, "") + e.committed_delta
-    text = ""
-    for sid in sorted(segments):
-        piece = segments[sid]
-        text += join_texts(text, piece) + piece
-    return text
+    return join_segments(segments)

@@ -1,0 +1,171 @@
+"""cloud/scheduler.py: N sessions batched through one Engine give exactly the events of N separate
+runs; fairness; admission control; the asyncio Scheduler; the embedded engine and `harken stream`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+
+from harken.cloud.commit import CommitPolicy
+from harken.cloud.embedded import stream_audio, transcript_text
+from harken.cloud.scheduler import Engine, EngineConfig, Scheduler
+from harken.cloud.session import SessionOptions
+from harken.shared.errors import EngineOverloaded
+from harken.shared.text import transcript_text as transcript_of
+from signals import concat, silence, speech, write_wav
+from streaming import item_tokens, make_segments, packets, run_alone, segment_texts, talkative_tiny
+
+POLICY = CommitPolicy(max_item_tokens=10, max_new_tokens_per_update=4, rollback_tokens=2)
+
+
+@pytest.fixture(scope="module")
+def asr():
+    return talkative_tiny()
+
+
+def workloads(n: int):
+    """n sessions: different segment layouts, packet sizes, languages and contexts."""
+    out = []
+    for i in range(n):
+        lengths = [1.5 + 1.3 * i, 0.8 + 0.5 * (i % 3)][: 1 + i % 2]
+        segments = make_segments(lengths, [0.1 * i, 0.5], seed=100 + i)
+        options = SessionOptions(language="English" if i % 3 == 2 else None, context=f"talk {i}" * (i % 2),
+                                 policy=POLICY)
+        out.append((options, segments, [23 + 17 * i, 60, 7 + i]))
+    return out
+
+
+def run_batched(engine, work):
+    """All sessions at once: each round every session gets its next packet, then the engine steps
+    until idle — so each session sees the same input/step schedule as when it runs alone."""
+    sids = [engine.open_session(options) for options, _, _ in work]
+    streams = [list(packets(segments, pieces)) for _, segments, pieces in work]
+    events = {sid: [] for sid in sids}
+    for r in range(max(len(s) for s in streams)):
+        for sid, s in zip(sids, streams):
+            if r < len(s):
+                engine.ingest(sid, *s[r])
+        for sid, e in engine.run_until_idle():
+            events[sid].append(e)
+    return [events[sid] for sid in sids]
+
+
+@pytest.mark.parametrize("n, max_batch", [(6, 4)])
+def test_batched_sessions_equal_separate_runs(asr, n, max_batch):
+    work = workloads(n)
+    alone = [run_alone(Engine(asr, EngineConfig(max_sessions=1, slot_policy=POLICY)), o, s, p) for o, s, p in work]
+    engine = Engine(asr, EngineConfig(max_sessions=n, max_batch=max_batch, slot_policy=POLICY))
+    batched = run_batched(engine, work)
+    for a, b in zip(alone, batched):
+        assert b == a  # every event: text, partials, stability, times, language, tokens
+    assert any(any(e.committed_delta for e in a) for a in alone)
+
+
+def test_every_ready_session_is_served_each_tick(asr):
+    """More ready sessions than the batch holds: one tick still serves each of them once (they join
+    as places free up), and none twice."""
+    engine = Engine(asr, EngineConfig(max_sessions=5, max_batch=2, slot_policy=POLICY))
+    work = workloads(5)
+    sids = [engine.open_session(o) for o, _, _ in work]
+    for sid, (_, segments, _) in zip(sids, work):
+        engine.ingest(sid, 0, segments[0].first_frame, segments[0].frames[:, :100], True)  # one update due
+    events = engine.step()
+    assert not engine.has_work()
+    served = {sid for sid, _ in events}
+    assert all(engine.session(s).state.items[0].boundary == 100 for s in sids)
+    assert served <= set(sids)
+
+
+def test_admission_control(asr):
+    work = workloads(3)
+    alone = [run_alone(Engine(asr, EngineConfig(max_sessions=1, slot_policy=POLICY)), o, s, p) for o, s, p in work[:2]]
+    engine = Engine(asr, EngineConfig(max_sessions=2, slot_policy=POLICY, max_queued_frames=150))
+    sids = [engine.open_session(o) for o, _, _ in work[:2]]
+    with pytest.raises(EngineOverloaded):
+        engine.open_session(work[2][0])
+    streams = [list(packets(s, p)) for _, s, p in work[:2]]
+    events = {sid: [] for sid in sids}
+    for r in range(max(len(s) for s in streams)):
+        for sid, s in zip(sids, streams):
+            if r < len(s):
+                engine.ingest(sid, *s[r])
+        if r == 0:
+            with pytest.raises(EngineOverloaded):  # still full; the refusal changes nothing
+                engine.open_session(work[2][0])
+        for sid, e in engine.run_until_idle():
+            events[sid].append(e)
+    assert [events[s] for s in sids] == alone  # the admitted sessions carried on undisturbed
+    engine.close_session(sids[0])
+    third = engine.open_session(work[2][0])  # a freed slot admits again
+    # queued work past the limit refuses new sessions until the engine catches up
+    segments = work[2][1]
+    engine.ingest(third, 0, segments[0].first_frame, segments[0].frames[:, :151], True)
+    with pytest.raises(EngineOverloaded):
+        engine.open_session(work[0][0])
+    engine.run_until_idle()
+    engine.close_session(third)
+    engine.open_session(work[0][0])
+
+
+def test_asyncio_scheduler_commits_what_a_synchronous_run_commits(asr):
+    """Sessions fed from the event loop while the engine steps in its worker thread, timing
+    uncontrolled: the committed text and final tokens are those of synchronous runs (commits are a
+    function of the features alone); every segment gets its final event."""
+    work = workloads(3)
+    alone = [run_alone(Engine(asr, EngineConfig(max_sessions=1, slot_policy=POLICY)), o, s, p) for o, s, p in work]
+
+    async def main():
+        scheduler = Scheduler(Engine(asr, EngineConfig(max_sessions=3, slot_policy=POLICY)))
+        await scheduler.start()
+        try:
+            async def one(options, segments, pieces):
+                sid, queue = scheduler.open_session(options)
+                for p in packets(segments, pieces):
+                    scheduler.ingest(sid, *p)
+                    await asyncio.sleep(0.001)
+                events = []
+                while sum(e.is_final for e in events) < len(segments):
+                    events.append(await asyncio.wait_for(queue.get(), 120))
+                scheduler.close_session(sid)
+                return events
+            return await asyncio.gather(*(one(*w) for w in work))
+        finally:
+            await scheduler.stop()
+
+    results = asyncio.run(main())
+    for a, b in zip(alone, results):
+        assert segment_texts(b) == segment_texts(a)
+        assert item_tokens(b) == item_tokens(a)
+
+
+def test_embedded_stream_of_speech(asr):
+    """The real wire path (VAD, log-mel, codec) into the engine: one final per VAD segment, in order,
+    and the transcript is the committed text of all of them."""
+    audio = concat(silence(0.4), speech("Streaming speech recognition."), silence(0.8),
+                   speech("Second sentence here."), silence(0.5))
+    engine = Engine(asr, EngineConfig(max_sessions=1, slot_policy=POLICY))
+    events = list(stream_audio(audio, engine, SessionOptions(policy=POLICY)))
+    finals = [e.segment_id for e in events if e.is_final]
+    assert finals == sorted(set(e.segment_id for e in events)) and len(finals) >= 2
+    texts = segment_texts(events)
+    assert transcript_text(events) == transcript_of(texts)
+    assert all(e.end_s <= len(audio) / 16000 + 0.01 for e in events)
+
+
+def test_cli_stream_json(tmp_path):
+    wav = write_wav(tmp_path / "a.wav", concat(silence(0.3), speech("Hello there."), silence(0.6)))
+    out = subprocess.run([sys.executable, "-m", "harken.cli", "stream", str(wav), "--model", "tiny", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "meaningless" in out.stderr
+    lines = [json.loads(x) for x in out.stdout.splitlines()]
+    keys = {"segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final"}
+    assert all(set(x) == keys for x in lines[:-1]) and any(x["is_final"] for x in lines[:-1])
+    assert set(lines[-1]) == {"final", "text"} and lines[-1]["final"] is True
+    mic = subprocess.run([sys.executable, "-m", "harken.cli", "stream", "--mic", "--model", "tiny"],
+                         capture_output=True, text=True, timeout=120)
+    assert mic.returncode == 2 and "not available yet" in mic.stderr and len(mic.stderr.splitlines()) == 1
