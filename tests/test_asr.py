@@ -234,12 +234,21 @@ def test_tokenizer_matches_tiktoken_ranks(real_tokenizer):
         assert real_tokenizer.encode(plain) == reference.encode(plain), text
 
 
-def test_tokenizer_from_vocab_and_merges_equals_tokenizer_json(harken_dir, real_tokenizer, tmp_path):
-    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+def test_tokenizer_from_vocab_and_merges_matches_transformers_conversion(harken_dir, real_tokenizer, tmp_path):
+    """Without tokenizer.json (as some checkpoints ship), harken assembles the tokenizer itself;
+    transformers converts the slow one (Qwen2Converter): both must agree."""
+    from transformers import AutoTokenizer
+
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json", "config.json"):
         shutil.copy(harken_dir / name, tmp_path / name)
     rebuilt = Tokenizer.from_dir(tmp_path)
+    converted = AutoTokenizer.from_pretrained(str(tmp_path))
     for text in TEXTS:
-        assert rebuilt.encode(text) == real_tokenizer.encode(text)
+        assert rebuilt.encode(text) == converted.encode(text, add_special_tokens=False) == real_tokenizer.encode(text)
+    ids = np.random.default_rng(1).integers(0, 151705, size=400).tolist() + [151704, 151645]
+    for skip in (True, False):
+        assert rebuilt.decode(ids, skip_special_tokens=skip) == converted.decode(
+            ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
     assert rebuilt.token_id("<asr_text>") == 151704 and rebuilt.token_id("<|audio_pad|>") == 151676
 
 
