@@ -290,12 +290,14 @@ class Scheduler:
         self.queues: dict[str, asyncio.Queue] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harken-engine")
+        self._executor: ThreadPoolExecutor | None = None
         self._stopping = False
 
     async def start(self) -> None:
+        """Start the owner task (again after `stop`, if need be)."""
         if self._task is None:
             self._stopping = False
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harken-engine")
             self._task = asyncio.create_task(self._run(), name="harken-scheduler")
 
     async def stop(self) -> None:
@@ -307,7 +309,8 @@ class Scheduler:
                 await self._task
             finally:
                 self._task = None
-        self._executor.shutdown(wait=True)
+                self._executor.shutdown(wait=True)
+                self._executor = None
 
     def open_session(self, options: SessionOptions = SessionOptions()) -> tuple[str, asyncio.Queue]:
         sid = self.engine.open_session(options)

@@ -39,6 +39,21 @@ def workloads(n: int):
     return out
 
 
+_ALONE: dict[int, list] = {}
+
+
+def alone_runs(asr, n: int) -> list[list]:
+    """Events of workloads(n)'s sessions, each run by itself on its own engine (cached: workload i
+    is the same in every workloads(n), so the tests share these reference runs)."""
+    work = workloads(n)
+    for i in range(n):
+        if i not in _ALONE:
+            options, segments, pieces = work[i]
+            _ALONE[i] = run_alone(Engine(asr, EngineConfig(max_sessions=1, slot_policy=POLICY)), options,
+                                  segments, pieces)
+    return [_ALONE[i] for i in range(n)]
+
+
 def run_batched(engine, work):
     """All sessions at once: each round every session gets its next packet, then the engine steps
     until idle — so each session sees the same input/step schedule as when it runs alone."""
@@ -57,7 +72,7 @@ def run_batched(engine, work):
 @pytest.mark.parametrize("n, max_batch", [(6, 4)])
 def test_batched_sessions_equal_separate_runs(asr, n, max_batch):
     work = workloads(n)
-    alone = [run_alone(Engine(asr, EngineConfig(max_sessions=1, slot_policy=POLICY)), o, s, p) for o, s, p in work]
+    alone = alone_runs(asr, n)
     engine = Engine(asr, EngineConfig(max_sessions=n, max_batch=max_batch, slot_policy=POLICY))
     batched = run_batched(engine, work)
     for a, b in zip(alone, batched):
@@ -82,7 +97,7 @@ def test_every_ready_session_is_served_each_tick(asr):
 
 def test_admission_control(asr):
     work = workloads(3)
-    alone = [run_alone(Engine(asr, EngineConfig(max_sessions=1, slot_policy=POLICY)), o, s, p) for o, s, p in work[:2]]
+    alone = alone_runs(asr, 2)
     engine = Engine(asr, EngineConfig(max_sessions=2, slot_policy=POLICY, max_queued_frames=150))
     sids = [engine.open_session(o) for o, _, _ in work[:2]]
     with pytest.raises(EngineOverloaded):
@@ -116,7 +131,7 @@ def test_asyncio_scheduler_commits_what_a_synchronous_run_commits(asr):
     uncontrolled: the committed text and final tokens are those of synchronous runs (commits are a
     function of the features alone); every segment gets its final event."""
     work = workloads(3)
-    alone = [run_alone(Engine(asr, EngineConfig(max_sessions=1, slot_policy=POLICY)), o, s, p) for o, s, p in work]
+    alone = alone_runs(asr, 3)
 
     async def main():
         scheduler = Scheduler(Engine(asr, EngineConfig(max_sessions=3, slot_policy=POLICY)))
