@@ -23,8 +23,11 @@ LANGUAGE = "English"  # forced: the random tiny model then writes text
 
 @pytest.fixture(scope="module")
 def asr():
+    import torch
+
     from harken.cloud.model.asr import Qwen3ASR
 
+    torch.set_num_threads(1)  # the test machine is shared: one thread is several times faster here
     return Qwen3ASR.load("tiny")
 
 

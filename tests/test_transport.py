@@ -38,8 +38,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def asr():
+    import torch
+
     from harken.cloud.model.asr import Qwen3ASR
 
+    torch.set_num_threads(1)  # the test machine is shared: one thread is several times faster here
     return Qwen3ASR.load("tiny")
 
 
@@ -178,16 +181,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# `harken serve --model tiny --host 127.0.0.1 --port P`, through the command's own function
-SERVE = ("import sys; from harken.cloud.server import ServerOptions, serve_command; "
-         "sys.exit(serve_command('tiny', ServerOptions(host='127.0.0.1', port=int(sys.argv[1]))))")
-
-
 async def _spawn_server(port: int) -> asyncio.subprocess.Process:
-    """The server as a real process (the tiny model); returns once it listens."""
+    """`harken serve --model tiny --port P` as a real process; returns once it listens."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", SERVE, str(port),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, cwd=REPO)
+        sys.executable, "-m", "harken", "serve", "--model", "tiny", "--host", "127.0.0.1", "--port", str(port),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})  # as the in-process tests' torch.set_num_threads(1)
     line = await asyncio.wait_for(proc.stdout.readline(), 120)
     assert b"listening" in line, line
     return proc
