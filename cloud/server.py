@@ -136,6 +136,8 @@ class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
                 log.info("stream ended with an error", extra={"fields": {**fields, "message": message}})
             if session is not None and isinstance(e, _INPUT_ERRORS):
                 await self.table.discard(session)
+            # the same code and message as a last message too: a grpc.aio client that is still
+            # writing when the stream ends may be shown INTERNAL instead of the status (grpc#36066)
             yield wire.error_message(code.name, message)
             await context.abort(code, message)
         finally:
@@ -169,9 +171,9 @@ async def _read(requests, session: HostedSession, attachment: Attachment) -> Non
             except asyncio.CancelledError:
                 await asyncio.wait([applying])
                 raise
-        # the client closed its side without `end`: nothing more can come on this stream
-        if not session.ending:
-            await session.apply(wire.EndIn())
+        # The request side ended without `end`. That is not an end of the session: a client that
+        # drops its connection shows up here too (grpc.aio ends the iterator), and it will resume.
+        # The stream goes on sending events until the client cancels it.
     except asyncio.CancelledError:
         raise
     except Exception as e:

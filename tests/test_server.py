@@ -109,6 +109,7 @@ class Outcome:
     messages: list = field(default_factory=list)  # ServerMessage, in order
     code: grpc.StatusCode | None = None
     details: str = ""
+    progress: asyncio.Event = field(default_factory=asyncio.Event)  # set on every message (async client)
 
     @property
     def ready(self) -> pb.Ready:
@@ -151,10 +152,11 @@ END = pb.ClientMessage(end=pb.End())
 
 
 async def run_stream(target: str, messages, metadata=(), credentials=None, stop_after=None,
-                     hold_open: asyncio.Event | None = None) -> Outcome:
+                     hold_open: asyncio.Event | None = None, then=(), out: Outcome | None = None) -> Outcome:
     """Send `messages`, collect every server message until the stream ends (or, with
-    `stop_after(outcome)` true, cancel it there, as a dropped connection would)."""
-    out = Outcome()
+    `stop_after(outcome)` true, cancel it there, as a dropped connection would). With `hold_open`
+    the request side stays open after `messages` until it is set, then sends `then`."""
+    out = out if out is not None else Outcome()
     channel = grpc.aio.secure_channel(target, credentials) if credentials else grpc.aio.insecure_channel(target)
     async with channel:
         async def requests():
@@ -162,11 +164,14 @@ async def run_stream(target: str, messages, metadata=(), credentials=None, stop_
                 yield m
             if hold_open is not None:
                 await hold_open.wait()
+            for m in then:
+                yield m
 
-        call = harken_pb2_grpc.TranscriptionStub(channel).Stream(requests(), metadata=metadata)
+        call = harken_pb2_grpc.TranscriptionStub(channel).Stream(requests(), metadata=metadata, timeout=120)
         try:
             async for m in call:
                 out.messages.append(m)
+                out.progress.set()
                 if stop_after is not None and stop_after(out):
                     call.cancel()
                     out.code = grpc.StatusCode.CANCELLED
@@ -174,6 +179,11 @@ async def run_stream(target: str, messages, metadata=(), credentials=None, stop_
             out.code = grpc.StatusCode.OK
         except grpc.aio.AioRpcError as e:
             out.code, out.details = e.code(), e.details() or ""
+            last = out.messages[-1] if out.messages else None
+            if out.code == grpc.StatusCode.INTERNAL and last is not None and last.WhichOneof("kind") == "error":
+                # grpc.aio reports INTERNAL when the stream ends while the client still writes
+                # (grpc#36066); the server's last message carries the real status
+                out.code, out.details = grpc.StatusCode[last.error.code], last.error.message
     return out
 
 
@@ -303,7 +313,7 @@ class BackgroundServer:
         raw = [m if isinstance(m, bytes) else m.SerializeToString() for m in messages]
         out = Outcome()
         try:
-            for m in self.call(iter(raw), metadata=metadata):
+            for m in self.call(iter(raw), metadata=metadata, timeout=60):
                 out.messages.append(m)
             out.code = OK
         except grpc.RpcError as e:
@@ -403,7 +413,7 @@ def test_bad_starts(busy_server):
     @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
     @given(codec=mostly(["", wire.CODEC_NAME], st.sampled_from(["opus", "harken-mel/2"]) | st.text(max_size=80)),
            language=mostly(["", "English", "en", "Chinese"], st.sampled_from(["Klingon"]) | st.text(max_size=80)),
-           context=mostly(["", "harken"], st.text(min_size=8001, max_size=8002)),
+           context=mostly(["", "harken"], st.integers(8001, 9000).map(lambda n: "é" * n)),
            session_id=mostly([""], st.text(max_size=70)),
            seed=mostly([None], st.tuples(st.floats(width=32), st.text(max_size=10), st.integers(0, 5))),
            last_event_seq=st.integers(0, 2**64 - 1))
@@ -426,7 +436,7 @@ def test_bad_starts(busy_server):
                 forced_language(language)
             except HarkenError:
                 expected.add(INVALID)
-        out = busy_server.stream([msg])
+        out = busy_server.stream([msg, END])
         event(out.code.name)
         assert out.code in (expected or {OK}), (out.code, out.details)
         if out.code == OK:
@@ -597,3 +607,259 @@ def test_keys_and_ownership(busy_server):
     out = busy_server.stream([start_msg(session_id=good_id)], metadata=bearer(KEY_A))
     assert (out.code, out.details) == (grpc.StatusCode.PERMISSION_DENIED, "this session belongs to another API key")
     assert out.messages[0].error.code == "PERMISSION_DENIED" and good_id not in out.messages[0].error.message
+
+
+# ---- admission control ---------------------------------------------------------------------------
+
+def test_overload_refuses_new_streams_at_once_while_admitted_ones_continue(asr, packets, reference, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY_A}\n{KEY_B}\n")
+
+    async def main():
+        async with serving(asr, api_keys=str(keys), max_sessions=3, max_sessions_per_key=2) as server:
+            release = asyncio.Event()
+            msgs = [start_msg(codec=wire.CODEC_NAME)] + features_msgs(packets) + [END]
+            admitted = []
+
+            async def admit(key):
+                out = Outcome()
+                admitted.append((out, asyncio.create_task(run_stream(
+                    server.address, msgs[:-1], metadata=bearer(key), hold_open=release, then=[END], out=out))))
+                await out.progress.wait()  # Ready: admitted
+                assert out.ready.session_id
+
+            await admit(KEY_A)
+            await admit(KEY_A)
+            per_key = await run_stream(server.address, msgs, metadata=bearer(KEY_A))
+            await admit(KEY_B)
+            server_full = await run_stream(server.address, msgs, metadata=bearer(KEY_B))
+            # the refusals came while every admitted stream was still open (release is not set)
+            assert not any(task.done() for _, task in admitted)
+            release.set()
+            return per_key, server_full, [await task for _, task in admitted]
+
+    per_key, server_full, admitted = asyncio.run(main())
+    assert (per_key.code, per_key.details) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                               "this key holds its maximum of 2 sessions")
+    assert (server_full.code, server_full.details) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                       "the server holds its maximum of 3 sessions")
+    for out in admitted:
+        assert out.code == OK, out.details
+        assert transcript_of(out.events) == transcript_of(reference)
+
+
+# ---- resume ----------------------------------------------------------------------------------------
+
+def test_resume_after_a_cancelled_stream_gives_the_identical_transcript(asr, packets, reference):
+    msgs = features_msgs(packets)
+    seg1 = [i for i, p in enumerate(packets) if p.segment_id == 1]
+    cut = seg1[len(seg1) // 2] // 5 * 5  # Acks come every 5 messages: cancel after this one's
+    assert packets[cut - 1].segment_id == 1 and not packets[cut - 1].segment_end, "mid-segment"
+    sent = cut + 2  # the server may or may not have applied the last two when the stream drops
+
+    async def main():
+        async with serving(asr) as server:
+            first = await run_stream(
+                server.address, [start_msg(codec=wire.CODEC_NAME)] + msgs[:sent], hold_open=asyncio.Event(),
+                stop_after=lambda out: bool(out.acks) and out.acks[-1].seq >= cut and bool(out.transcripts))
+            last_seen = first.transcripts[-1].event_seq
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                call = harken_pb2_grpc.TranscriptionStub(channel).Stream()
+                # ask for one event again: the server must replay it as it was
+                await call.write(start_msg(session_id=first.ready.session_id, last_event_seq=last_seen - 1))
+                ready = (await call.read()).ready
+                for m in msgs[ready.resume_after_seq:]:
+                    await call.write(m)
+                await call.write(END)
+                await call.done_writing()
+                second = Outcome(messages=[pb.ServerMessage(ready=ready)])
+                while (m := await call.read()) != grpc.aio.EOF:
+                    second.messages.append(m)
+                second.code = await call.code()
+            return first, ready, second
+
+    first, ready, second = asyncio.run(main())
+    assert ready.session_id == first.ready.session_id
+    assert cut <= ready.resume_after_seq <= sent
+    assert ready.last_final_segment in (-1, 0)  # segment 0 is final once the engine got to it
+    replayed = second.transcripts[0]
+    assert replayed == first.transcripts[-1], "the event lost in flight is replayed as it was"
+    events = first.transcripts[:-1] + second.transcripts
+    assert [t.event_seq for t in events] == list(range(1, len(events) + 1))
+    assert second.code == OK
+    assert transcript_of([_wire_event(t) for t in events]) == transcript_of(reference)
+
+
+def test_a_new_attach_detaches_the_old_stream_and_unknown_ids_are_not_found(asr, packets):
+    async def main():
+        async with serving(asr, grace_s=0.2) as server:
+            old = Outcome()
+            old_task = asyncio.create_task(run_stream(server.address, [start_msg(codec=wire.CODEC_NAME)],
+                                                      hold_open=asyncio.Event(), out=old))
+            await old.progress.wait()
+            sid = old.ready.session_id
+            new = await run_stream(server.address, [start_msg(session_id=sid)] + features_msgs(packets[:2]),
+                                   stop_after=lambda out: True)  # attached (Ready), then drops
+            await old_task
+            # nobody resumes: the grace period ends and the session is gone
+            for _ in range(200):
+                if not server._table.sessions:
+                    break
+                await asyncio.sleep(0.05)
+            gone = await run_stream(server.address, [start_msg(session_id=sid)])
+            return old, new, gone
+
+    old, new, gone = asyncio.run(main())
+    assert (old.code, old.details) == (grpc.StatusCode.ABORTED, "a newer stream attached to this session")
+    assert new.ready.session_id == old.ready.session_id and new.ready.resume_after_seq == 0
+    assert gone.code == grpc.StatusCode.NOT_FOUND and "open a new session with the last seed" in gone.details
+
+
+# ---- TLS, metrics, health, reflection, shutdown -------------------------------------------------
+
+def _self_signed(tmp_path) -> tuple[str, str, bytes]:
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+    (tmp_path / "cert.pem").write_bytes(cert_pem)
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    return str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"), cert_pem
+
+
+def test_tls_and_api_key_round_trip(asr, packets, reference, tmp_path):
+    cert, key, cert_pem = _self_signed(tmp_path)
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY_A} alice\n")
+    credentials = grpc.ssl_channel_credentials(root_certificates=cert_pem)
+
+    async def main():
+        async with serving(asr, tls_cert=cert, tls_key=key, api_keys=str(keys)) as server:
+            target = f"localhost:{server.port}"
+            msgs = [start_msg(codec=wire.CODEC_NAME)] + features_msgs(packets) + [END]
+            good = await run_stream(target, msgs, metadata=bearer(KEY_A), credentials=credentials)
+            wrong = await run_stream(target, msgs, metadata=bearer(KEY_B), credentials=credentials)
+            plaintext = await run_stream(f"127.0.0.1:{server.port}", msgs, metadata=bearer(KEY_A))
+            return server.tls, good, wrong, plaintext
+
+    tls, good, wrong, plaintext = asyncio.run(main())
+    assert tls
+    assert good.code == OK, good.details
+    assert transcript_of(good.events) == transcript_of(reference)
+    assert (wrong.code, wrong.details) == (grpc.StatusCode.UNAUTHENTICATED, "unknown API key")
+    assert plaintext.code == grpc.StatusCode.UNAVAILABLE and not plaintext.messages
+
+
+def test_metrics_health_and_reflection(asr, packets):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    async def main():
+        async with serving(asr, metrics_port=0) as server:
+            msgs = [start_msg(codec=wire.CODEC_NAME)] + features_msgs(packets) + [END]
+            out = await run_stream(server.address, msgs)
+            bad = await run_stream(server.address, [END])
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                health = await health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service="harken.v1.Transcription"))
+                services = []
+                async for r in reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+                        iter([reflection_pb2.ServerReflectionRequest(list_services="")])):
+                    services += [s.name for s in r.list_services_response.service]
+            url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+            text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=10).read().decode())
+            return out, bad, health, services, text
+
+    out, bad, health, services, text = asyncio.run(main())
+    assert out.code == OK and bad.code == ORDER
+    assert health.status == health_pb2.HealthCheckResponse.SERVING
+    assert {"harken.v1.Transcription", "grpc.health.v1.Health"} <= set(services)
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    assert samples[("harken_bytes_in_total", (("kind", "features"),))] == sum(len(p.payload) for p in packets)
+    assert samples[("harken_messages_in_total", (("kind", "features"),))] == len(packets)
+    assert samples[("harken_transcript_events_total", ())] == len(out.transcripts)
+    assert samples[("harken_errors_total", (("code", "FAILED_PRECONDITION"),))] == 1
+    assert samples[("harken_time_to_first_partial_seconds_count", ())] == 2  # one per segment
+    assert samples[("harken_final_latency_seconds_count", ())] == 2
+    assert samples[("harken_update_latency_seconds_count", ())] == sum(not t.is_final for t in out.transcripts)
+    assert samples[("harken_batch_size_count", ())] >= 1
+    assert ("harken_queue_depth", ()) in samples
+    assert samples[("harken_sessions_active", ())] == 0 and samples[("harken_streams_attached", ())] == 0
+    assert "Bearer" not in text and KEY_A not in text
+
+
+def test_shutdown_finalises_open_segments_and_sends_their_finals(asr, packets):
+    seg1 = [i for i, p in enumerate(packets) if p.segment_id == 1]
+    cut = seg1[len(seg1) // 2] // 5 * 5
+
+    async def main():
+        server = await start_server(asr, ServerOptions(port=0, policy=POLICY))
+        try:
+            out = Outcome()
+            task = asyncio.create_task(run_stream(server.address, [start_msg(codec=wire.CODEC_NAME)]
+                                                  + features_msgs(packets[:cut]), hold_open=asyncio.Event(),
+                                                  out=out))
+            while not (out.acks and out.acks[-1].seq == cut):
+                out.progress.clear()
+                await out.progress.wait()
+            await server.stop()
+            refused = await run_stream(server.address, [start_msg()])
+            return await task, refused
+        finally:
+            await server.stop()
+
+    out, refused = asyncio.run(main())
+    assert (out.code, out.details) == (grpc.StatusCode.UNAVAILABLE,
+                                       "the server is shutting down: open segments were finalised")
+    finals = [t for t in out.transcripts if t.is_final]
+    assert [t.segment_id for t in finals] == [0, 1]
+    assert finals[1].seed.present and finals[1].seed.next_segment_id == 2
+    assert finals[1].end_s == pytest.approx((packets[cut - 1].first_frame + packets[cut - 1].frame_count) / 100)
+    assert out.acks[-1].seq == cut and out.acks[-1].last_final_segment == 1
+    assert refused.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_harken_serve_prints_its_addresses_and_stops_on_sigterm(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "harken", "serve", "--model", "tiny", "--port", "0",
+                             "--metrics-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        grpc_line = proc.stdout.readline().strip()
+        metrics_line = proc.stdout.readline().strip()
+        assert grpc_line.startswith("harken: listening on grpc://127.0.0.1:"), grpc_line
+        port = int(grpc_line.rsplit(":", 1)[1])
+        assert port > 0
+        assert metrics_line.startswith("harken: metrics on http://127.0.0.1:") and metrics_line.endswith("/metrics")
+        with urllib.request.urlopen(metrics_line.split(" on ", 1)[1], timeout=10) as r:
+            assert b"harken_sessions_active" in r.read()
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        logs = [json.loads(line) for line in proc.stderr.read().splitlines()]
+        assert [r["msg"] for r in logs if r["msg"].startswith("server ")] == ["server started", "server stopped"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
