@@ -244,9 +244,7 @@ class _StreamState:
     last_final_segment: int = -1
     final_end_sample: int = 0  # thin client: where the last final segment ended
     replay_offset_s: float = 0.0  # thin client: replacement-session times are relative to this
-    delivered: dict[int, str] = field(default_factory=dict)  # committed text the user has, per segment
-    delivered_partial: dict[int, str] = field(default_factory=dict)
-    server_text: dict[int, str] = field(default_factory=dict)  # committed text this session sent
+    texts: ReplayFilter = field(default_factory=lambda: ReplayFilter())  # what the user has, per segment
     source_done: bool = False
     wake_sender: asyncio.Event = field(default_factory=asyncio.Event)
     new_segment_bound_s: float = 0.0  # edge: where the next segment can start at the earliest
@@ -458,7 +456,7 @@ class TranscriptionClient:
         state.session_id = ""
         state.replacement = True
         state.last_event_seq = 0
-        state.server_text.clear()
+        state.texts.new_session()
         if self.options.send_audio and state.buffer.entries:
             state.replay_offset_s = state.buffer.entries[0].first_sample / SAMPLE_RATE
         state.buffer.renumber()
@@ -593,36 +591,61 @@ class TranscriptionClient:
             state.buffer.drop_segments_through(state.last_final_segment)
 
     def _deliver(self, t: pb.Transcript, state: _StreamState) -> TranscriptEvent | None:
-        """The event as the user sees it: after a replacement session re-sent text the user
-        already has, only what extends it is passed on (committed text is never retracted)."""
+        """The event as the user sees it (see `ReplayFilter`), or None when it shows nothing new."""
         seg = t.segment_id
         if seg <= state.last_final_segment and not self.options.send_audio:
             self.stats.duplicate_events += 1
             return None
-        server_text = state.server_text.get(seg, "") + t.committed_delta
-        state.server_text[seg] = server_text
-        have = state.delivered.get(seg, "")
-        if len(server_text) >= len(have):
-            if not server_text.startswith(have):
-                self.stats.replay_mismatches += 1
-            delta = server_text[len(have):]
-            self.stats.replayed_text_chars += len(t.committed_delta) - len(delta)
-        else:
-            if not have.startswith(server_text):
-                self.stats.replay_mismatches += 1
-            delta = ""
-            self.stats.replayed_text_chars += len(t.committed_delta)
-        committed = have + delta
-        hypothesis = server_text + t.partial
-        partial = hypothesis[len(committed):] if len(hypothesis) > len(committed) else ""
-        if not delta and not t.is_final and partial == state.delivered_partial.get(seg, ""):
-            return None  # a replayed update that shows the user nothing new
-        state.delivered[seg] = committed
-        state.delivered_partial[seg] = "" if t.is_final else partial
+        visible = state.texts.filter(seg, t.committed_delta, t.partial, t.is_final)
+        self.stats.replayed_text_chars = state.texts.dropped_chars
+        self.stats.replay_mismatches = state.texts.mismatches
+        if visible is None:
+            return None
+        delta, partial = visible
         offset = state.replay_offset_s
-        return TranscriptEvent(segment_id=seg, committed_delta=delta, partial="" if t.is_final else partial,
-                               stability=t.stability, start_s=t.start_s + offset, end_s=t.end_s + offset,
-                               language=t.language, is_final=t.is_final)
+        return TranscriptEvent(segment_id=seg, committed_delta=delta, partial=partial, stability=t.stability,
+                               start_s=t.start_s + offset, end_s=t.end_s + offset, language=t.language,
+                               is_final=t.is_final)
+
+
+@dataclass
+class ReplayFilter:
+    """Committed text per segment as the user has it. A replacement session (after the server lost
+    the old one) re-sends the committed text of the segments it replays; `filter` passes on only
+    what extends what the user has, and the partial text after that. Committed text is never
+    retracted: should a replay disagree (`mismatches`), the user's text stands."""
+
+    delivered: dict[int, str] = field(default_factory=dict)  # committed text the user has
+    shown_partial: dict[int, str] = field(default_factory=dict)
+    session_text: dict[int, str] = field(default_factory=dict)  # committed text this session sent
+    dropped_chars: int = 0  # re-sent committed text not passed on
+    mismatches: int = 0
+
+    def new_session(self) -> None:
+        """The next events come from a replacement session that starts its segments afresh."""
+        self.session_text.clear()
+
+    def filter(self, segment_id: int, committed_delta: str, partial: str, is_final: bool
+               ) -> tuple[str, str] | None:
+        """(committed delta, partial) to show for a server event, or None if it shows nothing new."""
+        before = self.session_text.get(segment_id, "")
+        text = before + committed_delta
+        self.session_text[segment_id] = text
+        have = self.delivered.get(segment_id, "")
+        if not (text.startswith(have) or have.startswith(text)):
+            self.mismatches += 1
+        delta = text[len(have):] if len(text) > len(have) else ""
+        self.dropped_chars += len(committed_delta) - len(delta)
+        committed = have + delta
+        hypothesis = text + partial
+        shown = "" if is_final else hypothesis[len(committed):] if len(hypothesis) > len(committed) else ""
+        catching_up = len(before) < len(have)  # a replacement session re-sending what the user has
+        if catching_up and not delta and not is_final and \
+                (len(hypothesis) <= len(have) or shown == self.shown_partial.get(segment_id, "")):
+            return None  # keep showing what the user has until the replay goes past it
+        self.delivered[segment_id] = committed
+        self.shown_partial[segment_id] = shown
+        return delta, shown
 
 
 class _NoReady(Exception):

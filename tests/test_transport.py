@@ -26,7 +26,7 @@ import pytest
 
 from faults import CuttingProxy
 from harken.cloud.server import ServerOptions, start_server
-from harken.edge.transport import (BufferOverflowError, ClientOptions, ServerRejectedError,
+from harken.edge.transport import (BufferOverflowError, ClientOptions, ReplayFilter, ServerRejectedError,
                                    ServerUnavailableError, TranscriptEvent, TranscriptionClient, audio_pieces,
                                    peak_normalize)
 from harken.shared.text import transcript_text
@@ -298,3 +298,34 @@ def test_cli_stream_through_a_server(asr, audio, reference, tmp_path):
     keys = ["segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final"]
     assert all(list(line) == keys for line in lines[:-1])
     assert [line["committed_delta"] for line in lines[:-1]] == [e.committed_delta for e in reference]
+
+
+def test_replay_filter_passes_only_what_extends_the_users_text():
+    """A replacement session re-sends a segment's committed text from its start: the user sees
+    each committed character once, and partial text only beyond what is committed."""
+    f = ReplayFilter()
+    # the first session: "hello wor" committed, "ld" guessed, then the server is lost
+    assert f.filter(3, "hello", " wor", False) == ("hello", " wor")
+    assert f.filter(3, " wor", "ld", False) == (" wor", "ld")
+    f.new_session()
+    assert f.filter(3, "", "he", False) is None  # behind the user's text: nothing new to show
+    assert f.filter(3, "hel", "lo w", False) is None
+    assert f.filter(3, "lo w", "orld", False) is None  # the user sees this guess already
+    assert f.filter(3, "", "orld!", False) == ("", "ld!")  # a new guess past the user's text
+    assert f.filter(3, "orld", "", True) == ("ld", "")
+    assert f.delivered[3] == "hello world" and f.dropped_chars == len("hello wor") and f.mismatches == 0
+    # a segment the lost session never reached passes unchanged
+    assert f.filter(4, "", "x", False) == ("", "x")
+    assert f.filter(4, "xy", "", True) == ("xy", "")
+    # a replay that disagrees cannot take committed text back
+    f = ReplayFilter()
+    f.filter(0, "abc", "", False)
+    f.new_session()
+    assert f.filter(0, "abd", "e", False) == ("", "e")
+    assert f.delivered[0] == "abc" and f.mismatches == 1
+
+
+def test_replay_filter_is_transparent_without_faults(reference):
+    f = ReplayFilter()
+    shown = [f.filter(e.segment_id, e.committed_delta, e.partial, e.is_final) for e in reference]
+    assert shown == [(e.committed_delta, e.partial) for e in reference]
