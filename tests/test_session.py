@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -86,7 +87,59 @@ def test_long_segment_is_cut_at_window_boundaries(asr):
     assert text == segment_texts(events)[0]
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def recompute(asr, frames, language, context, committed, budget):
+    """One pass from scratch, no cache reuse: full prompt for `frames` (encoded whole), the committed
+    tokens forced after it, then greedy decoding of `budget` tokens in a fresh cache."""
+    from harken.cloud.model.decoder import greedy_decode, prefill
+    from harken.cloud.model.kv_cache import KVCache
+
+    _, embeds = asr.prompt_embeddings((frames + 4.0) / 4.0, language, context)
+    if committed:
+        embeds = torch.cat([embeds, asr.decoder.embed(torch.tensor(committed))])
+    cache = KVCache.for_config(asr.config.text, max_slots=1, max_len=embeds.shape[0] + budget + 1)
+    slot = cache.allocate()
+    logits = prefill(asr.decoder, cache, [slot], [embeds])
+    return greedy_decode(asr.decoder, cache, [slot], logits, budget, asr.eos_ids)[0]
+
+
+@pytest.mark.parametrize("agreement", ["local-agreement", "rollback-only"])
+def test_every_pass_equals_a_recompute_from_scratch(asr, agreement):
+    """With commits on, each pass (update or final) reuses the slot's KV prefix and the encoder's
+    completed windows; its tokens equal a from-scratch pass over the same audio with the same
+    committed tokens forced — across a window boundary and a segment cut."""
+    policy = CommitPolicy(max_item_tokens=14, max_new_tokens_per_update=4, rollback_tokens=1,
+                          segment_limit_s=12.0, update_interval_s=1.5, agreement=agreement)
+    options = SessionOptions(context="ctx", policy=policy)
+    segments = make_segments([13.5, 2.0], [0.3, 0.4], seed=21 if agreement == "rollback-only" else 22)
+    engine = Engine(asr, EngineConfig(max_sessions=1, slot_policy=policy))
+    sid = engine.open_session(options)
+    session = engine.session(sid)
+    passes = []
+    finish = session.finish_job
+
+    def recording_finish(job, tokens):  # observe each pass as it completes (the model is untouched)
+        item = job.item
+        passes.append((item.segment_id, item.first_frame, job.frames, job.budget, item.context,
+                       list(item.committed), list(tokens)))
+        return finish(job, tokens)
+
+    session.finish_job = recording_finish
+    events = []
+    for p in packets(segments, [70, 130]):
+        engine.ingest(sid, *p)
+        events += [e for _, e in engine.run_until_idle()]
+    frames = {s.segment_id: s for s in segments}
+    assert len(passes) > 10 and any(c for *_, c, _ in passes)  # something was committed on the way
+    assert any(first == segments[0].first_frame + 800 for _, first, *_ in passes)  # the cut item
+    for seg_id, first, n, budget, context, committed, tokens in passes:
+        seg = frames[seg_id]
+        a = first - seg.first_frame
+        ref = recompute(asr, seg.frames[:, a:a + n], None, context, committed, budget)
+        assert tokens == ref, (seg_id, first, n)
+    assert sum(e.is_final for e in events) == 2
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(lengths=st.lists(st.floats(0.0, 5.0), min_size=1, max_size=3),
        gaps=st.lists(st.floats(0.0, 2.0), min_size=3, max_size=3),
        pieces_a=st.lists(st.integers(1, 160), min_size=1, max_size=4),
