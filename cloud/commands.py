@@ -76,15 +76,17 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     event per line and `{"final": true, "text": ...}` last."""
     if server:
         raise HarkenError("--server is not available yet; without it the engine runs in-process (--model)")
+    if bool(mic) == bool(input_path):
+        raise HarkenError("give an input audio file or --mic (not both)")
+    from harken.edge.audio import load_audio, microphone_chunks
+
     if mic:
-        raise HarkenError("--mic is not available yet; stream a file")
-    if not input_path:
-        raise HarkenError("give an input audio file")
-    from harken.edge.audio import load_audio
+        source = _until_interrupted(microphone_chunks(block_ms=100))
+    else:
+        audio = peak_normalize(load_audio(input_path))  # before loading the model: bad input fails fast
+        source = (audio[i:i + 1600] for i in range(0, len(audio), 1600))  # 100 ms pieces
 
-    audio = peak_normalize(load_audio(input_path))  # before loading the model: bad input fails fast
-
-    from harken.cloud.embedded import stream_audio, transcript_text
+    from harken.cloud.embedded import stream_pieces, transcript_text
     from harken.cloud.model.asr import Qwen3ASR
     from harken.cloud.model.checkpoint import TINY
     from harken.cloud.model.prompt import forced_language
@@ -99,7 +101,7 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
     view = _LiveView(sys.stdout)
     events = []
-    for event in stream_audio(audio, engine, options):
+    for event in stream_pieces(source, engine, options):
         events.append(event)
         if as_json:
             print(json.dumps(event.as_dict(), ensure_ascii=False), flush=True)
@@ -111,6 +113,14 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     else:
         view.close()
     return 0
+
+
+def _until_interrupted(pieces):
+    """Microphone pieces until Ctrl-C; then the stream ends normally (open segment finalised)."""
+    try:
+        yield from pieces
+    except KeyboardInterrupt:
+        return
 
 
 class _LiveView:

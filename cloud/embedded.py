@@ -11,7 +11,7 @@ by an engine that keeps up, only without waiting for the clock.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -25,15 +25,22 @@ PIECE_SECONDS = 0.1
 def stream_audio(audio: np.ndarray, engine: Engine, options: SessionOptions = SessionOptions(),
                  piece_seconds: float = PIECE_SECONDS) -> Iterator[TranscriptEvent]:
     """Stream 16 kHz mono float32 audio through the edge pipeline and `engine` (one session)."""
+    step = max(1, int(round(piece_seconds * SAMPLE_RATE)))
+    yield from stream_pieces((audio[i:i + step] for i in range(0, len(audio), step)), engine, options)
+
+
+def stream_pieces(pieces: Iterable[np.ndarray], engine: Engine,
+                  options: SessionOptions = SessionOptions()) -> Iterator[TranscriptEvent]:
+    """Stream pieces of 16 kHz mono float32 audio as they come (a file cut up, a microphone)
+    through the edge pipeline and `engine`; after each piece the engine catches up."""
     from harken.edge.feature_stream import FeatureStream
 
     seed = options.resume.running_max_log10 if options.resume is not None else float("-inf")
     edge = FeatureStream(running_max_log10=seed)
     sid = engine.open_session(options)
     try:
-        step = max(1, int(round(piece_seconds * SAMPLE_RATE)))
-        for i in range(0, len(audio), step):
-            for packet in edge.push(audio[i:i + step]):
+        for piece in pieces:
+            for packet in edge.push(piece):
                 engine.ingest_packet(sid, packet)
             yield from _drain(engine, sid)
         for packet in edge.flush():

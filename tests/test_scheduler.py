@@ -181,6 +181,6 @@ def test_cli_stream_json(tmp_path):
     keys = {"segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final"}
     assert all(set(x) == keys for x in lines[:-1]) and any(x["is_final"] for x in lines[:-1])
     assert set(lines[-1]) == {"final", "text"} and lines[-1]["final"] is True
-    mic = subprocess.run([sys.executable, "-m", "harken.cli", "stream", "--mic", "--model", "tiny"],
-                         capture_output=True, text=True, timeout=120)
-    assert mic.returncode == 2 and "not available yet" in mic.stderr and len(mic.stderr.splitlines()) == 1
+    both = subprocess.run([sys.executable, "-m", "harken.cli", "stream", str(wav), "--mic", "--model", "tiny"],
+                          capture_output=True, text=True, timeout=120)
+    assert both.returncode == 2 and "not both" in both.stderr and len(both.stderr.splitlines()) == 1
