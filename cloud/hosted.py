@@ -153,7 +153,7 @@ class HostedSession:
         self._segment_started_at: dict[int, float] = {}
         self._segment_ended_at: dict[int, float] = {}
         self._first_event_seen: set[int] = set()
-        self._closed = False
+        self._engine_released = False
         self._pump = asyncio.get_running_loop().create_task(self._pump_events(),
                                                              name=f"events-{session_id[:6]}")
 
@@ -378,17 +378,23 @@ class HostedSession:
                 or len(self.events) > self.limits.max_events_held):
             self.events.popleft()
 
-    async def close(self) -> None:
-        """Stop the event pump and release the engine's session. Idempotent."""
-        if self._closed:
+    async def release_engine(self) -> None:
+        """Stop the event pump and free the engine's session (its KV slot). Idempotent. The event
+        log stays, so a client that lost the last events in flight can still resume for them."""
+        if self._engine_released:
             return
-        self._closed = True
+        self._engine_released = True
+        if self._pump is not asyncio.current_task():
+            self._pump.cancel()
+            await asyncio.wait([self._pump])
+        self.scheduler.close_session(self.engine_sid)
+
+    async def close(self) -> None:
+        """End the attached stream (if any) and release the engine's session. Idempotent."""
         if self.attachment is not None and self.attachment.end is None:
             self.attachment.end = ShuttingDown("the session was closed")
             self.attachment.wake.set()
-        self._pump.cancel()
-        await asyncio.wait([self._pump])
-        self.scheduler.close_session(self.engine_sid)
+        await self.release_engine()
 
 
 def _seed(r) -> Seed:
@@ -438,18 +444,18 @@ class SessionTable:
         return s
 
     def _ended(self, s: HostedSession) -> None:
-        """A session's engine output ended (End, shutdown or grace expiry): forget it."""
-        if self.sessions.get(s.session_id) is s:
-            del self.sessions[s.session_id]
-            self.metrics.sessions.set(len(self.sessions))
-            log.info("session ended", extra={"fields": {"session": _short(s.session_id), "key": s.key_id,
-                                                        "events": s.next_event_seq - 1}})
-        t = asyncio.get_running_loop().create_task(s.close())
+        """A session's last final is in its event log (End or shutdown): free its engine session
+        now; the session itself stays until a stream has sent it all (`done`) or the grace
+        period ends."""
+        log.info("session ended", extra={"fields": {"session": _short(s.session_id), "key": s.key_id,
+                                                    "events": s.next_event_seq - 1}})
+        t = asyncio.get_running_loop().create_task(s.release_engine())
         self._closing.add(t)
         t.add_done_callback(self._closing.discard)
 
     async def discard(self, s: HostedSession) -> None:
-        """Drop a session whose input broke the protocol: what it was fed cannot be continued."""
+        """Drop a session: its stream closed OK after its last event, or its input broke the
+        protocol (what it was fed cannot be continued)."""
         if self.sessions.get(s.session_id) is s:
             del self.sessions[s.session_id]
             self.metrics.sessions.set(len(self.sessions))

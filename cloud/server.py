@@ -124,6 +124,8 @@ class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
             yield wire.ready_message(session.session_id, session.applied_seq, session.last_final_segment)
             async for message in _outgoing(session, attachment):
                 yield message
+            # every event of the ended session went out on this stream: nothing left to resume
+            await self.table.discard(session)
         except Exception as e:
             code = status_of(e)
             self.metrics.errors.labels(code.name).inc()

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import logging
 import signal
 import struct
 import subprocess
@@ -863,3 +864,65 @@ def test_harken_serve_prints_its_addresses_and_stops_on_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_event_log_keeps_only_unfinished_segments_and_a_tail(asr, packets):
+    """Once events are sent, those of final segments are dropped but for `replay_tail`; after the
+    end, a resume still gets what it may have lost."""
+    async def main():
+        async with serving(asr, replay_tail=1) as server:
+            out, release = Outcome(), asyncio.Event()
+            task = asyncio.create_task(run_stream(server.address, [start_msg(codec=wire.CODEC_NAME)]
+                                                  + features_msgs(packets), hold_open=release, then=[END], out=out))
+            while sum(t.is_final for t in out.transcripts) < 2:
+                out.progress.clear()
+                await out.progress.wait()
+            session = server._table.sessions[out.ready.session_id]
+            held = [e.event_seq for e in session.events]
+            release.set()
+            await task
+            return out, held
+
+    out, held = asyncio.run(main())
+    assert out.code == OK
+    assert held == [out.transcripts[-1].event_seq]
+
+
+def test_logs_are_json_without_keys_or_transcript_text(asr, packets, tmp_path):
+    from harken.cloud.server import JsonLogFormatter
+
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY_A} alice\n")
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            lines.append(self.format(record))
+
+    handler = Collect()
+    handler.setFormatter(JsonLogFormatter())
+    logger = logging.getLogger("harken")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        async def main():
+            async with serving(asr, api_keys=str(keys)) as server:
+                msgs = [start_msg(codec=wire.CODEC_NAME)] + features_msgs(packets) + [END]
+                good = await run_stream(server.address, msgs, metadata=bearer(KEY_A))
+                await run_stream(server.address, msgs, metadata=bearer("wrong-key-123456"))
+                return good
+
+        good = asyncio.run(main())
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    records = [json.loads(line) for line in lines]
+    assert {"server started", "session opened", "stream attached", "session ended",
+            "stream ended with an error", "server stopped"} <= {r["msg"] for r in records}
+    assert any(r.get("key") == "alice" for r in records)
+    text = "\n".join(lines)
+    assert KEY_A not in text and "wrong-key-123456" not in text and good.ready.session_id not in text
+    for t in good.transcripts:
+        for piece in (t.committed_delta, t.partial):
+            assert len(piece) < 4 or piece not in text
