@@ -42,6 +42,7 @@ def test_policy_rules():
         CommitPolicy(segment_limit_s=5).cut_frames(800)
 
 
+@settings(max_examples=100, deadline=None)
 @given(tokens, tokens, st.integers(0, 6))
 def test_local_agreement_commits_only_agreed_tokens(hyp, prev, k):
     n = CommitPolicy(rollback_tokens=k).decide(hyp, prev)
@@ -51,6 +52,7 @@ def test_local_agreement_commits_only_agreed_tokens(hyp, prev, k):
     assert n == min(common_prefix(hyp, prev), max(len(hyp) - k, 0))
 
 
+@settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=40))
 def test_complete_utf8_prefix(data):
     n = complete_utf8_length(data)
@@ -64,6 +66,7 @@ def test_complete_utf8_prefix(data):
         assert data[n] >= 0xC0
 
 
+@settings(max_examples=100, deadline=None)
 @given(st.lists(tokens, min_size=1, max_size=6), st.sampled_from([None, "English"]))
 def test_item_text_is_monotone_and_ends_as_the_offline_parse(chunks, forced):
     """Committing in any chunks: committed text only grows, and at the final pass it is what
