@@ -67,7 +67,9 @@ class ResumeState:
 
 @dataclass(frozen=True)
 class SessionOptions:
-    """Per-stream options: forced language (None = detect), user context, commit policy, seed."""
+    """Per-stream options: forced language (None = detect), user context (at most 128 tokens: it
+    shares the system turn with the carried text), commit policy, and the seed of a replacement
+    session (`ResumeState` from the last final event of the session it replaces)."""
 
     language: str | None = None
     context: str = ""
@@ -235,19 +237,18 @@ class Session:
             seg = SegmentRecord(segment_id, first_frame, first_frame)
             st.segments[segment_id] = seg
             st.items.append(AudioItem(segment_id, 0, first_frame))
-        if running_max_log10 is not None:
-            seg.running_max_log10 = float(running_max_log10)
-            st.running_max_log10 = float(running_max_log10)
         k = frames.shape[1]
         skip = seg.next_frame - first_frame
         if skip < 0:
             raise StreamOrderError(f"segment {segment_id}: frames {seg.next_frame}..{first_frame - 1} are missing")
+        if skip < k and seg.ended:
+            raise StreamOrderError(f"segment {segment_id}: frames after its end")
+        if running_max_log10 is not None and skip < k:
+            seg.running_max_log10 = st.running_max_log10 = float(running_max_log10)
         if skip >= k:
             if segment_end and not seg.ended and skip == k:
                 self._end_segment(seg)
             return 0  # all of it applied before
-        if seg.ended:
-            raise StreamOrderError(f"segment {segment_id}: frames after its end")
         new = frames[:, skip:]
         self._append(seg, (new + 4.0) / 4.0)  # the model's normalisation; the floor is the edge's
         if segment_end:
