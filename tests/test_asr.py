@@ -148,7 +148,7 @@ def test_parse_matches_official_on_many_strings():
              "language None<asr_text> stray", "plain text", "language chinese\n<asr_text>你好",
              "meta\nlanguage   french  \n<asr_text> bonjour ", "language <asr_text>x",
              "z" * 200, "abc" * 40 + "tail", "language English<asr_text>" + "no " * 30]
-    for _ in range(5000):
+    for _ in range(2000):
         s = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
         if rng.random() < 0.4:
             s = s + rng.choice(["ab", "xyz", "1", "lo l"]) * rng.randint(15, 45) + s[:7]
@@ -419,18 +419,22 @@ def test_cli_transcribe_json(harken_dir, tmp_path):
     expected = Qwen3ASR.load(str(harken_dir), dtype="fp32", device="cpu").transcribe(
         log_mel(load_audio(wav)), context="cli")
     assert result == {"text": expected.text, "language": expected.language, "token_ids": expected.token_ids}
-    plain = run_cli("transcribe", str(wav), "--model", str(harken_dir), "--context", "cli")
-    assert plain.returncode == 0 and plain.stdout == expected.text + "\n"
 
 
 def test_cli_transcribe_tiny_says_output_is_meaningless(harken_dir, tmp_path):
     wav = tmp_path / "in.wav"
     sf.write(str(wav), speech("tiny"), SR)
-    out = run_cli("transcribe", str(wav), "--model", "tiny", "--json", env={"HARKEN_CACHE": str(tmp_path / "c")})
+    cache = tmp_path / "c"
+    out = run_cli("transcribe", str(wav), "--model", "tiny", env={"HARKEN_CACHE": str(cache)})
     assert out.returncode == 0, out.stderr
     assert "meaningless" in out.stderr
-    assert set(json.loads(out.stdout)) == {"text", "language", "token_ids"}
-    assert (tmp_path / "c" / "tiny-v1" / "model.safetensors").exists()
+    assert (cache / "tiny-v1" / "model.safetensors").exists()
+    # plain output is the text alone, one line
+    from harken.edge.audio import load_audio
+    from harken.edge.features import log_mel
+
+    expected = Qwen3ASR.load(str(cache / "tiny-v1"), dtype="fp32", device="cpu").transcribe(log_mel(load_audio(wav)))
+    assert out.stdout == expected.text + "\n"
 
 
 @pytest.mark.parametrize("case", ["missing", "not-audio", "unknown-model", "bad-language"])
