@@ -124,10 +124,8 @@ class HostedSession:
         if start.seed is not None:
             resume = ResumeState(start.seed.running_max_log10, start.seed.context_tail,
                                  start.seed.next_segment_id)
-        options = SessionOptions(language=start.language, context=start.context, resume=resume)
-        if limits.policy is not None:
-            options = SessionOptions(language=start.language, context=start.context, resume=resume,
-                                     policy=limits.policy)
+        policy = {} if limits.policy is None else {"policy": limits.policy}
+        options = SessionOptions(language=start.language, context=start.context, resume=resume, **policy)
         self.engine_sid, self._engine_events = scheduler.open_session(options)
         self.limits = limits
         self.metrics = metrics
@@ -205,8 +203,9 @@ class HostedSession:
     # ---- input -----------------------------------------------------------------------------------
 
     async def apply(self, item: wire.ClientInput) -> None:
-        """Apply one client message (after `start`). Raises a StreamError for bad input; the
-        session itself stays usable (state changes only once a message is known good)."""
+        """Apply one client message (after `start`). Bad input raises (StreamInputError,
+        StreamOrderError, CodecError); what the session has applied changes only once a message
+        is known good."""
         async with self._apply_lock:
             if isinstance(item, StartRequest):
                 raise OutOfOrder("start may only be the first message of a stream")
@@ -223,10 +222,9 @@ class HostedSession:
             if item.seq != self.applied_seq + 1:
                 raise OutOfOrder(f"seq {item.seq} leaves a gap: the last applied was {self.applied_seq}")
             kind = "features" if isinstance(item, FeaturesIn) else "audio"
-            if self.input_kind is None:
-                self.input_kind = kind
-            elif self.input_kind != kind:
+            if self.input_kind not in (None, kind):
                 raise OutOfOrder(f"{kind} in a session that receives {self.input_kind}: do not mix them")
+            self.input_kind = kind
             if isinstance(item, FeaturesIn):
                 await self._apply_features(item)
                 self.metrics.bytes_in.labels("features").inc(len(item.payload))
@@ -538,15 +536,9 @@ class AudioFrontEnd:
 
 
 async def _run(executor: Executor, fn, *args):
-    """Run `fn` in the executor and finish it even if the caller is cancelled meanwhile: the
-    message being applied completes (or fails) as a whole before cancellation goes on, so a
-    session's state is never half updated."""
-    fut = asyncio.get_running_loop().run_in_executor(executor, fn, *args)
-    try:
-        return await asyncio.shield(fut)
-    except asyncio.CancelledError:
-        await asyncio.wait([fut])
-        raise
+    """CPU work (codec decoding, the thin clients' front end) off the event loop. The stream's
+    reader shields the whole `apply` from cancellation, so this always runs to its end."""
+    return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
 
 
 def _short(session_id: str) -> str:
