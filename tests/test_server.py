@@ -926,3 +926,44 @@ def test_logs_are_json_without_keys_or_transcript_text(asr, packets, tmp_path):
     for t in good.transcripts:
         for piece in (t.committed_delta, t.partial):
             assert len(piece) < 4 or piece not in text
+
+
+def test_a_seeded_replacement_session_continues_exactly(asr, packets, reference):
+    """What a client does after the server lost its session: a new session seeded with the last
+    final's seed, fed the unfinished segment again, gives that segment's transcript unchanged."""
+    seg1 = [p for p in packets if p.segment_id == 1]
+
+    async def main():
+        async with serving(asr) as server:
+            first = await run_stream(server.address, [start_msg(codec=wire.CODEC_NAME)]
+                                     + features_msgs([p for p in packets if p.segment_id == 0]) + [END])
+            seed = next(t.seed for t in first.transcripts if t.is_final)
+            replacement = await run_stream(server.address, [start_msg(codec=wire.CODEC_NAME, seed=seed)]
+                                           + features_msgs(seg1) + [END])
+            return seed, replacement
+
+    seed, out = asyncio.run(main())
+    seg0_end = [p for p in packets if p.segment_id == 0][-1]
+    assert seed.next_segment_id == 1 and seed.running_max_log10 == pytest.approx(seg0_end.running_max_log10)
+    assert out.code == OK, out.details
+    assert out.ready.last_final_segment == 0
+    assert transcript_of(out.events) == [t for t in transcript_of(reference) if t[0] == 1]
+    assert out.transcripts[-1].seed.next_segment_id == 2
+
+
+def test_finalize_closes_the_open_segment_of_a_thin_client(asr, audio):
+    """Push-to-talk: Finalize mid-utterance ends the segment at once; the rest of that VAD
+    segment is dropped and the next one gets its own id."""
+    msgs = audio_msgs(audio)
+    half = 25  # 2.5 s: inside the second utterance
+
+    async def main():
+        async with serving(asr) as server:
+            return await run_stream(server.address, [start_msg()] + msgs[:half]
+                                    + [pb.ClientMessage(finalize=pb.Finalize())] + msgs[half:] + [END])
+
+    out = asyncio.run(main())
+    assert out.code == OK, out.details
+    finals = [t for t in out.transcripts if t.is_final]
+    assert [t.segment_id for t in finals] == [0, 1]
+    assert finals[1].end_s <= half / 10
