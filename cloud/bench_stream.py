@@ -24,6 +24,7 @@ with device synchronisation on CUDA (`clock` in the output). Figures:
   update_growth        mean per-update compute over the last 10 s of audio / over the first 10 s
                        (one session alone: stream 0 of the sequential run, or the batched run at N=1)
   continuous_update_growth   the same over the continuous input
+  phase1_update_growth the same for Phase 1 (over stream 0's speech time)
   phase1_speedup       Phase-1 total / harken total (batched) for the same N streams
   throughput_rtf       audio seconds served per compute second (batched)
   p50/p95_update_ms    compute of the engine steps that did work (every session in a step waits for it)
@@ -364,6 +365,8 @@ def _bench_stream(opts: StreamBenchOptions) -> dict:
         "phase1_updates": p1.updates,
         "phase1_streams_measured": 1,
         "phase1_new_tokens_mean": _round(float(np.mean(p1.new_tokens)), 2),
+        "phase1_update_growth": _round(update_growth([(t, c) for _, t, c in p1.measured],
+                                                     p1.measured[-1][1])),
         "phase1_speedup": _round(phase1_total / batched.total_s),
         "throughput_rtf": _round(n * seconds / batched.total_s),
         "p50_update_ms": percentile_ms([dt for _, dt, _ in batched.steps], 50),

@@ -59,25 +59,25 @@ def test_update_growth_compares_first_and_last_ten_seconds():
 
 @pytest.fixture(scope="module")
 def result():
-    return bench_stream(StreamBenchOptions(seconds=8.0, streams=2, phase1_max_seconds=0))
+    return bench_stream(StreamBenchOptions(seconds=6.0, streams=2, phase1_max_seconds=0))
 
 
 def test_bench_reports_the_contract(result):
     for key in CONTRACT:
         assert key in result, key
-    assert result["streams"] == 2 and result["seconds"] == 8.0
+    assert result["streams"] == 2 and result["seconds"] == 6.0
     assert result["transcripts_identical"] is True
     assert result["phase1_method"] == "full"
     for key in ("harken_total_s", "phase1_total_s", "sequential_total_s", "throughput_rtf",
                 "phase1_speedup", "batching_gain", "p50_update_ms", "update_growth"):
         assert result[key] > 0, key
     assert result["p50_update_ms"] <= result["p95_update_ms"]
-    assert result["harken_updates"] > 0 and result["phase1_updates"] >= 3
+    assert result["harken_updates"] > 0 and result["phase1_updates"] >= 2
     json.dumps(result)
 
 
 def test_phase1_sampling_when_over_budget():
-    r = bench_stream(StreamBenchOptions(seconds=8.0, streams=1, phase1_max_seconds=1e-9, continuous=False))
+    r = bench_stream(StreamBenchOptions(seconds=6.0, streams=1, phase1_max_seconds=1e-9, continuous=False))
     assert r["phase1_method"].startswith("sampled every ")
     assert r["phase1_total_s"] > 0 and r["batching_gain"] is None
 

@@ -21,6 +21,15 @@ from harken.cloud.model.tokenizer import Tokenizer
 from harken.cloud.phase1 import Phase1Options, Phase1Stream, forced_prefix, phase1_decode
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny shapes run faster on one thread, and much faster on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def asr() -> Qwen3ASR:
     cfg = Qwen3ASRConfig.tiny()
@@ -46,16 +55,15 @@ def greedy_reference(asr: Qwen3ASR, feats: np.ndarray, prefix: list[int], new: l
 
 
 def test_first_update_equals_one_pass_transcription(asr):
-    feats = features(640)
+    feats = features(450)
     stream = Phase1Stream(asr, Phase1Options(update_interval_s=2.0))
     updates = stream.push(feats)
-    assert [u.frames for u in updates] == [200, 400, 600]
-    first = updates[0]
-    assert first.prefix_ids == []
-    assert first.new_ids, "the random head should generate tokens"
-    assert first.new_ids == asr.transcribe(feats[:, :200], max_new_tokens=32).token_ids
-    # every update re-feeds all frames so far: the same as a one-pass transcription of them
-    for u in updates[:2]:
+    assert [u.frames for u in updates] == [200, 400]
+    assert updates[0].new_ids, "the random head should generate tokens"
+    # no prefix is forced in the first updates: each is a one-pass transcription of all frames so
+    # far, cut at 32 tokens
+    for u in updates:
+        assert u.prefix_ids == []
         assert u.new_ids == asr.transcribe(feats[:, :u.frames], max_new_tokens=32).token_ids
 
 
@@ -100,6 +108,6 @@ def test_forced_prefix_backs_off_out_of_a_split_character(asr):
 def test_long_prompts_prefilled_in_pieces_decode_the_same(asr):
     feats = features(450, seed=2)
     prefix = asr.tokenizer.encode("language English<asr_text>hello there")
-    whole = phase1_decode(asr, feats, prefix, 16)
-    pieces = phase1_decode(asr, feats, prefix, 16, prefill_chunk_tokens=20)
+    whole = phase1_decode(asr, feats, prefix, 8)
+    pieces = phase1_decode(asr, feats, prefix, 8, prefill_chunk_tokens=20)
     assert pieces == whole
