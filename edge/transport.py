@@ -56,6 +56,9 @@ log = logging.getLogger("harken.transport")
 
 CODEC_NAME = "harken-mel/1"  # shared/codec.py, wire format version 1 (proto `Start.codec`)
 THIN_REPLAY_MAX_S = 60  # thin client: audio kept for a replay after a server restart, at most
+# thin client: a replay starts on a multiple of the log-mel hop and the VAD window (lcm(160, 512)),
+# so the server's fresh front end sees the audio on the lost session's frame and window grid
+THIN_REPLAY_ALIGN = 2560
 
 # Status codes after which the same request may succeed later: the connection, not the request,
 # was the problem. Everything else except NOT_FOUND (session lost -> replacement) is final.
@@ -250,6 +253,7 @@ class _StreamState:
     new_segment_bound_s: float = 0.0  # edge: where the next segment can start at the earliest
     audio_position: int = 0  # thin client: samples enqueued so far
     end_written: bool = False  # End went out on the current call
+    acked_seq: int = 0  # highest seq the current session acknowledged
     connected_once_this_attempt: bool = False
 
 
@@ -456,10 +460,32 @@ class TranscriptionClient:
         state.session_id = ""
         state.replacement = True
         state.last_event_seq = 0
+        state.acked_seq = 0
         state.texts.new_session()
-        if self.options.send_audio and state.buffer.entries:
-            state.replay_offset_s = state.buffer.entries[0].first_sample / SAMPLE_RATE
+        if self.options.send_audio:
+            self._realign_audio(state)
         state.buffer.renumber()
+
+    def _realign_audio(self, state: _StreamState) -> None:
+        """Thin client: replay from the end of the last final segment, on the aligned grid, in
+        fresh pieces; the replacement session's times are then relative to that point."""
+        entries = state.buffer.entries
+        if not entries:
+            state.replay_offset_s = state.audio_position / SAMPLE_RATE
+            return
+        base = entries[0].first_sample
+        start = max(base, _align_down(state.final_end_sample))
+        pcm16 = b"".join(e.message.audio.pcm16 for e in entries)[2 * (start - base):]
+        step = 2 * SAMPLE_RATE * self.options.audio_piece_ms // 1000
+        state.buffer.entries.clear()
+        state.buffer.nbytes = 0
+        for i in range(0, len(pcm16), step):
+            piece = pcm16[i:i + step]
+            msg = pb.ClientMessage(audio=pb.Audio(pcm16=piece, sample_rate=SAMPLE_RATE))
+            first = start + i // 2
+            state.buffer.append(_Outgoing(0, -1, msg, len(piece), 0, first, first + len(piece) // 2, times_sent=1))
+        state.replay_offset_s = start / SAMPLE_RATE
+        log.info("thin client: replaying the audio from %.2f s", state.replay_offset_s)
 
     async def _attempt(self, state: _StreamState, out: asyncio.Queue) -> bool:
         """One stream call: Start/Ready, then send and receive until the server closes it.
@@ -568,12 +594,9 @@ class TranscriptionClient:
                 self._segment_final(t.segment_id, state, t.end_s)
                 out.put_nowait(StreamProgress(self._bound_s(state)))
         elif kind == "ack":
+            state.acked_seq = max(state.acked_seq, msg.ack.seq)
             if self.options.send_audio:
-                # keep for a replay what a lost session had not finished: the audio since the last
-                # final segment (with a little run-up for the VAD), at most the last minute
-                keep_from = max(state.final_end_sample - SAMPLE_RATE // 2,
-                                state.audio_position - THIN_REPLAY_MAX_S * SAMPLE_RATE)
-                state.buffer.drop_audio_before(msg.ack.seq, keep_from)
+                self._trim_audio(state)
             elif msg.ack.last_final_segment > state.last_final_segment:
                 # the server's finals come before its Ack on the stream, so they are with us
                 self._segment_final(msg.ack.last_final_segment, state, None)
@@ -586,9 +609,18 @@ class TranscriptionClient:
         if self.options.send_audio:
             if end_s is not None:
                 state.final_end_sample = max(state.final_end_sample,
-                                             int((end_s + state.replay_offset_s) * SAMPLE_RATE))
+                                             int(round((end_s + state.replay_offset_s) * SAMPLE_RATE)))
+                self._trim_audio(state)
         else:
             state.buffer.drop_segments_through(state.last_final_segment)
+
+    @staticmethod
+    def _trim_audio(state: _StreamState) -> None:
+        """Thin client: keep for a replay what a lost session had not finished, the audio since
+        the last final segment (at most the last minute), and what the server has not applied."""
+        keep_from = _align_down(max(state.final_end_sample,
+                                    state.audio_position - THIN_REPLAY_MAX_S * SAMPLE_RATE))
+        state.buffer.drop_audio_before(state.acked_seq, keep_from)
 
     def _deliver(self, t: pb.Transcript, state: _StreamState) -> TranscriptEvent | None:
         """The event as the user sees it (see `ReplayFilter`), or None when it shows nothing new."""
@@ -646,6 +678,10 @@ class ReplayFilter:
         self.delivered[segment_id] = committed
         self.shown_partial[segment_id] = shown
         return delta, shown
+
+
+def _align_down(sample: int) -> int:
+    return sample // THIN_REPLAY_ALIGN * THIN_REPLAY_ALIGN
 
 
 class _NoReady(Exception):

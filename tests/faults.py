@@ -20,6 +20,7 @@ class CuttingProxy:
 
     A connection is cut once `budget` bytes (both directions together) have crossed it, the budget
     drawn uniformly from [`min_bytes`, `max_bytes`] per connection; `max_cuts` bounds the cuts.
+    For `down_s` seconds after a cut the network stays down: new connections are reset at once.
     """
 
     upstream_host: str
@@ -28,6 +29,7 @@ class CuttingProxy:
     max_bytes: int = 12_000
     max_cuts: int = 12
     seed: int = 0
+    down_s: float = 0.0
     cuts: int = 0
     connections: int = 0
     bytes_forwarded: int = 0
@@ -36,6 +38,7 @@ class CuttingProxy:
     _server: asyncio.AbstractServer | None = None
     _tasks: set[asyncio.Task] = field(default_factory=set)
     _stops: set[asyncio.Event] = field(default_factory=set)  # one per live connection
+    _down_until: float = 0.0
     _rng: random.Random = field(init=False)
 
     def __post_init__(self):
@@ -49,6 +52,13 @@ class CuttingProxy:
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def outage(self, down_s: float) -> None:
+        """Cut every connection now and keep the network down for `down_s` seconds."""
+        self.cuts += len(self._stops)
+        self._down_until = asyncio.get_running_loop().time() + down_s
+        for stop in list(self._stops):
+            stop.set()
 
     async def close(self) -> None:
         self.closed = True
@@ -68,6 +78,8 @@ class CuttingProxy:
         self.connections += 1
         upstream_writer = None
         try:
+            if asyncio.get_running_loop().time() < self._down_until:
+                return  # the network is down: reset
             try:
                 upstream_reader, upstream_writer = await asyncio.open_connection(self.upstream_host, self.upstream_port)
             except OSError:
@@ -83,6 +95,7 @@ class CuttingProxy:
                 await asyncio.wait([*pumps, *waiters], return_when=asyncio.FIRST_COMPLETED)
                 if cut.is_set():
                     self.cuts += 1
+                    self._down_until = asyncio.get_running_loop().time() + self.down_s
             finally:
                 for t in (*pumps, *waiters):
                     t.cancel()

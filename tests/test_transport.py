@@ -149,14 +149,27 @@ def test_cut_connections_lose_nothing(asr, audio, reference):
     assert stats.frames_sent - stats.frames_resent == stats.frames_produced
 
 
-def test_thin_client_resumes_through_cuts(asr, audio):
-    """Audio messages (the server runs VAD + features): cuts -> the transcript of an uncut run."""
+THIN = ClientOptions(send_audio=True, backoff_initial_s=0.01, backoff_max_s=0.1)
+
+
+@pytest.fixture(scope="module")
+def thin_reference(asr, audio) -> list[TranscriptEvent]:
+    """A thin client's events for `audio` through the server, without faults."""
 
     async def main():
         async with serving(asr) as server:
-            thin = ClientOptions(send_audio=True, backoff_initial_s=0.01, backoff_max_s=0.1)
-            clean = await collect(TranscriptionClient(server.address, language=LANGUAGE, options=thin),
-                                  audio_pieces(audio))
+            return await collect(TranscriptionClient(server.address, language=LANGUAGE, options=THIN),
+                                 audio_pieces(audio))
+
+    return asyncio.run(main())
+
+
+def test_thin_client_resumes_through_cuts(asr, audio, thin_reference):
+    """Audio messages (the server runs VAD + features): cuts -> the transcript of an uncut run."""
+    thin, clean = THIN, thin_reference
+
+    async def main():
+        async with serving(asr) as server:
             before = applied(server, "audio")
             proxy = await CuttingProxy("127.0.0.1", server.port, min_bytes=20_000, max_bytes=60_000,
                                        max_cuts=5, seed=3).start()
@@ -166,9 +179,9 @@ def test_thin_client_resumes_through_cuts(asr, audio):
             finally:
                 await proxy.close()
             after = applied(server, "audio")
-            return clean, cut, client.stats, proxy.cuts, after[1] - before[1]
+            return cut, client.stats, proxy.cuts, after[1] - before[1]
 
-    clean, cut, stats, cuts, audio_bytes = asyncio.run(main())
+    cut, stats, cuts, audio_bytes = asyncio.run(main())
     assert cuts >= 3 and stats.messages_resent > 0
     assert _texts(cut) == _texts(clean) and _finals(cut) == _finals(clean)
     assert transcript_text(_texts(clean)).strip()
@@ -329,3 +342,38 @@ def test_replay_filter_is_transparent_without_faults(reference):
     f = ReplayFilter()
     shown = [f.filter(e.segment_id, e.committed_delta, e.partial, e.is_final) for e in reference]
     assert shown == [(e.committed_delta, e.partial) for e in reference]
+
+
+@pytest.mark.parametrize("thin", [False, True], ids=["features", "thin-client"])
+def test_session_expired_during_an_outage_is_replayed(asr, audio, thin, reference, thin_reference):
+    """The network goes down for longer than the server's grace period, twice, each time just
+    after a final: the server drops the session, the client's resume gets NOT_FOUND, and the
+    seeded replacement session fed the unfinished segments (thin client: the audio since the last
+    final) gives the same transcript."""
+    options = ClientOptions(send_audio=thin, backoff_initial_s=0.02, backoff_max_s=0.1)
+    clean = thin_reference if thin else reference
+
+    async def main():
+        async with serving(asr, grace_s=0.1) as server:
+            proxy = await CuttingProxy("127.0.0.1", server.port, max_cuts=0).start()
+            try:
+                client = TranscriptionClient(proxy.target, language=LANGUAGE, options=options)
+                events, outages = [], 0
+                async for e in client.stream(audio_pieces(audio)):
+                    events.append(e)
+                    if e.is_final and outages < 2:
+                        proxy.outage(down_s=0.6)  # > grace_s + the server's reaper period
+                        outages += 1
+            finally:
+                await proxy.close()
+            return events, client.stats, outages
+
+    events, stats, outages = asyncio.run(main())
+    print(f"\n{'thin' if thin else 'features'} outages={outages} sessions={stats.sessions_opened} "
+          f"messages sent={stats.messages_sent} resent={stats.messages_resent} "
+          f"frames resent={stats.frames_resent} replayed text dropped={stats.replayed_text_chars}")
+    assert outages == 2 and stats.sessions_opened == 3
+    assert stats.messages_resent > 0
+    assert _texts(events) == _texts(clean)
+    assert _finals(events) == _finals(clean)
+    assert stats.replay_mismatches == 0
