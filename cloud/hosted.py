@@ -37,6 +37,7 @@ from harken.cloud.wire import AudioIn, EndIn, FeaturesIn, FinalizeIn, Seed, Star
 
 log = logging.getLogger("harken.server")
 
+SHUTDOWN_MESSAGE = "the server is shutting down: open segments were finalised"
 ACK_EVERY = 5  # messages between Acks (plus one on every segment end and every final event)
 
 
@@ -210,6 +211,8 @@ class HostedSession:
             if isinstance(item, StartRequest):
                 raise OutOfOrder("start may only be the first message of a stream")
             if self.ending:
+                if not self.ended_by_client:  # a live client still sending when the server stops
+                    raise ShuttingDown(SHUTDOWN_MESSAGE)
                 raise OutOfOrder("the session has ended: no input after end")
             if isinstance(item, FinalizeIn):
                 self._finalize()
@@ -325,8 +328,7 @@ class HostedSession:
             return
         self.ended = True
         if self.attachment is not None:
-            self.attachment.end = CLOSED_OK if self.ended_by_client else ShuttingDown(
-                "the server is shutting down: open segments were finalised")
+            self.attachment.end = CLOSED_OK if self.ended_by_client else ShuttingDown(SHUTDOWN_MESSAGE)
             self.attachment.wake.set()
         self._on_ended(self)
 

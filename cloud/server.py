@@ -178,8 +178,11 @@ async def _read(requests, session: HostedSession, attachment: Attachment) -> Non
         # The stream goes on sending events until the client cancels it.
     except asyncio.CancelledError:
         raise
+    except ShuttingDown:
+        return  # input while the server stops: the session sends its finals, then ends the stream
     except Exception as e:
-        attachment.end = e
+        if attachment.end is None:  # the first reason to end the stream is the one it ends with
+            attachment.end = e
         attachment.wake.set()
 
 
