@@ -139,6 +139,7 @@ class TransportStats:
     sessions_opened: int = 0  # 1 + replacement sessions after NOT_FOUND
     resumes: int = 0  # reconnects that resumed the same session
     failed_attempts: int = 0  # stream attempts that ended in a retryable error
+    last_failure: str = ""  # why the latest of them failed
     messages_sent: int = 0  # Features/Audio messages written, resends included
     messages_resent: int = 0
     frames_sent: int = 0  # feature frames written, resends included
@@ -440,6 +441,7 @@ class TranscriptionClient:
             if state.connected_once_this_attempt:
                 offline_since, failures = None, 0
             self.stats.failed_attempts += 1
+            self.stats.last_failure = failure
             now = self._clock()
             offline_since = now if offline_since is None else offline_since
             offline_s = now - offline_since

@@ -71,6 +71,8 @@ def _build_parser() -> argparse.ArgumentParser:
                                     "engine there (default: the engine in-process, --model)")
     s.add_argument("--api-key", help="API key for --server (default: $HARKEN_API_KEY)")
     s.add_argument("--tls-ca", help="PEM root certificate: connect to --server over TLS")
+    s.add_argument("--max-offline-s", type=float, default=120.0,
+                   help="give up when --server stays unreachable this long (default 120)")
     s.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"checkpoint dir, Hugging Face id, or 'tiny' (default {DEFAULT_MODEL})")
     s.add_argument("--language", help="force the language (e.g. English); default: detect")
@@ -187,7 +189,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
         return stream_server_command(args.input, args.server, mic=args.mic, as_json=args.json,
                                      api_key=args.api_key, tls_ca=args.tls_ca, language=args.language,
-                                     context=args.context)
+                                     context=args.context, max_offline_s=args.max_offline_s)
     if args.command == "stream":
         from harken.cloud.commands import stream_command
 

@@ -273,34 +273,79 @@ def test_unreachable_server_and_full_buffer_fail_fast(audio):
                             audio_pieces(audio)))
 
 
-def test_wrong_api_key_is_refused_not_retried(asr, audio, tmp_path):
+def _self_signed(tmp_path: Path) -> tuple[str, str]:
+    """A self-signed certificate for localhost/127.0.0.1 made now: (cert.pem, key.pem) paths."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                         serialization.NoEncryption()))
+    return str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+
+
+@pytest.fixture
+def tls_server_files(tmp_path) -> tuple[str, str, str]:
+    """(cert, key, keys file with "right-key alice") for a TLS server with API keys."""
+    cert, key = _self_signed(tmp_path)
     keys = tmp_path / "keys"
     keys.write_text("right-key alice\n")
+    return cert, key, str(keys)
+
+
+def test_tls_and_api_keys(asr, audio, reference, tls_server_files):
+    """TLS with a root certificate file and a bearer key: the reference transcript. A wrong key
+    is refused at once (no retries); plaintext to a TLS server never connects."""
+    cert, key, keys = tls_server_files
 
     async def main():
-        async with serving(asr, api_keys=str(keys)) as server:
-            client = TranscriptionClient(server.address, api_key="wrong-key", language=LANGUAGE)
-            with pytest.raises(ServerRejectedError) as err:
-                await collect(client, audio_pieces(audio))
-            ok = TranscriptionClient(server.address, api_key="right-key", language=LANGUAGE)
-            text = await ok.transcribe(audio_pieces(audio))
-            return err.value, client.stats, text
+        async with serving(asr, tls_cert=cert, tls_key=key, api_keys=keys) as server:
+            target = f"localhost:{server.port}"
+            good = TranscriptionClient(target, api_key="right-key", tls=cert, language=LANGUAGE)
+            events = await collect(good, audio_pieces(audio))
+            wrong = TranscriptionClient(target, api_key="wrong-key", tls=cert, language=LANGUAGE)
+            with pytest.raises(ServerRejectedError) as refused:
+                await collect(wrong, audio_pieces(audio))
+            plain = TranscriptionClient(target, api_key="right-key", language=LANGUAGE,
+                                        options=ClientOptions(max_offline_s=0.3))
+            with pytest.raises(ServerUnavailableError):
+                await collect(plain, audio_pieces(audio))
+            return events, refused.value, wrong.stats
 
-    err, stats, text = asyncio.run(main())
-    assert err.code == "UNAUTHENTICATED" and stats.failed_attempts == 0
-    assert text.strip()
+    events, refused, wrong_stats = asyncio.run(main())
+    assert events == reference
+    assert refused.code == "UNAUTHENTICATED" and wrong_stats.sessions_opened == 0, wrong_stats.last_failure
 
 
-def test_cli_stream_through_a_server(asr, audio, reference, tmp_path):
-    """`harken stream IN.wav --server HOST:PORT --json`: the embedded path's output format."""
+def test_cli_stream_through_a_server(asr, audio, reference, tls_server_files, tmp_path):
+    """`harken stream IN.wav --server HOST:PORT --tls-ca FILE --json`, key from $HARKEN_API_KEY:
+    the embedded path's output format and transcript."""
+    cert, key, keys = tls_server_files
     wav = write_wav(tmp_path / "in.wav", audio, subtype="FLOAT")
 
     async def main():
-        async with serving(asr) as server:
+        async with serving(asr, tls_cert=cert, tls_key=key, api_keys=keys) as server:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "harken", "stream", str(wav), "--server", server.address, "--json",
-                "--language", LANGUAGE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                cwd=REPO, env={**os.environ, "HARKEN_API_KEY": ""})
+                sys.executable, "-m", "harken", "stream", str(wav), "--server", f"localhost:{server.port}",
+                "--tls-ca", cert, "--json", "--language", LANGUAGE,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                cwd=REPO, env={**os.environ, "HARKEN_API_KEY": "right-key"})
             out, err = await proc.communicate()
             return proc.returncode, out.decode(), err.decode()
 
@@ -311,6 +356,16 @@ def test_cli_stream_through_a_server(asr, audio, reference, tmp_path):
     keys = ["segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final"]
     assert all(list(line) == keys for line in lines[:-1])
     assert [line["committed_delta"] for line in lines[:-1]] == [e.committed_delta for e in reference]
+
+
+def test_cli_stream_server_errors_are_one_line(tmp_path):
+    """A server that is not there, or no input: one line on stderr and a non-zero exit."""
+    wav = write_wav(tmp_path / "in.wav", silence(0.5))
+    dead = f"127.0.0.1:{_free_port()}"
+    for args in ([str(wav), "--server", dead, "--max-offline-s", "0.3"], ["--server", dead]):
+        proc = subprocess.run([sys.executable, "-m", "harken", "stream", *args], capture_output=True, text=True,
+                              cwd=REPO, timeout=300, env={**os.environ, "HARKEN_API_KEY": ""})
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "harken stream: error:" in proc.stderr
 
 
 def test_replay_filter_passes_only_what_extends_the_users_text():
