@@ -10,7 +10,7 @@ from __future__ import annotations
 from harken.shared.errors import EngineOverloaded, HarkenError, StreamInputError, StreamOrderError
 
 __all__ = ["MalformedMessage", "OutOfOrder", "Unauthenticated", "NotYourSession", "SessionNotFound",
-           "Overloaded", "ShuttingDown", "Superseded"]
+           "Overloaded", "ShuttingDown", "Superseded", "EngineFailed"]
 
 
 class MalformedMessage(StreamInputError):
@@ -44,3 +44,7 @@ class ShuttingDown(HarkenError):
 
 class Superseded(HarkenError):
     """A newer stream attached to this stream's session (ABORTED)."""
+
+
+class EngineFailed(ShuttingDown):
+    """The engine stopped working: this server can serve no session (UNAVAILABLE)."""

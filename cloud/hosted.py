@@ -412,10 +412,13 @@ class SessionTable:
         self.executor = executor
         self.sessions: dict[str, HostedSession] = {}
         self.shutting_down = False
+        self.failed: Exception | None = None
         self._reaper = asyncio.get_running_loop().create_task(self._reap(), name="session-reaper")
         self._closing: set[asyncio.Task] = set()
 
     async def open(self, key_id: str, start: StartRequest) -> HostedSession:
+        if self.failed is not None:
+            raise self.failed
         if self.shutting_down:
             raise ShuttingDown("the server is shutting down")
         if len(self.sessions) >= self.limits.max_sessions:
@@ -433,6 +436,8 @@ class SessionTable:
         return s
 
     def find(self, key_id: str, session_id: str) -> HostedSession:
+        if self.failed is not None:
+            raise self.failed
         if self.shutting_down:
             raise ShuttingDown("the server is shutting down")
         s = self.sessions.get(session_id)
@@ -487,6 +492,17 @@ class SessionTable:
         deadline = time.monotonic() + timeout_s
         while any(not s.ended or s.undelivered() for s in sessions) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+
+    async def fail_all(self, error: Exception) -> None:
+        """The engine failed: end every stream with `error`, drop every session, admit none."""
+        self.failed = error
+        for s in list(self.sessions.values()):
+            if s.attachment is not None and s.attachment.end is None:
+                s.attachment.end = error
+                s.attachment.wake.set()
+            del self.sessions[s.session_id]
+            await s.close()
+        self.metrics.sessions.set(0)
 
     async def close(self) -> None:
         self._reaper.cancel()

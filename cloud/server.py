@@ -31,8 +31,8 @@ import grpc
 from harken.cloud import wire
 from harken.cloud.auth import OPEN_ACCESS, ApiKeys, Caller
 from harken.cloud.commit import CommitPolicy
-from harken.cloud.errors import (MalformedMessage, NotYourSession, SessionNotFound, ShuttingDown,
-                                 Superseded, Unauthenticated)
+from harken.cloud.errors import (EngineFailed, MalformedMessage, NotYourSession, SessionNotFound,
+                                 ShuttingDown, Superseded, Unauthenticated)
 from harken.cloud.hosted import CLOSED_OK, Attachment, HostedSession, SessionLimits, SessionTable
 from harken.cloud.metrics import MetricsEndpoint, ServerMetrics, serve_metrics
 from harken.proto import harken_pb2, harken_pb2_grpc
@@ -216,6 +216,7 @@ class RunningServer:
     metrics_port: int | None
     tls: bool
     host: str
+    metrics: ServerMetrics
     _grpc: grpc.aio.Server
     _table: SessionTable
     _scheduler: object
@@ -223,7 +224,7 @@ class RunningServer:
     _health: object
     _metrics_endpoint: MetricsEndpoint | None
     _options: ServerOptions
-    metrics: ServerMetrics
+    _engine_watch: asyncio.Task
     _stopped: bool = False
 
     @property
@@ -241,7 +242,12 @@ class RunningServer:
         await self._table.finish_all(timeout_s=grace)
         await self._grpc.stop(grace)
         await self._table.close()
-        await self._scheduler.stop()
+        self._engine_watch.cancel()
+        await asyncio.wait([self._engine_watch])
+        try:
+            await self._scheduler.stop()
+        except Exception:  # the engine failed earlier; that was logged when it happened
+            pass
         self._executor.shutdown(wait=True)
         if self._metrics_endpoint is not None:
             self._metrics_endpoint.close()
@@ -264,9 +270,23 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
     keys = ApiKeys.load(options.api_keys) if options.api_keys else None
     credentials = _tls_credentials(options)
     asr = await asyncio.to_thread(Qwen3ASR.load, model) if isinstance(model, str) else model
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", options.max_message_bytes),
+        ("grpc.max_send_message_length", options.max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ])
+    address = f"{_bracketed(options.host)}:{options.port}"
+    try:  # bind first: a port in use fails before anything else has started
+        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError as e:
+        raise HarkenError(f"cannot listen on {address} ({e})") from e
+
+    loop = asyncio.get_running_loop()
     metrics = ServerMetrics()
+    engine_failed = asyncio.Event()
     engine = _metered_engine(asr, EngineConfig(max_sessions=options.max_sessions, max_batch=options.max_batch,
-                                               slot_policy=options.policy), metrics)
+                                               slot_policy=options.policy), metrics,
+                             on_failure=lambda: loop.call_soon_threadsafe(engine_failed.set))
     scheduler = Scheduler(engine)
     await scheduler.start()
     executor = ThreadPoolExecutor(max_workers=options.decode_threads, thread_name_prefix="harken-decode")
@@ -274,26 +294,24 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
                            max_sessions_per_key=options.max_sessions_per_key,
                            grace_s=options.grace_s, replay_tail=options.replay_tail, policy=options.policy)
     table = SessionTable(scheduler, limits, metrics, executor)
-
-    server = grpc.aio.server(options=[
-        ("grpc.max_receive_message_length", options.max_message_bytes),
-        ("grpc.max_send_message_length", options.max_message_bytes),
-        ("grpc.so_reuseport", 0),
-    ])
     server.add_generic_rpc_handlers([_service_handler(TranscriptionService(table, keys, metrics))])
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
         server)
-    address = f"{_bracketed(options.host)}:{options.port}"
-    try:
-        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
-    except RuntimeError as e:
-        raise HarkenError(f"cannot listen on {address} ({e})") from e
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def watch_engine():
+        """If the engine fails, no session can go on: say so to every stream and to health checks."""
+        await engine_failed.wait()
+        for name in ("", SERVICE_NAME):
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await table.fail_all(EngineFailed("the engine failed: reconnect to another server"))
+
+    watch = loop.create_task(watch_engine(), name="engine-watch")
     endpoint = None
     if options.metrics_port is not None:
         endpoint = serve_metrics(metrics, options.host, options.metrics_port)
@@ -303,9 +321,9 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
                                                  "metrics_port": endpoint.port if endpoint else None,
                                                  "max_sessions": options.max_sessions}})
     return RunningServer(port=port, metrics_port=endpoint.port if endpoint else None,
-                         tls=credentials is not None, host=options.host, _grpc=server, _table=table,
-                         _scheduler=scheduler, _executor=executor, _health=health_servicer,
-                         _metrics_endpoint=endpoint, _options=options, metrics=metrics)
+                         tls=credentials is not None, host=options.host, metrics=metrics, _grpc=server,
+                         _table=table, _scheduler=scheduler, _executor=executor, _health=health_servicer,
+                         _metrics_endpoint=endpoint, _options=options, _engine_watch=watch)
 
 
 def _service_handler(service: TranscriptionService) -> grpc.GenericRpcHandler:
@@ -334,8 +352,10 @@ def _bracketed(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def _metered_engine(asr, config, metrics: ServerMetrics):
-    """The engine, reporting each tick's batch size and the sessions waiting for the model."""
+def _metered_engine(asr, config, metrics: ServerMetrics, on_failure):
+    """The engine, reporting each tick's batch size and the sessions waiting for the model, and
+    calling `on_failure()` (from the engine's thread) when a tick raises: the Scheduler's task
+    ends then, and without this every session would wait for events forever."""
     from harken.cloud.scheduler import Engine
 
     class MeteredEngine(Engine):
@@ -349,7 +369,12 @@ def _metered_engine(asr, config, metrics: ServerMetrics):
                 ready = sum(1 for sid, s in self.sessions.items() if sid not in self._busy and s.has_work())
             metrics.queue_depth.set(ready)
             self._tick_sessions = 0
-            events = super().step()
+            try:
+                events = super().step()
+            except BaseException:
+                log.error("engine step failed", exc_info=True, extra={"fields": {}})
+                on_failure()
+                raise
             if self._tick_sessions:
                 metrics.batch_size.observe(self._tick_sessions)
             return events

@@ -973,3 +973,27 @@ def test_finalize_closes_the_open_segment_of_a_thin_client(asr, audio):
     finals = [t for t in out.transcripts if t.is_final]
     assert [t.segment_id for t in finals] == [0, 1]
     assert finals[1].end_s <= half / 10
+
+
+def test_an_engine_failure_ends_every_stream_unavailable_and_health_says_so(asr, packets, monkeypatch):
+    """The fault (mocked): the model raises. Streams must not wait forever for events."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated device failure")
+
+    monkeypatch.setattr(asr.encoder, "encode_windows", broken)
+
+    async def main():
+        async with serving(asr) as server:
+            out = await run_stream(server.address, [start_msg(codec=wire.CODEC_NAME)] + features_msgs(packets)
+                                   + [END])
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+            refused = await run_stream(server.address, [start_msg()])
+            return out, health, refused
+
+    out, health, refused = asyncio.run(main())
+    assert (out.code, out.details) == (grpc.StatusCode.UNAVAILABLE, "the engine failed: reconnect to another server")
+    assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert refused.code == grpc.StatusCode.UNAVAILABLE
