@@ -5,7 +5,7 @@ codec) over the source, sends one `Features` message per packet on a `harken.v1.
 Stream` call and yields the server's transcript as `TranscriptEvent`s. The session semantics are
 those of `proto/harken.proto`:
 
-- Every packet of every segment not yet final stays in the client's buffer (`_OutBuffer`); a
+- Every packet of every segment not yet final stays in the client's buffer (`edge/replay.py`); a
   segment's packets are dropped once its final event has arrived (or an `Ack` says it is final).
 - A dropped connection (UNAVAILABLE, a reset stream, EOF before `End`) is retried with jittered,
   capped exponential backoff. The retry resumes the same session (`Start{session_id,
@@ -20,10 +20,12 @@ those of `proto/harken.proto`:
   growing or hanging.
 
 The thin-client mode (`ClientOptions(send_audio=True)`) sends PCM16 `Audio` messages and lets the
-server run the edge pipeline; it resumes the same way after dropped connections. After a server
-restart it replays the audio since the last final segment into a seeded session (times corrected
-by the replay offset); since the server's VAD then starts afresh, that transcript is close to, not
-guaranteed identical to, an uninterrupted one. Feature mode is exact.
+server run the edge pipeline; it resumes the same way after dropped connections. After the server
+lost the session it replays the audio since the end of the last final segment (on the log-mel hop
+and VAD window grid) into a seeded session, and shifts that session's times back by the replay
+offset. The server's VAD then starts from a fresh state at that point, so the transcript is the
+uninterrupted one in practice (the tests see it identical), not by construction as in feature
+mode.
 
 No torch here: grpcio, protobuf, numpy and the edge modules only.
 """
@@ -35,9 +37,8 @@ import logging
 import math
 import random
 import time
-from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -45,6 +46,7 @@ import numpy as np
 
 from harken.edge.audio import load_audio
 from harken.edge.feature_stream import FeaturePacket, FeatureStream
+from harken.edge.replay import PendingMessage, ReplayFilter, ResendBuffer, align_down
 from harken.proto import harken_pb2 as pb
 from harken.proto import harken_pb2_grpc
 from harken.shared.codec import DEFAULT_MODE
@@ -56,9 +58,6 @@ log = logging.getLogger("harken.transport")
 
 CODEC_NAME = "harken-mel/1"  # shared/codec.py, wire format version 1 (proto `Start.codec`)
 THIN_REPLAY_MAX_S = 60  # thin client: audio kept for a replay after a server restart, at most
-# thin client: a replay starts on a multiple of the log-mel hop and the VAD window (lcm(160, 512)),
-# so the server's fresh front end sees the audio on the lost session's frame and window grid
-THIN_REPLAY_ALIGN = 2560
 
 # Status codes after which the same request may succeed later: the connection, not the request,
 # was the problem. Everything else except NOT_FOUND (session lost -> replacement) is final.
@@ -172,60 +171,6 @@ def audio_pieces(audio: np.ndarray, piece_ms: int = 100) -> list[np.ndarray]:
     return [audio[i:i + step] for i in range(0, audio.size, step)]
 
 
-# ---- the buffer of unfinished work -----------------------------------------------------------
-
-@dataclass
-class _Outgoing:
-    """One Features/Audio message, kept until its segment is final (its seq is per session)."""
-
-    seq: int
-    segment_id: int  # -1 for thin-client audio (the server segments it)
-    message: pb.ClientMessage  # seq filled in when written
-    nbytes: int
-    frames: int  # feature frames (0 for audio)
-    first_sample: int = 0  # thin client: the audio's position in the stream
-    end_sample: int = 0
-    segment_start_s: float | None = None  # the segment's start, on its first packet
-    times_sent: int = 0
-
-
-@dataclass
-class _OutBuffer:
-    """The client's unfinished messages, oldest first, with contiguous seqs."""
-
-    entries: deque[_Outgoing] = field(default_factory=deque)
-    next_seq: int = 1
-    nbytes: int = 0
-
-    def append(self, entry: _Outgoing) -> None:
-        entry.seq = self.next_seq
-        self.next_seq += 1
-        self.entries.append(entry)
-        self.nbytes += entry.nbytes
-
-    def after(self, seq: int) -> _Outgoing | None:
-        """The message with seq `seq + 1`, if buffered."""
-        if not self.entries:
-            return None
-        i = seq + 1 - self.entries[0].seq
-        return self.entries[i] if 0 <= i < len(self.entries) else None
-
-    def drop_segments_through(self, segment_id: int) -> None:
-        while self.entries and 0 <= self.entries[0].segment_id <= segment_id:
-            self.nbytes -= self.entries.popleft().nbytes
-
-    def drop_audio_before(self, seq: int, sample: int) -> None:
-        """Thin client: drop audio both applied (seq <= `seq`) and ending before `sample`."""
-        while self.entries and self.entries[0].seq <= seq and self.entries[0].end_sample <= sample:
-            self.nbytes -= self.entries.popleft().nbytes
-
-    def renumber(self) -> None:
-        """A replacement session counts from 1 again."""
-        for i, e in enumerate(self.entries):
-            e.seq = i + 1
-        self.next_seq = len(self.entries) + 1
-
-
 @dataclass(frozen=True)
 class StreamProgress:
     """In band with the events (`stream(..., progress=True)`): no final event with
@@ -239,7 +184,7 @@ class StreamProgress:
 class _StreamState:
     """Everything one `stream()` call knows; owned by that call, touched only on its event loop."""
 
-    buffer: _OutBuffer = field(default_factory=_OutBuffer)
+    buffer: ResendBuffer = field(default_factory=ResendBuffer)
     session_id: str = ""
     replacement: bool = False  # the next Start opens a seeded replacement session
     last_event_seq: int = 0
@@ -248,7 +193,7 @@ class _StreamState:
     last_final_segment: int = -1
     final_end_sample: int = 0  # thin client: where the last final segment ended
     replay_offset_s: float = 0.0  # thin client: replacement-session times are relative to this
-    texts: ReplayFilter = field(default_factory=lambda: ReplayFilter())  # what the user has, per segment
+    texts: ReplayFilter = field(default_factory=ReplayFilter)  # what the user has, per segment
     source_done: bool = False
     wake_sender: asyncio.Event = field(default_factory=asyncio.Event)
     new_segment_bound_s: float = 0.0  # edge: where the next segment can start at the earliest
@@ -279,7 +224,7 @@ class TranscriptionClient:
                  clock: Callable[[], float] = time.monotonic):
         self.target = target
         self.api_key = api_key
-        self.options = options or ClientOptions()
+        self.options = replace(options or ClientOptions())  # a copy: the caller's stays as it was
         if language is not None:
             self.options.language = language
         if context is not None:
@@ -373,7 +318,7 @@ class TranscriptionClient:
             nonlocal position
             pcm16 = np.clip(np.round(pcm * 32768.0), -32768, 32767).astype("<i2").tobytes()
             msg = pb.ClientMessage(audio=pb.Audio(pcm16=pcm16, sample_rate=SAMPLE_RATE))
-            self._enqueue(state, _Outgoing(0, -1, msg, len(pcm16), 0, position, position + pcm.size))
+            self._enqueue(state, PendingMessage(0, -1, msg, len(pcm16), 0, position, position + pcm.size))
             position += pcm.size
             state.audio_position = position
 
@@ -394,12 +339,12 @@ class TranscriptionClient:
                 segment_id=p.segment_id, first_frame=p.first_frame, frame_count=p.frame_count,
                 segment_start=p.segment_start, segment_end=p.segment_end, payload=p.payload,
                 running_max_log10=p.running_max_log10))
-            entry = _Outgoing(0, p.segment_id, msg, len(p.payload), p.frame_count,
+            entry = PendingMessage(0, p.segment_id, msg, len(p.payload), p.frame_count,
                               segment_start_s=p.first_frame / FRAMES_PER_SECOND if p.segment_start else None)
             self.stats.frames_produced += p.frame_count
             self._enqueue(state, entry)
 
-    def _enqueue(self, state: _StreamState, entry: _Outgoing) -> None:
+    def _enqueue(self, state: _StreamState, entry: PendingMessage) -> None:
         state.buffer.append(entry)
         if state.buffer.nbytes > self.options.max_buffer_bytes:
             raise BufferOverflowError(
@@ -410,8 +355,11 @@ class TranscriptionClient:
     @staticmethod
     def _bound_s(state: _StreamState) -> float:
         """Lower bound on the start of any final event still to come (for the meeting merger)."""
-        open_starts = [e.segment_start_s for e in state.buffer.entries if e.segment_start_s is not None]
-        return min([state.new_segment_bound_s, *open_starts])
+        # the buffer holds whole unfinished segments, oldest first: its head opens the oldest one
+        head = state.buffer.entries[0] if state.buffer.entries else None
+        if head is None or head.segment_start_s is None:
+            return state.new_segment_bound_s
+        return min(state.new_segment_bound_s, head.segment_start_s)
 
     # ---- connection attempts ---------------------------------------------------------------
 
@@ -476,7 +424,7 @@ class TranscriptionClient:
             state.replay_offset_s = state.audio_position / SAMPLE_RATE
             return
         base = entries[0].first_sample
-        start = max(base, _align_down(state.final_end_sample))
+        start = max(base, align_down(state.final_end_sample))
         pcm16 = b"".join(e.message.audio.pcm16 for e in entries)[2 * (start - base):]
         step = 2 * SAMPLE_RATE * self.options.audio_piece_ms // 1000
         state.buffer.entries.clear()
@@ -485,7 +433,7 @@ class TranscriptionClient:
             piece = pcm16[i:i + step]
             msg = pb.ClientMessage(audio=pb.Audio(pcm16=piece, sample_rate=SAMPLE_RATE))
             first = start + i // 2
-            state.buffer.append(_Outgoing(0, -1, msg, len(piece), 0, first, first + len(piece) // 2, times_sent=1))
+            state.buffer.append(PendingMessage(0, -1, msg, len(piece), 0, first, first + len(piece) // 2, times_sent=1))
         state.replay_offset_s = start / SAMPLE_RATE
         log.info("thin client: replaying the audio from %.2f s", state.replay_offset_s)
 
@@ -620,7 +568,7 @@ class TranscriptionClient:
     def _trim_audio(state: _StreamState) -> None:
         """Thin client: keep for a replay what a lost session had not finished, the audio since
         the last final segment (at most the last minute), and what the server has not applied."""
-        keep_from = _align_down(max(state.final_end_sample,
+        keep_from = align_down(max(state.final_end_sample,
                                     state.audio_position - THIN_REPLAY_MAX_S * SAMPLE_RATE))
         state.buffer.drop_audio_before(state.acked_seq, keep_from)
 
@@ -640,50 +588,6 @@ class TranscriptionClient:
         return TranscriptEvent(segment_id=seg, committed_delta=delta, partial=partial, stability=t.stability,
                                start_s=t.start_s + offset, end_s=t.end_s + offset, language=t.language,
                                is_final=t.is_final)
-
-
-@dataclass
-class ReplayFilter:
-    """Committed text per segment as the user has it. A replacement session (after the server lost
-    the old one) re-sends the committed text of the segments it replays; `filter` passes on only
-    what extends what the user has, and the partial text after that. Committed text is never
-    retracted: should a replay disagree (`mismatches`), the user's text stands."""
-
-    delivered: dict[int, str] = field(default_factory=dict)  # committed text the user has
-    shown_partial: dict[int, str] = field(default_factory=dict)
-    session_text: dict[int, str] = field(default_factory=dict)  # committed text this session sent
-    dropped_chars: int = 0  # re-sent committed text not passed on
-    mismatches: int = 0
-
-    def new_session(self) -> None:
-        """The next events come from a replacement session that starts its segments afresh."""
-        self.session_text.clear()
-
-    def filter(self, segment_id: int, committed_delta: str, partial: str, is_final: bool
-               ) -> tuple[str, str] | None:
-        """(committed delta, partial) to show for a server event, or None if it shows nothing new."""
-        before = self.session_text.get(segment_id, "")
-        text = before + committed_delta
-        self.session_text[segment_id] = text
-        have = self.delivered.get(segment_id, "")
-        if not (text.startswith(have) or have.startswith(text)):
-            self.mismatches += 1
-        delta = text[len(have):] if len(text) > len(have) else ""
-        self.dropped_chars += len(committed_delta) - len(delta)
-        committed = have + delta
-        hypothesis = text + partial
-        shown = "" if is_final else hypothesis[len(committed):] if len(hypothesis) > len(committed) else ""
-        catching_up = len(before) < len(have)  # a replacement session re-sending what the user has
-        if catching_up and not delta and not is_final and \
-                (len(hypothesis) <= len(have) or shown == self.shown_partial.get(segment_id, "")):
-            return None  # keep showing what the user has until the replay goes past it
-        self.delivered[segment_id] = committed
-        self.shown_partial[segment_id] = shown
-        return delta, shown
-
-
-def _align_down(sample: int) -> int:
-    return sample // THIN_REPLAY_ALIGN * THIN_REPLAY_ALIGN
 
 
 class _NoReady(Exception):

@@ -26,7 +26,8 @@ import pytest
 
 from faults import CuttingProxy
 from harken.cloud.server import ServerOptions, start_server
-from harken.edge.transport import (BufferOverflowError, ClientOptions, ReplayFilter, ServerRejectedError,
+from harken.edge.replay import ReplayFilter
+from harken.edge.transport import (BufferOverflowError, ClientOptions, ServerRejectedError,
                                    ServerUnavailableError, TranscriptEvent, TranscriptionClient, audio_pieces,
                                    peak_normalize)
 from harken.shared.text import transcript_text
