@@ -100,9 +100,7 @@ def stream_server_command(input_path: str | None, server: str, mic: bool = False
     from harken.edge.transport import ClientOptions, TranscriptionClient, audio_pieces, peak_normalize
 
     if mic:
-        from harken.edge.audio import microphone_chunks
-
-        source = microphone_chunks()
+        source = None  # opened on the event loop, so that Ctrl-C can end it cleanly
     elif input_path:
         source = audio_pieces(peak_normalize(load_audio(input_path)))  # bad input fails before connecting
     else:
@@ -115,9 +113,37 @@ def stream_server_command(input_path: str | None, server: str, mic: bool = False
     return asyncio.run(_print_stream(client, source, as_json))
 
 
+async def _microphone_until_interrupted():
+    """Microphone pieces until the first Ctrl-C; the stream then ends as a file does (End, the
+    last finals). A second Ctrl-C aborts."""
+    import asyncio
+    import signal
+
+    from harken.edge.audio import microphone_chunks
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def first_interrupt() -> None:
+        print("harken stream: finishing the last segment (Ctrl-C again to abort)", file=sys.stderr)
+        stop.set()
+        loop.remove_signal_handler(signal.SIGINT)  # the next Ctrl-C interrupts as usual
+
+    loop.add_signal_handler(signal.SIGINT, first_interrupt)
+    try:
+        blocks = microphone_chunks()
+        while not stop.is_set():
+            # the capture blocks until its next 32 ms block: off the event loop
+            yield await asyncio.to_thread(next, blocks)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+
+
 async def _print_stream(client, source, as_json: bool) -> int:
     from harken.shared.text import transcript_text
 
+    if source is None:
+        source = _microphone_until_interrupted()
     view = LiveView(sys.stdout)
     texts: dict[int, str] = {}
     try:
