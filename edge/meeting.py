@@ -99,7 +99,7 @@ class Meeting:
     api_key: str | None = None
     tls: bool | str | Path | None = None
     options: ClientOptions = field(default_factory=ClientOptions)
-    _tracks: list[_Track] = field(default_factory=list)
+    _tracks: list[_Track] = field(default_factory=list, init=False, repr=False)
 
     def add_track(self, speaker: str, source) -> None:
         """Add a participant: `speaker` labels its lines; `source` is anything

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from harken.cloud.server import ServerOptions, start_server
-from harken.edge.meeting import Meeting, MeetingLine
+from harken.edge import Meeting, MeetingLine  # the SDK names, as users import them
 from harken.edge.transport import ClientOptions, TranscriptionClient, audio_pieces
 from signals import concat, silence, speech
 
