@@ -80,6 +80,12 @@ def _finals(events) -> list[tuple[int, float, float, bool]]:
     return [(e.segment_id, e.start_s, e.end_s, e.is_final) for e in events if e.is_final]
 
 
+def _frames_applied(events) -> int:
+    """Feature frames the server applied, as its final events report them: each covers its
+    segment from its first frame to its end."""
+    return sum(round((e.end_s - e.start_s) * 100) for e in events if e.is_final)
+
+
 @asynccontextmanager
 async def serving(asr, **kw):
     server = await start_server(asr, ServerOptions(host="127.0.0.1", port=0, **kw))
@@ -134,7 +140,8 @@ def test_cut_connections_lose_nothing(asr, audio, reference):
     print(f"\ncuts={cuts} resumes={stats.resumes} sessions={stats.sessions_opened} "
           f"messages sent={stats.messages_sent} resent={stats.messages_resent} "
           f"frames produced={stats.frames_produced} sent={stats.frames_sent} resent={stats.frames_resent} "
-          f"server applied messages={messages:.0f} duplicate events dropped={stats.duplicate_events}")
+          f"server applied messages={messages:.0f} frames={_frames_applied(events)} "
+          f"duplicate events dropped={stats.duplicate_events}")
     assert cuts >= 10
     assert stats.resumes >= 1 and stats.frames_resent > 0
     assert _texts(events) == _texts(reference)
@@ -148,6 +155,7 @@ def test_cut_connections_lose_nothing(asr, audio, reference):
     produced = stats.messages_sent - stats.messages_resent
     assert messages == produced  # every message applied once: none lost, none twice
     assert stats.frames_sent - stats.frames_resent == stats.frames_produced
+    assert _frames_applied(events) == stats.frames_produced  # no frame lost
 
 
 THIN = ClientOptions(send_audio=True, backoff_initial_s=0.01, backoff_max_s=0.1)
@@ -237,6 +245,7 @@ def test_server_killed_and_restarted_mid_stream(audio, reference):
           f"frames resent={stats.frames_resent} of {stats.frames_produced} "
           f"replayed text dropped={stats.replayed_text_chars} chars mismatches={stats.replay_mismatches}")
     assert stats.sessions_opened == 2 and stats.frames_resent > 0
+    assert _frames_applied(events) == stats.frames_produced  # no frame lost
     assert _texts(events) == _texts(reference)
     assert _finals(events) == _finals(reference)
     assert stats.replay_mismatches == 0
