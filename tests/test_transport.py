@@ -197,6 +197,41 @@ def test_thin_client_resumes_through_cuts(asr, audio, thin_reference):
     assert audio_bytes == 2 * audio.size  # every sample applied exactly once
 
 
+def test_replayed_committed_text_is_not_shown_twice(asr, audio):
+    """With a policy that commits mid-segment, the session is lost right after a commit inside an
+    open segment: the replacement session commits that text again, the client drops it, and the
+    user's transcript is the uninterrupted one, each character once."""
+    from harken.cloud.commit import CommitPolicy
+
+    policy = CommitPolicy(agreement="rollback-only", rollback_tokens=2)
+    options = ClientOptions(backoff_initial_s=0.02, backoff_max_s=0.1)
+
+    async def main():
+        async with serving(asr, grace_s=0.1, policy=policy) as server:
+            clean = await collect(TranscriptionClient(server.address, language=LANGUAGE, options=options),
+                                  audio_pieces(audio))
+            proxy = await CuttingProxy("127.0.0.1", server.port, max_cuts=0).start()
+            try:
+                client = TranscriptionClient(proxy.target, language=LANGUAGE, options=options)
+                events, cut_in = [], None
+                async for e in client.stream(audio_pieces(audio)):
+                    events.append(e)
+                    if cut_in is None and e.committed_delta and not e.is_final:
+                        proxy.outage(down_s=0.6)  # the session expires meanwhile
+                        cut_in = e.segment_id
+            finally:
+                await proxy.close()
+            return clean, events, client.stats, cut_in
+
+    clean, events, stats, cut_in = asyncio.run(main())
+    print(f"\nmid-segment loss in segment {cut_in}: sessions={stats.sessions_opened} "
+          f"replayed committed text dropped={stats.replayed_text_chars} chars")
+    assert cut_in is not None and stats.sessions_opened == 2
+    assert stats.replayed_text_chars > 0 and stats.replay_mismatches == 0
+    assert _texts(events) == _texts(clean)
+    assert _finals(events) == _finals(clean)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
