@@ -100,10 +100,13 @@ class Meeting:
     tls: bool | str | Path | None = None
     options: ClientOptions = field(default_factory=ClientOptions)
     _tracks: list[_Track] = field(default_factory=list, init=False, repr=False)
+    _started: bool = field(default=False, init=False, repr=False)
 
     def add_track(self, speaker: str, source) -> None:
         """Add a participant: `speaker` labels its lines; `source` is anything
         `TranscriptionClient.stream` accepts. Add every track before iterating `lines()`."""
+        if self._started:
+            raise RuntimeError("add every track before iterating lines()")
         if any(t.speaker == speaker for t in self._tracks):
             raise ValueError(f"a track named {speaker!r} exists already")
         self._tracks.append(_Track(len(self._tracks), speaker, source))
@@ -121,7 +124,10 @@ class Meeting:
     async def lines(self) -> AsyncIterator[MeetingLine]:
         """Stream all tracks; yield each final line in (start_s, track order) as soon as no other
         track can still produce an earlier one. Returns when every track has ended; the first
-        track to fail fails the meeting (the other tracks are stopped)."""
+        track to fail fails the meeting (the other tracks are stopped). A meeting runs once."""
+        if self._started:
+            raise RuntimeError("a meeting's lines() can be iterated once (its sources are consumed)")
+        self._started = True
         if not self._tracks:
             return
         inbox: asyncio.Queue = asyncio.Queue()
