@@ -56,6 +56,9 @@ def _drain(engine: Engine, sid: str) -> Iterator[TranscriptEvent]:
         for s, event in engine.step():
             if s == sid:
                 yield event
+    error = engine.failure(sid)
+    if error is not None:
+        raise error
 
 
 def stream_file(path: str, model, options: SessionOptions = SessionOptions()) -> Iterator[TranscriptEvent]:

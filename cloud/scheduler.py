@@ -37,6 +37,7 @@ thread touches (the head item's encoder and decoder state).
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +51,16 @@ from harken.cloud.model.encoder import num_audio_tokens
 from harken.cloud.model.kv_cache import KVCache
 from harken.cloud.session import MAX_CONTEXT_TOKENS, Job, Session, SessionOptions, TranscriptEvent
 from harken.shared.errors import EngineOverloaded, UnknownSession, StreamInputError
+
+class TickFailed(RuntimeError):
+    """The model failed during a tick. `events` are those of passes that had finished before
+    (deliver them); the sessions still in flight are as they were before the tick. The model's
+    exception is the `__cause__`."""
+
+    def __init__(self, events: list):
+        super().__init__("engine tick failed")
+        self.events = events
+
 
 TEMPLATE_TOKENS = 32  # chat-template tokens around the context and audio, forced language included
 
@@ -97,6 +108,7 @@ class Engine:
         self._rotor = 0  # where the next tick starts looking for ready sessions
         self._busy: set[str] = set()  # sessions with a pass in flight
         self._closing: set[str] = set()  # closed while busy: freed when the pass ends
+        self._failed: dict[str, BaseException] = {}  # sessions whose own processing raised
 
     # -- sessions --------------------------------------------------------------------------------
 
@@ -132,6 +144,7 @@ class Engine:
         with self._lock:
             session = self._get(sid)
             del self.sessions[sid]
+            self._failed.pop(sid, None)
             if sid in self._busy:
                 self._closing.add(sid)
             else:
@@ -173,7 +186,24 @@ class Engine:
 
     def has_work(self) -> bool:
         with self._lock:
-            return any(sid not in self._busy and s.has_work() for sid, s in self.sessions.items())
+            return any(sid not in self._busy and sid not in self._failed and s.has_work()
+                       for sid, s in self.sessions.items())
+
+    def failure(self, sid: str) -> BaseException | None:
+        """The exception that stopped this session, if its own processing failed. Such a session
+        gets no more passes; the others carry on (a bad stream never affects another)."""
+        with self._lock:
+            return self._failed.get(sid)
+
+    def _fail(self, sid: str, session: Session, error: BaseException) -> None:
+        """Take a session whose own code raised out of service (its state may be half-updated)."""
+        with self._lock:
+            self._busy.discard(sid)
+            if sid in self._closing:
+                self._closing.discard(sid)
+                self.cache.free(session.state.slot)
+            elif sid in self.sessions:
+                self._failed[sid] = error
 
     # -- one tick --------------------------------------------------------------------------------
 
@@ -185,43 +215,65 @@ class Engine:
                 return []
             start = self._rotor % len(ids)
             order = ids[start:] + ids[:start]
-            planned = []
+            planned, failed = [], []
             for sid in order:
                 if len(planned) >= room:
                     break
                 s = self.sessions[sid]
-                if sid in exclude or sid in self._busy:
+                if sid in exclude or sid in self._busy or sid in self._failed:
                     continue
-                job = s.next_job()
+                try:
+                    job = s.next_job()
+                except Exception as e:  # noqa: BLE001 - one session's bug must not stop the others
+                    failed.append((sid, s, e))
+                    continue
                 if job is not None:
                     planned.append((sid, s, job))
                     self._busy.add(sid)
             if planned:
                 # the next tick starts after the last session served: everyone gets a turn
                 self._rotor = (ids.index(planned[-1][0]) + 1) % len(ids)
-            return planned
+        for sid, s, e in failed:
+            self._fail(sid, s, e)
+        return planned
 
     def _start(self, planned: list[tuple[str, Session, Job]]) -> tuple[list[_Running], list]:
         """Encode (one batch) and prefill (one batch) planned passes. Returns the passes that decode,
         and the events of passes that needed no model."""
         events, run = [], []
-        requests = [(s, j, r) for _, s, j in planned for r in j.requests]
-        outs = self.asr.encoder.encode_windows([r.features for _, _, r in requests],
-                                               [r.item_start for _, _, r in requests])
-        for (_, job, r), o in zip(requests, outs):
-            job.item.encoder.commit(r, o)
+        requests = [(sid, s, j, r) for sid, s, j in planned for r in j.requests]
+        outs = self.asr.encoder.encode_windows([r.features for *_, r in requests],
+                                               [r.item_start for *_, r in requests])
+        broken: set[str] = set()
+        for (sid, s, job, r), o in zip(requests, outs):
+            if sid in broken:
+                continue
+            try:
+                job.item.encoder.commit(r, o)
+            except Exception as e:  # noqa: BLE001
+                broken.add(sid)
+                self._fail(sid, s, e)
         slots, embeds = [], []
         for sid, s, job in planned:
+            if sid in broken:
+                continue
             if job.model_free:
                 events += self._finish(sid, s, job, [])
                 continue
+            try:
+                e = s.prefill_embeds(job)
+            except Exception as err:  # noqa: BLE001
+                self._fail(sid, s, err)
+                continue
             self.cache.truncate(s.state.slot, job.keep)
             slots.append(s.state.slot)
-            embeds.append(s.prefill_embeds(job))
+            embeds.append(e)
             run.append(_Running(sid, s, job, s.state.slot, []))
         if not run:
             return [], events
         logits = prefill(self.asr.decoder, self.cache, slots, embeds)
+        for r in run:
+            r.session.prefilled(r.job)
         first = logits.argmax(-1).tolist()
         still = []
         for r, t in zip(run, first):
@@ -238,39 +290,66 @@ class Engine:
 
     def _finish(self, sid: str, session: Session, job: Job, tokens: list[int]) -> list:
         with self._lock:
-            self._busy.discard(sid)
-            evs = session.finish_job(job, tokens)
-            if sid in self._closing:
-                self._closing.discard(sid)
-                self.cache.free(session.state.slot)
-                return []  # nobody listens any more
-            return [(sid, e) for e in evs]
+            try:
+                evs = session.finish_job(job, tokens)
+            except Exception as e:  # noqa: BLE001
+                failed = e
+            else:
+                failed = None
+                self._busy.discard(sid)
+                if sid in self._closing:
+                    self._closing.discard(sid)
+                    self.cache.free(session.state.slot)
+                    return []  # nobody listens any more
+                return [(sid, e) for e in evs]
+        self._fail(sid, session, failed)
+        return []
 
     @torch.no_grad()
     def step(self) -> list[tuple[str, TranscriptEvent]]:
-        """One batched tick over every ready session; returns the events it produced, in order."""
+        """One batched tick over every ready session; returns the events it produced, in order.
+
+        If the model itself fails (e.g. out of memory) the tick raises `TickFailed` with the events
+        of the passes that had finished; the sessions still in flight are released as they were
+        before their pass, so a later tick retries them with the same result."""
         served: set[str] = set()
-        planned = self._plan(served, self.config.max_batch)
-        served |= {sid for sid, _, _ in planned}
-        running, events = self._start(planned)
-        while running:
-            feed = torch.tensor([r.tokens[-1] for r in running], device=self.asr.device)
-            logits = decode_step(self.asr.decoder, self.cache, [r.slot for r in running], feed)
-            still = []
-            for r, t in zip(running, logits.argmax(-1).tolist()):
-                r.tokens.append(t)
-                if self._done(r):
-                    events += self._finish(r.sid, r.session, r.job, r.tokens)
-                else:
-                    still.append(r)
-            running = still
-            # join: sessions that became ready (or did not fit) take the freed places
-            joined = self._plan(served, self.config.max_batch - len(running))
-            if joined:
-                served |= {sid for sid, _, _ in joined}
-                more, evs = self._start(joined)
-                running += more
-                events += evs
+        tick: dict[str, Session] = {}  # sessions planned this tick
+        events: list = []
+        try:
+            planned = self._plan(served, self.config.max_batch)
+            served |= {sid for sid, _, _ in planned}
+            tick.update((sid, s) for sid, s, _ in planned)
+            running, started = self._start(planned)
+            events += started
+            while running:
+                feed = torch.tensor([r.tokens[-1] for r in running], device=self.asr.device)
+                logits = decode_step(self.asr.decoder, self.cache, [r.slot for r in running], feed)
+                still = []
+                for r, t in zip(running, logits.argmax(-1).tolist()):
+                    r.tokens.append(t)
+                    if self._done(r):
+                        events += self._finish(r.sid, r.session, r.job, r.tokens)
+                    else:
+                        still.append(r)
+                running = still
+                # join: sessions that became ready (or did not fit) take the freed places
+                joined = self._plan(served, self.config.max_batch - len(running))
+                if joined:
+                    served |= {sid for sid, _, _ in joined}
+                    tick.update((sid, s) for sid, s, _ in joined)
+                    more, evs = self._start(joined)
+                    running += more
+                    events += evs
+        except Exception as e:
+            with self._lock:
+                # passes in flight never reached finish_job: their sessions stay as before them
+                for sid, session in tick.items():
+                    if sid in self._busy:
+                        self._busy.discard(sid)
+                        if sid in self._closing:
+                            self._closing.discard(sid)
+                            self.cache.free(session.state.slot)
+            raise TickFailed(events) from e
         return events
 
     def run_until_idle(self) -> list[tuple[str, TranscriptEvent]]:
@@ -283,7 +362,15 @@ class Engine:
 
 class Scheduler:
     """The asyncio owner of an Engine: one task runs `step()` in a worker thread, one tick at a
-    time, whenever input has made work; each session's events arrive on its own asyncio.Queue."""
+    time, whenever input has made work; each session's events arrive on its own asyncio.Queue.
+
+    Failures: a session whose own processing raises gets that exception on its queue instead of
+    further events (the others carry on). A tick that fails as a whole (the model: out of memory,
+    a device error) is retried after a pause; after `MAX_TICK_FAILURES` in a row the scheduler
+    stops, `error` holds the exception and every queue receives it.
+    """
+
+    MAX_TICK_FAILURES = 3
 
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -292,6 +379,8 @@ class Scheduler:
         self._task: asyncio.Task | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._stopping = False
+        self._reported: set[str] = set()  # failed sessions whose queue has the exception
+        self.error: BaseException | None = None
 
     async def start(self) -> None:
         """Start the owner task (again after `stop`, if need be)."""
@@ -319,6 +408,7 @@ class Scheduler:
 
     def close_session(self, sid: str) -> None:
         self.queues.pop(sid, None)
+        self._reported.discard(sid)
         self.engine.close_session(sid)
 
     def ingest(self, sid: str, *args, **kwargs) -> int:
@@ -337,12 +427,33 @@ class Scheduler:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        failures = 0
         while not self._stopping:
             await self._wake.wait()
             self._wake.clear()
             while not self._stopping and self.engine.has_work():
-                events = await loop.run_in_executor(self._executor, self.engine.step)
-                for sid, event in events:
-                    q = self.queues.get(sid)
-                    if q is not None:
-                        q.put_nowait(event)
+                try:
+                    events = await loop.run_in_executor(self._executor, self.engine.step)
+                except TickFailed as e:
+                    self._deliver(e.events)
+                    failures += 1
+                    logging.getLogger(__name__).exception("engine tick failed (%d in a row)", failures)
+                    if failures >= self.MAX_TICK_FAILURES:
+                        self.error = e.__cause__ or e
+                        for q in self.queues.values():
+                            q.put_nowait(self.error)
+                        return
+                    await asyncio.sleep(0.2 * failures)
+                    continue
+                failures = 0
+                self._deliver(events)
+
+    def _deliver(self, events: list) -> None:
+        for sid, event in events:
+            q = self.queues.get(sid)
+            if q is not None:
+                q.put_nowait(event)
+        for sid, q in self.queues.items():
+            if sid not in self._reported and (err := self.engine.failure(sid)) is not None:
+                self._reported.add(sid)
+                q.put_nowait(err)

@@ -188,6 +188,7 @@ class Job:
     keep: int = 0  # slot positions to keep before the prefill
     budget: int = 0  # tokens to decode at most
     model_free: bool = False  # an item without audio: nothing to run
+    stable_windows: int = 0  # completed windows the slot keeps once this pass's prefill is done
 
 
 class Session:
@@ -381,27 +382,33 @@ class Session:
 
     def prefill_embeds(self, job: Job) -> torch.Tensor:
         """The embeddings to prefill after the slot's kept `job.keep` positions: [S, hidden].
-        Call after the job's windows are encoded and committed to the item's encoder."""
+        Call after the job's windows are encoded and committed to the item's encoder, and
+        `prefilled(job)` once the prefill has run (a failed tick leaves the item as it was)."""
         item = job.item
         enc = item.encoder
         embed = self.asr.decoder.embed
         dev = self.asr.device
         wt = enc.encoder.window_tokens
         parts = []
+        kept_windows = item.stable_windows if job.keep else 0
         if job.keep == 0:
             parts.append(embed(torch.tensor(item.head_ids, device=dev)))
-            item.in_slot = True
-            item.stable_windows = 0
         if enc.frames > job.frames:
             # the final pass of a cut item: its complete windows before the cut point
-            windows = enc.completed_outputs[item.stable_windows:job.frames // self.window_frames]
+            windows = enc.completed_outputs[kept_windows:job.frames // self.window_frames]
             audio = torch.cat(windows) if windows else torch.zeros(0, self.asr.config.audio.output_dim, device=dev)
         else:
-            audio = enc.outputs()[item.stable_windows * wt:]  # nothing left to encode: no model call
+            audio = enc.outputs()[kept_windows * wt:]  # nothing left to encode: no model call
         parts.append(audio.to(self.asr.dtype))
         parts.append(embed(torch.tensor(item.tail_ids + item.committed, device=dev)))
-        item.stable_windows = min(job.frames // self.window_frames, len(enc.completed_outputs))
+        job.stable_windows = min(job.frames // self.window_frames, len(enc.completed_outputs))
         return torch.cat(parts)
+
+    def prefilled(self, job: Job) -> None:
+        """The pass's prefill is in the slot: from now on the slot keeps the system turn and the
+        completed windows it covered."""
+        job.item.in_slot = True
+        job.item.stable_windows = job.stable_windows
 
     # -- results ---------------------------------------------------------------------------------
 

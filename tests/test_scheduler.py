@@ -12,7 +12,7 @@ import pytest
 
 from harken.cloud.commit import CommitPolicy
 from harken.cloud.embedded import stream_audio, transcript_text
-from harken.cloud.scheduler import Engine, EngineConfig, Scheduler
+from harken.cloud.scheduler import Engine, EngineConfig, Scheduler, TickFailed
 from harken.cloud.session import SessionOptions
 from harken.shared.errors import EngineOverloaded
 from harken.shared.text import transcript_text as transcript_of
@@ -184,3 +184,85 @@ def test_cli_stream_json(tmp_path):
     both = subprocess.run([sys.executable, "-m", "harken.cli", "stream", str(wav), "--mic", "--model", "tiny"],
                           capture_output=True, text=True, timeout=120)
     assert both.returncode == 2 and "not both" in both.stderr and len(both.stderr.splitlines()) == 1
+
+
+def test_a_failing_session_does_not_affect_the_others(asr):
+    """A fault in one session's own processing takes only that session out; the others' events are
+    those of their separate runs, and the Scheduler hands the error to that session's queue."""
+    work = workloads(3)
+    alone = alone_runs(asr, 3)
+    engine = Engine(asr, EngineConfig(max_sessions=3, slot_policy=POLICY))
+    sids = [engine.open_session(o) for o, _, _ in work]
+    bad = engine.session(sids[1])
+    fault = RuntimeError("injected fault")
+
+    def broken(job, tokens):
+        raise fault
+
+    bad.finish_job = broken  # the fault: this session's text handling blows up
+    streams = [list(packets(s, p)) for _, s, p in work]
+    events = {sid: [] for sid in sids}
+    for r in range(max(len(s) for s in streams)):
+        for sid, s in zip(sids, streams):
+            if r < len(s):
+                engine.ingest(sid, *s[r])
+        for sid, e in engine.run_until_idle():
+            events[sid].append(e)
+    assert events[sids[0]] == alone[0] and events[sids[2]] == alone[2]
+    assert events[sids[1]] == [] and engine.failure(sids[1]) is fault
+    engine.close_session(sids[1])
+    engine.open_session(work[1][0])  # its slot came back
+
+    async def main():
+        scheduler = Scheduler(Engine(asr, EngineConfig(max_sessions=2, slot_policy=POLICY)))
+        await scheduler.start()
+        try:
+            sid, queue = scheduler.open_session(work[0][0])
+            scheduler.engine.session(sid).finish_job = broken
+            for p in packets(work[0][1], work[0][2]):
+                scheduler.ingest(sid, *p)
+            return await asyncio.wait_for(queue.get(), 60)
+        finally:
+            await scheduler.stop()
+
+    assert asyncio.run(main()) is fault
+
+
+def test_a_failed_tick_is_retried_with_the_same_result(asr, monkeypatch):
+    """The model failing mid-tick (a fault in one decode step) leaves every session as it was before
+    that tick: the retry produces exactly the events of an undisturbed run."""
+    import harken.cloud.scheduler as scheduler_module
+
+    work = workloads(3)
+    alone = alone_runs(asr, 3)
+    calls = {"n": 0}
+    real = scheduler_module.decode_step
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] in (3, 10, 17):
+            raise RuntimeError("injected device fault")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler_module, "decode_step", flaky)
+    engine = Engine(asr, EngineConfig(max_sessions=3, slot_policy=POLICY))
+    sids = [engine.open_session(o) for o, _, _ in work]
+    streams = [list(packets(s, p)) for _, s, p in work]
+    events = {sid: [] for sid in sids}
+    failures = early = 0
+    for r in range(max(len(s) for s in streams)):
+        for sid, s in zip(sids, streams):
+            if r < len(s):
+                engine.ingest(sid, *s[r])
+        while engine.has_work():
+            try:
+                produced = engine.step()
+            except TickFailed as failed:
+                assert str(failed.__cause__) == "injected device fault"
+                produced = failed.events  # passes that finished before the fault
+                early += len(produced)
+                failures += 1
+            for sid, e in produced:
+                events[sid].append(e)
+    assert failures == 3 and early > 0  # some passes had finished before a fault, in its tick
+    assert [events[s] for s in sids] == alone
