@@ -10,10 +10,12 @@ API:
     engine.has_work() -> bool
     engine.step() -> list[(sid, TranscriptEvent)]       # one batched tick over all ready sessions
     engine.run_until_idle() -> list[(sid, TranscriptEvent)]
+    engine.failure(sid) -> Exception | None             # a session taken out by its own fault
     engine.close_session(sid)                           # frees the KV slot
 
     scheduler = Scheduler(engine); await scheduler.start()
-    sid, events = scheduler.open_session(options)       # events: asyncio.Queue[TranscriptEvent]
+    sid, events = scheduler.open_session(options)       # asyncio.Queue of TranscriptEvent; an
+                                                        # Exception instead = the session failed
     scheduler.ingest(sid, ...) / ingest_packet / finalize / close_session(sid)
     await scheduler.stop()
 
