@@ -7,15 +7,19 @@ decoding at run time). Stream i starts i/N of the way into the sample, so N stre
 lock step. A second input, `continuous`, is the same frames as one unbroken speech segment: there
 only the engine's own segment limit (30 s) bounds the work.
 
-Runs, all on the same model instance, driven on audio time (20-frame packets, 200 ms):
+Runs, all on the same model instance, driven on audio time: every update interval each stream's
+packets of that interval (20 frames each, segment start/end flags as the edge sets them) are
+ingested, then the engine steps until no session has work (see `run_engine`):
   batched     all N sessions in one engine: per tick the compute of `Engine.step()`;
   sequential  (N > 1) the same N sessions one at a time, each alone in an engine: its transcripts
               must equal the batched ones (asserted; `transcripts_identical`);
   continuous  one session over the continuous input;
   phase1      `cloud/phase1.py` on stream 0's speech frames (the frames the engine receives, in
-              order), re-feeding everything every `update_interval_s`. Phase 1 is O(S^2): when its
-              estimated cost exceeds `phase1_max_seconds`, only every K-th update is run and the
-              total integrated with the trapezoid rule (`phase1_method`). With N streams Phase 1's
+              order; the official streaming has no VAD and would re-feed the pauses too, so this
+              is the conservative choice), re-feeding everything every `update_interval_s`. Phase 1
+              is O(S^2): when its estimated cost exceeds `phase1_max_seconds`, only every K-th
+              update is run (each after the output of the last one run) and the total integrated
+              with the trapezoid rule (`phase1_method`). With N streams Phase 1's
               total is stream 0's times N (Phase 1 serves one stream at a time, and the streams
               differ only in where the same audio starts).
 
@@ -47,7 +51,7 @@ from harken.shared.errors import HarkenError
 from harken.shared.features_spec import FRAMES_PER_SECOND, RunningMaxFloor
 
 PACKET_FRAMES = 20  # what the edge sends per packet (200 ms)
-EDGE_WINDOW_S = 10.0  # update_growth compares the first and the last this many seconds
+GROWTH_WINDOW_S = 10.0  # update_growth compares the first and the last this many seconds
 
 
 @dataclass(frozen=True)
@@ -150,7 +154,7 @@ class ComputeClock:
 
 
 def update_growth(updates: list[tuple[float, float]], seconds: float,
-                  window_s: float = EDGE_WINDOW_S) -> float | None:
+                  window_s: float = GROWTH_WINDOW_S) -> float | None:
     """updates: (audio time in s, compute in s). Mean compute of the updates in the last
     `window_s` of audio / in the first `window_s`."""
     first = [c for t, c in updates if t <= window_s]
