@@ -210,6 +210,8 @@ class HostedSession:
         async with self._apply_lock:
             if isinstance(item, StartRequest):
                 raise OutOfOrder("start may only be the first message of a stream")
+            if self._engine_released and not self.ending:
+                raise SessionNotFound("the session was closed: open a new session with the last seed")
             if self.ending:
                 if not self.ended_by_client:  # a live client still sending when the server stops
                     raise ShuttingDown(SHUTDOWN_MESSAGE)

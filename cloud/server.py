@@ -172,6 +172,8 @@ async def _read(requests, session: HostedSession, attachment: Attachment) -> Non
                 await asyncio.shield(applying)
             except asyncio.CancelledError:
                 await asyncio.wait([applying])
+                if not applying.cancelled():
+                    applying.exception()  # retrieved: the stream is gone, nobody is told anyway
                 raise
         # The request side ended without `end`. That is not an end of the session: a client that
         # drops its connection shows up here too (grpc.aio ends the iterator), and it will resume.
