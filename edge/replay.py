@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from harken.edge.vad import WINDOW_SAMPLES
 from harken.proto import harken_pb2 as pb
-from harken.shared.features_spec import HOP_LENGTH
+from harken.shared.features_spec import FRAMES_PER_SECOND, HOP_LENGTH
 
 # thin client: a replay starts on a multiple of the log-mel hop and the VAD window (2560 samples),
 # so the server's fresh front end sees the audio on the lost session's frame and window grid
@@ -32,6 +32,7 @@ class PendingMessage:
     message: pb.ClientMessage  # seq filled in when written
     nbytes: int
     frames: int  # feature frames (0 for audio)
+    first_frame: int = 0  # features: the first frame's index on the stream's timeline
     first_sample: int = 0  # thin client: the audio's position in the stream
     end_sample: int = 0
     segment_start_s: float | None = None  # the segment's start, on its first packet
@@ -67,6 +68,35 @@ class ResendBuffer:
         """Thin client: drop audio both applied (seq <= `seq`) and ending before `sample`."""
         while self.entries and self.entries[0].seq <= seq and self.entries[0].end_sample <= sample:
             self.nbytes -= self.entries.popleft().nbytes
+
+    def split_segment(self, segment_id: int, end_frame: int, still_open: bool) -> tuple[bool, bool]:
+        """The server finalised `segment_id` at `end_frame`. Normally that is the segment's end;
+        a server shutting down, though, finalises open segments early. Then the packets of it
+        from `end_frame` on continue as a new segment `segment_id + 1` (their first now opens it)
+        and every later segment moves up by one. `still_open`: the edge has not ended the segment
+        yet. Returns (split, continued here): whether the ids moved up, and whether buffered
+        packets continue the segment (else the edge's next packet of it must open it)."""
+        rest = [e for e in self.entries if e.segment_id == segment_id and e.first_frame >= end_frame]
+        if not still_open and not any(e.frames for e in rest):
+            return False, False  # the segment's own end (at most a bare zero-frame end packet)
+        continued = False
+        kept: deque[PendingMessage] = deque()
+        for e in self.entries:
+            f = e.message.features
+            if e.segment_id == segment_id and e.first_frame >= end_frame:
+                if not continued and e.frames == 0:
+                    self.nbytes -= e.nbytes  # a bare end of the segment the server ended already
+                    continue
+                f.segment_start = not continued
+                if not continued:
+                    e.segment_start_s = e.first_frame / FRAMES_PER_SECOND
+                continued = True
+                e.segment_id = f.segment_id = segment_id + 1
+            elif e.segment_id > segment_id:
+                e.segment_id = f.segment_id = e.segment_id + 1
+            kept.append(e)
+        self.entries = kept
+        return True, continued
 
     def renumber(self) -> None:
         """A replacement session counts from 1 again."""

@@ -200,6 +200,9 @@ class _StreamState:
     audio_position: int = 0  # thin client: samples enqueued so far
     end_written: bool = False  # End went out on the current call
     acked_seq: int = 0  # highest seq the current session acknowledged
+    segment_shift: int = 0  # wire segment id - edge segment id (segments the server ended early)
+    open_segment: int | None = None  # wire id of the segment the edge has not ended yet
+    reopen_segment: bool = False  # the open segment's next packet starts its continuation
     connected_once_this_attempt: bool = False
 
 
@@ -318,7 +321,8 @@ class TranscriptionClient:
             nonlocal position
             pcm16 = np.clip(np.round(pcm * 32768.0), -32768, 32767).astype("<i2").tobytes()
             msg = pb.ClientMessage(audio=pb.Audio(pcm16=pcm16, sample_rate=SAMPLE_RATE))
-            self._enqueue(state, PendingMessage(0, -1, msg, len(pcm16), 0, position, position + pcm.size))
+            self._enqueue(state, PendingMessage(0, -1, msg, len(pcm16), 0, first_sample=position,
+                                                end_sample=position + pcm.size))
             position += pcm.size
             state.audio_position = position
 
@@ -335,12 +339,18 @@ class TranscriptionClient:
 
     def _enqueue_packets(self, packets: list[FeaturePacket], state: _StreamState) -> None:
         for p in packets:
+            # segment ids on the wire run ahead of the edge's by one per segment the server ended
+            # early (see `_split_open_segment`)
+            segment_id = p.segment_id + state.segment_shift
+            opens = p.segment_start or state.reopen_segment
+            state.reopen_segment = False
+            state.open_segment = None if p.segment_end else segment_id
             msg = pb.ClientMessage(features=pb.Features(
-                segment_id=p.segment_id, first_frame=p.first_frame, frame_count=p.frame_count,
-                segment_start=p.segment_start, segment_end=p.segment_end, payload=p.payload,
+                segment_id=segment_id, first_frame=p.first_frame, frame_count=p.frame_count,
+                segment_start=opens, segment_end=p.segment_end, payload=p.payload,
                 running_max_log10=p.running_max_log10))
-            entry = PendingMessage(0, p.segment_id, msg, len(p.payload), p.frame_count,
-                              segment_start_s=p.first_frame / FRAMES_PER_SECOND if p.segment_start else None)
+            entry = PendingMessage(0, segment_id, msg, len(p.payload), p.frame_count, first_frame=p.first_frame,
+                                   segment_start_s=p.first_frame / FRAMES_PER_SECOND if opens else None)
             self.stats.frames_produced += p.frame_count
             self._enqueue(state, entry)
 
@@ -433,7 +443,8 @@ class TranscriptionClient:
             piece = pcm16[i:i + step]
             msg = pb.ClientMessage(audio=pb.Audio(pcm16=piece, sample_rate=SAMPLE_RATE))
             first = start + i // 2
-            state.buffer.append(PendingMessage(0, -1, msg, len(piece), 0, first, first + len(piece) // 2, times_sent=1))
+            state.buffer.append(PendingMessage(0, -1, msg, len(piece), 0, first_sample=first,
+                                               end_sample=first + len(piece) // 2, times_sent=1))
         state.replay_offset_s = start / SAMPLE_RATE
         log.info("thin client: replaying the audio from %.2f s", state.replay_offset_s)
 
@@ -541,6 +552,8 @@ class TranscriptionClient:
                 if t.seed.present:
                     state.seed = pb.SessionSeed()
                     state.seed.CopyFrom(t.seed)
+                if not self.options.send_audio:
+                    self._split_open_segment(t.segment_id, round(t.end_s * FRAMES_PER_SECOND), state)
                 self._segment_final(t.segment_id, state, t.end_s)
                 out.put_nowait(StreamProgress(self._bound_s(state)))
         elif kind == "ack":
@@ -553,6 +566,22 @@ class TranscriptionClient:
                 out.put_nowait(StreamProgress(self._bound_s(state)))
         elif kind == "error":
             pass  # the stream's status follows with the same code; handled there
+
+    def _split_open_segment(self, segment_id: int, end_frame: int, state: _StreamState) -> None:
+        """A final before the segment's end (a server shutting down finalises open segments):
+        the rest of the segment continues as a new one, so no frame is lost."""
+        still_open = state.open_segment == segment_id
+        split, continued = state.buffer.split_segment(segment_id, end_frame, still_open)
+        if not split:
+            return
+        log.info("segment %d ended early on the server (frame %d): the rest continues as segment %d",
+                 segment_id, end_frame, segment_id + 1)
+        state.segment_shift += 1
+        if state.open_segment is not None and state.open_segment >= segment_id:
+            state.open_segment += 1
+        if still_open and not continued:
+            state.reopen_segment = True  # the edge's next packet of it opens the continuation
+        state.wake_sender.set()
 
     def _segment_final(self, segment_id: int, state: _StreamState, end_s: float | None) -> None:
         state.last_final_segment = max(state.last_final_segment, segment_id)

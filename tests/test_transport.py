@@ -286,6 +286,47 @@ def test_server_killed_and_restarted_mid_stream(audio, reference):
     assert stats.replay_mismatches == 0
 
 
+def test_graceful_server_restart_mid_segment_loses_nothing(asr, audio, reference):
+    """The server is stopped gracefully (as for a deploy) while a segment is open, and started
+    again on the same port. A graceful stop finalises open segments early; the client continues
+    the rest of that segment as a new one in a replacement session. Every frame is applied once
+    in all; the segments before the stop are the uninterrupted ones."""
+    options = ClientOptions(backoff_initial_s=0.05, backoff_max_s=0.2)
+
+    async def live(pieces):
+        for piece in pieces:
+            await asyncio.sleep(0.03)  # faster than real time, slow enough to stop mid-segment
+            yield piece
+
+    async def main():
+        server = await start_server(asr, ServerOptions(host="127.0.0.1", port=0))
+        port, restarted = server.port, None
+        try:
+            client = TranscriptionClient(server.address, language=LANGUAGE, options=options)
+            events = []
+            async for e in client.stream(live(audio_pieces(audio))):
+                events.append(e)
+                if restarted is None and e.segment_id == 1 and not e.is_final:
+                    await server.stop()
+                    restarted = await start_server(asr, ServerOptions(host="127.0.0.1", port=port))
+            return events, client.stats
+        finally:
+            await server.stop(0)
+            if restarted is not None:
+                await restarted.stop(0)
+
+    events, stats = asyncio.run(main())
+    finals = _finals(events)
+    print(f"\ngraceful restart: sessions={stats.sessions_opened} finals={[(f[0], f[1], f[2]) for f in finals]} "
+          f"frames resent={stats.frames_resent}")
+    assert stats.sessions_opened == 2
+    assert _frames_applied(events) == stats.frames_produced  # nothing lost, nothing twice
+    assert [f[0] for f in finals] == list(range(len(finals)))
+    assert len(finals) == len(_finals(reference)) + 1  # segment 1 was ended early and continued
+    assert finals[0] == _finals(reference)[0] and _texts(events)[0] == _texts(reference)[0]
+    assert finals[1][1] == _finals(reference)[1][1] and finals[2][1] == finals[1][2]  # continued seamlessly
+
+
 def test_server_away_too_long_is_a_clear_error(asr, audio):
     """The server goes away mid-stream and does not come back: ServerUnavailableError after
     max_offline_s, naming what was not transcribed; no hang."""
