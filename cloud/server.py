@@ -414,6 +414,10 @@ def serve_command(model: str, options: ServerOptions, device: str | None = None,
     configure_logging()
     from harken.cloud.model.asr import Qwen3ASR
 
+    # bad key or certificate files fail now, not after a model load of minutes
+    if options.api_keys:
+        ApiKeys.load(options.api_keys)
+    _tls_credentials(options)
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)
     if model == "tiny":
         log.warning("the tiny model has random weights: its transcripts are meaningless", extra={"fields": {}})
