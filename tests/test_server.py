@@ -560,7 +560,7 @@ def test_bad_audio_messages(busy_server, audio):
     check()
 
 
-@pytest.mark.parametrize("case", ["mixed", "second_start", "after_end", "oversized_message", "frame_count",
+@pytest.mark.parametrize("case", ["nan_features", "mixed", "second_start", "after_end", "oversized_message", "frame_count",
                                   "long_audio", "rate_change", "segment_backwards", "frames_after_finalize"])
 def test_order_and_size_violations(busy_server, packets, case):
     f = features_msgs(packets[:3])
@@ -568,7 +568,10 @@ def test_order_and_size_violations(busy_server, packets, case):
     whole_segment_1 = pb.ClientMessage(features=pb.Features(
         seq=1, segment_id=1, first_frame=packets[0].first_frame, frame_count=packets[0].frame_count,
         segment_start=True, segment_end=True, payload=packets[0].payload))
+    nan = features_msgs(packets[:1])[0]
+    nan.features.payload = nan.features.payload[:3] + struct.pack("<f", float("nan")) + nan.features.payload[7:]
     cases = {
+        "nan_features": ([nan], INVALID, "corrupt payload: floor value out of range"),
         "mixed": ([f[0], a], ORDER, "audio in a session that receives features: do not mix them"),
         "second_start": ([f[0], start_msg()], ORDER, "start may only be the first message of a stream"),
         "after_end": ([f[0], END, f[1]], ORDER, "the session has ended: no input after end"),
