@@ -160,7 +160,14 @@ class HostedSession:
 
     async def attach(self, last_event_seq: int) -> Attachment:
         """Attach a new stream; an attached older one is detached first (its reader cancelled and
-        awaited, so nothing it was applying is half done)."""
+        awaited, so nothing it was applying is half done). SessionNotFound when events after
+        `last_event_seq` are no longer held: the client must recover as from a lost session."""
+        if self.events and last_event_seq + 1 < self.events[0].event_seq:
+            raise SessionNotFound(f"events after {last_event_seq} are no longer held; open a new session "
+                                  "with the last seed")
+        if not self.events and last_event_seq < self.next_event_seq - 1:
+            raise SessionNotFound(f"events after {last_event_seq} are no longer held; open a new session "
+                                  "with the last seed")
         old = self.attachment
         if old is not None:
             old.end = Superseded("a newer stream attached to this session")

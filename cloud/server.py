@@ -82,7 +82,7 @@ class ServerOptions:
     max_sessions: int = 16
     max_sessions_per_key: int = 16
     grace_s: float = 60.0  # a detached session waits this long for its client to resume
-    replay_tail: int = 64
+    replay_tail: int = 512  # events of final segments kept for a resume, behind the last one sent
     shutdown_grace_s: float = 5.0  # for finals on shutdown, then for server.stop()
     max_message_bytes: int = 1 << 20
     max_batch: int = 32

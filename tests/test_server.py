@@ -889,13 +889,18 @@ def test_event_log_keeps_only_unfinished_segments_and_a_tail(asr, packets):
                     break
                 await asyncio.sleep(0.01)
             held = [e.event_seq for e in session.events]
+            # a client that claims to miss more than is held must recover as from a lost session
+            too_old = await run_stream(server.address, [start_msg(session_id=out.ready.session_id,
+                                                                  last_event_seq=held[0] - 2)])
             release.set()
             await task
-            return out, held
+            return out, held, too_old
 
-    out, held = asyncio.run(main())
+    out, held, too_old = asyncio.run(main())
     assert out.code == OK
     assert held == [out.transcripts[-1].event_seq]
+    assert too_old.code == grpc.StatusCode.NOT_FOUND
+    assert too_old.details == f"events after {held[0] - 2} are no longer held; open a new session with the last seed"
 
 
 def test_logs_are_json_without_keys_or_transcript_text(asr, packets, tmp_path):
