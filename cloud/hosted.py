@@ -76,10 +76,15 @@ class _FrameOrder:
     last_segment_id: int = -1
     last_segment_first_frame: int = 0
     closed_by_finalize: int | None = None  # audio path: VAD frames of this segment are dropped
+    seeded_final: int = -1  # segments up to this one were final before the session began (seed)
 
-    def check(self, f: FeaturesIn) -> None:
+    def check(self, f: FeaturesIn) -> bool:
+        """Raises OutOfOrder; False for frames of a segment the seed says is final (a replacement
+        session ignores them, as the engine does: their text is with the client)."""
         if f.frame_count == 0 and not f.segment_start and not f.segment_end:
-            return  # keep-alive
+            return True  # keep-alive
+        if self.open_segment is None and f.segment_id <= self.seeded_final:
+            return False
         if self.open_segment is None:
             if not f.segment_start:
                 raise OutOfOrder(f"features for segment {f.segment_id} without segment_start: no segment is open")
@@ -88,13 +93,14 @@ class _FrameOrder:
             if f.first_frame < self.last_segment_first_frame:
                 raise OutOfOrder(f"segment {f.segment_id} starts at frame {f.first_frame}, before the "
                                  f"previous segment ({self.last_segment_first_frame})")
-            return
+            return True
         if f.segment_start or f.segment_id != self.open_segment:
             raise OutOfOrder(f"segment {self.open_segment} is still open; got frames of segment "
                              f"{f.segment_id}{' with segment_start' if f.segment_start else ''}")
         if f.first_frame != self.next_frame:
             raise OutOfOrder(f"segment {f.segment_id}: frames not contiguous (expected first_frame "
                              f"{self.next_frame}, got {f.first_frame})")
+        return True
 
     def apply(self, f: FeaturesIn) -> None:
         if f.frame_count == 0 and not f.segment_start and not f.segment_end:
@@ -135,7 +141,7 @@ class HostedSession:
         self.applied_seq = 0
         self.last_final_segment = (start.seed.next_segment_id - 1) if start.seed else -1
         self.input_kind: str | None = None  # "features" or "audio", fixed by the first one
-        self.order = _FrameOrder(last_segment_id=self.last_final_segment)
+        self.order = _FrameOrder(last_segment_id=self.last_final_segment, seeded_final=self.last_final_segment)
         self.audio: AudioFrontEnd | None = None
         self.events: deque[TranscriptOut] = deque()
         self.next_event_seq = 1
@@ -250,7 +256,8 @@ class HostedSession:
                 self._ack()
 
     async def _apply_features(self, f: FeaturesIn) -> None:
-        self.order.check(f)
+        if not self.order.check(f):
+            return
         frames = await _run(self.executor, wire.decode_features, f)
         self._feed(f, frames)
 
@@ -272,8 +279,8 @@ class HostedSession:
                     self.order.closed_by_finalize = None
                 continue
             frames = await _run(self.executor, wire.decode_features, p)
-            self.order.check(p)
-            self._feed(p, frames)
+            if self.order.check(p):
+                self._feed(p, frames)
 
     def _feed(self, f: FeaturesIn, frames: np.ndarray) -> None:
         now = time.monotonic()
