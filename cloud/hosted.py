@@ -13,7 +13,10 @@ what it owns when it closes.
 The event log keeps every event of a segment that is not final yet (a resumed client may not have
 them) and, of final segments, a tail of `replay_tail` events behind the last one sent (those may
 have been lost in flight when the connection dropped). Events produced while no stream is attached
-stay until one is.
+stay until one is. A resume that asks for events no longer held gets NOT_FOUND, and recovers as
+from a lost session (seed + replay). An ended session (End, shutdown) frees its engine slot at once
+but stays in the table until a stream has sent its last event and closed OK, or its grace period
+ends, so a client that loses the connection just before the end can still resume for the finals.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ class SessionLimits:
     max_sessions: int = 256
     max_sessions_per_key: int = 64
     grace_s: float = 60.0
-    replay_tail: int = 64  # events of final segments kept behind the last one sent
+    replay_tail: int = 512  # events of final segments kept behind the last one sent
     max_events_held: int = 20_000  # hard cap on the event log of one session
     policy: object = None  # the sessions' CommitPolicy (None: the engine's default)
 
