@@ -119,6 +119,10 @@ class ClientOptions:
     max_offline_s: float = 120.0  # give up when the server stays away this long
     max_buffer_bytes: int = 64 << 20  # bound on buffered, not yet final, payload bytes
     connect_timeout_s: float = 10.0  # one attempt's wait for `Ready`
+    # a connection over which nothing arrives for this long while the server owes us something
+    # (acks, transcripts of unfinished segments, the end) is taken for dead and resumed: a network
+    # that drops packets without a reset would otherwise hang the stream
+    silence_timeout_s: float = 30.0
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 2.0
     backoff_multiplier: float = 2.0
@@ -200,6 +204,7 @@ class _StreamState:
     audio_position: int = 0  # thin client: samples enqueued so far
     end_written: bool = False  # End went out on the current call
     acked_seq: int = 0  # highest seq the current session acknowledged
+    last_heard: float = 0.0  # clock time of the server's latest message on the current call
     segment_shift: int = 0  # wire segment id - edge segment id (segments the server ended early)
     open_segment: int | None = None  # wire id of the segment the edge has not ended yet
     reopen_segment: bool = False  # the open segment's next packet starts its continuation
@@ -393,7 +398,7 @@ class TranscriptionClient:
                 if e.code() not in RETRYABLE_CODES:
                     raise ServerRejectedError(e.code().name, e.details() or "") from e
                 failure = f"{e.code().name}: {e.details()}"
-            except (asyncio.TimeoutError, _NoReady) as e:
+            except (asyncio.TimeoutError, _NoReady, _Silent) as e:
                 failure = str(e) or "no Ready in time"
             log.info("stream to %s broke (%s); session %s…", self.target, failure, state.session_id[:6])
             if state.connected_once_this_attempt:
@@ -458,7 +463,7 @@ class TranscriptionClient:
             stub = harken_pb2_grpc.TranscriptionStub(channel)
             metadata = (("authorization", f"Bearer {self.api_key}"),) if self.api_key else None
             call = stub.Stream(metadata=metadata)
-            sender: asyncio.Task | None = None
+            tasks: set[asyncio.Task] = set()
             try:
                 start = pb.Start(language=o.language, context=o.context,
                                  codec="" if o.send_audio else CODEC_NAME, session_id=state.session_id,
@@ -476,25 +481,28 @@ class TranscriptionClient:
                     raise ServerRejectedError("PROTOCOL", f"expected Ready, got {first.WhichOneof('kind')}")
                 self._on_ready(first.ready, state)
                 state.connected_once_this_attempt = True
-                sender = asyncio.create_task(self._send(call, state), name="harken-send")
+                tasks = {asyncio.create_task(self._receive(call, state, out), name="harken-receive"),
+                         asyncio.create_task(self._send(call, state), name="harken-send"),
+                         asyncio.create_task(self._watch(state), name="harken-watch")}
+                receiver = next(t for t in tasks if t.get_name() == "harken-receive")
                 while True:
-                    msg = await call.read()
-                    if msg is grpc.aio.EOF:
-                        await _raise_status(call)
-                        # OK after our End: all finals are in. OK without it (a server shutting
-                        # down): resume, or replay into a new session
-                        return state.end_written
-                    self._on_message(msg, state, out)
+                    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    if receiver in done:
+                        return receiver.result()
+                    for t in done:
+                        t.result()  # the sender's or the watchdog's error ends the attempt
+                        tasks.discard(t)  # the sender is done after End: wait for the finals
             finally:
-                if sender is not None:
-                    sender.cancel()
-                    await asyncio.gather(sender, return_exceptions=True)
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
                 call.cancel()
 
     def _channel(self) -> grpc.aio.Channel:
-        # a fresh channel per attempt: grpc's own reconnect backoff (up to minutes) stays out of
-        # the way of ours, and a restarted server is found at once
-        options = [("grpc.max_receive_message_length", 16 << 20)]
+        # a fresh channel, and connection, per attempt: grpc's own reconnect backoff (up to
+        # minutes) stays out of the way of ours, a restarted server is found at once, and a dead
+        # connection is not shared into the next attempt (channels share subchannels by default)
+        options = [("grpc.max_receive_message_length", 16 << 20), ("grpc.use_local_subchannel_pool", 1)]
         if self._credentials is None:
             return grpc.aio.insecure_channel(self.target, options=options)
         if self.options.tls_server_name:
@@ -512,7 +520,32 @@ class TranscriptionClient:
             raise ServerRejectedError("PROTOCOL", f"server applied seq {ready.resume_after_seq}, "
                                                   f"but only {state.buffer.next_seq - 1} were sent")
         state.sent_through = ready.resume_after_seq
+        state.acked_seq = ready.resume_after_seq
+        state.last_heard = self._clock()
         state.wake_sender.set()
+
+    async def _receive(self, call, state: _StreamState, out: asyncio.Queue) -> bool:
+        """Handle the server's messages until it closes the stream; True if the stream is done."""
+        while True:
+            msg = await call.read()
+            state.last_heard = self._clock()
+            if msg is grpc.aio.EOF:
+                await _raise_status(call)
+                # OK after our End: all finals are in. OK without it (a server shutting down):
+                # resume, or replay into a new session
+                return state.end_written
+            self._on_message(msg, state, out)
+
+    async def _watch(self, state: _StreamState) -> None:
+        """Raise `_Silent` when the server owes us something (an ack, finals, the end) and the
+        connection has carried nothing for `silence_timeout_s`."""
+        limit = self.options.silence_timeout_s
+        while True:
+            await asyncio.sleep(min(1.0, limit / 4))
+            owed = state.sent_through > state.acked_seq or state.end_written or state.buffer.entries
+            quiet_s = self._clock() - state.last_heard
+            if owed and quiet_s > limit:
+                raise _Silent(f"nothing from the server for {quiet_s:.1f} s")
 
     async def _send(self, call, state: _StreamState) -> None:
         """Write every buffered message after `sent_through`, then End once the source is done."""
@@ -621,6 +654,10 @@ class TranscriptionClient:
 
 class _NoReady(Exception):
     pass
+
+
+class _Silent(Exception):
+    """The connection carried nothing while the server owed us something: presumed dead."""
 
 
 async def _raise_status(call) -> None:

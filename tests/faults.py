@@ -39,6 +39,7 @@ class CuttingProxy:
     _tasks: set[asyncio.Task] = field(default_factory=set)
     _stops: set[asyncio.Event] = field(default_factory=set)  # one per live connection
     _down_until: float = 0.0
+    _stalled: set[asyncio.Event] = field(default_factory=set)  # connections that drop everything
     _rng: random.Random = field(init=False)
 
     def __post_init__(self):
@@ -52,6 +53,11 @@ class CuttingProxy:
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def stall(self) -> None:
+        """From now on the live connections carry nothing, silently (no reset, no close): a
+        network that drops packets. New connections work."""
+        self._stalled.update(self._stops)
 
     def outage(self, down_s: float) -> None:
         """Cut every connection now and keep the network down for `down_s` seconds."""
@@ -88,8 +94,8 @@ class CuttingProxy:
             budget = [self._rng.randint(self.min_bytes, self.max_bytes) if cutting else None]
             cut, stop = asyncio.Event(), asyncio.Event()
             self._stops.add(stop)
-            pumps = [asyncio.create_task(self._pump(client_reader, upstream_writer, budget, cut)),
-                     asyncio.create_task(self._pump(upstream_reader, client_writer, budget, cut))]
+            pumps = [asyncio.create_task(self._pump(client_reader, upstream_writer, budget, cut, stop)),
+                     asyncio.create_task(self._pump(upstream_reader, client_writer, budget, cut, stop))]
             waiters = [asyncio.create_task(cut.wait()), asyncio.create_task(stop.wait())]
             try:
                 await asyncio.wait([*pumps, *waiters], return_when=asyncio.FIRST_COMPLETED)
@@ -101,6 +107,7 @@ class CuttingProxy:
                     t.cancel()
                 await asyncio.gather(*pumps, *waiters, return_exceptions=True)
                 self._stops.discard(stop)
+                self._stalled.discard(stop)
         finally:
             # abort, not close: a cut network delivers no orderly FIN
             client_writer.transport.abort()
@@ -109,11 +116,13 @@ class CuttingProxy:
             self._tasks.discard(task)
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, budget: list,
-                    cut: asyncio.Event) -> None:
+                    cut: asyncio.Event, connection: asyncio.Event) -> None:
         while True:
             data = await reader.read(4096)
             if not data:
                 return
+            if connection in self._stalled:
+                continue  # dropped on the floor
             if budget[0] is not None:
                 if len(data) >= budget[0]:
                     # forward the bytes up to the cut point, then cut mid-message

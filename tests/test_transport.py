@@ -232,6 +232,14 @@ def test_replayed_committed_text_is_not_shown_twice(asr, audio):
     assert _finals(events) == _finals(clean)
 
 
+async def live(pieces):
+    """Pieces at about 3x real time, like a live source that is a bit ahead: faults then fall
+    mid-stream, before the source ends."""
+    for piece in pieces:
+        await asyncio.sleep(0.03)
+        yield piece
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -293,11 +301,6 @@ def test_graceful_server_restart_mid_segment_loses_nothing(asr, audio, reference
     in all; the segments before the stop are the uninterrupted ones."""
     options = ClientOptions(backoff_initial_s=0.05, backoff_max_s=0.2)
 
-    async def live(pieces):
-        for piece in pieces:
-            await asyncio.sleep(0.03)  # faster than real time, slow enough to stop mid-segment
-            yield piece
-
     async def main():
         server = await start_server(asr, ServerOptions(host="127.0.0.1", port=0))
         port, restarted = server.port, None
@@ -325,6 +328,33 @@ def test_graceful_server_restart_mid_segment_loses_nothing(asr, audio, reference
     assert len(finals) == len(_finals(reference)) + 1  # segment 1 was ended early and continued
     assert finals[0] == _finals(reference)[0] and _texts(events)[0] == _texts(reference)[0]
     assert finals[1][1] == _finals(reference)[1][1] and finals[2][1] == finals[1][2]  # continued seamlessly
+
+
+def test_silent_connection_is_abandoned_and_resumed(asr, audio, reference):
+    """The network starts dropping everything without a reset while the server owes transcripts:
+    after `silence_timeout_s` the client gives the connection up, resumes the same session on a
+    new one, and the transcript is the uninterrupted one (no hang)."""
+
+    async def main():
+        async with serving(asr) as server:
+            proxy = await CuttingProxy("127.0.0.1", server.port, max_cuts=0).start()
+            try:
+                # long enough for a final pass of the tiny model on a busy CPU, which sends nothing
+                client = TranscriptionClient(proxy.target, language=LANGUAGE, options=ClientOptions(
+                    silence_timeout_s=2.0, backoff_initial_s=0.02, backoff_max_s=0.1))
+                events = []
+                async for e in client.stream(live(audio_pieces(audio))):
+                    events.append(e)
+                    if len(events) == 1:
+                        proxy.stall()
+            finally:
+                await proxy.close()
+            return events, client.stats
+
+    events, stats = asyncio.run(main())
+    assert stats.resumes == 1 and stats.sessions_opened == 1
+    assert "nothing from the server" in stats.last_failure
+    assert events == reference
 
 
 def test_server_away_too_long_is_a_clear_error(asr, audio):
