@@ -203,6 +203,8 @@ class _StreamState:
     new_segment_bound_s: float = 0.0  # edge: where the next segment can start at the earliest
     audio_position: int = 0  # thin client: samples enqueued so far
     end_written: bool = False  # End went out on the current call
+    end_sent_in_session: bool = False  # ... or on an earlier call of the same session
+    server_has_end: bool = False  # the server refused a repeated End: it has ours
     acked_seq: int = 0  # highest seq the current session acknowledged
     last_heard: float = 0.0  # clock time of the server's latest message on the current call
     segment_shift: int = 0  # wire segment id - edge segment id (segments the server ended early)
@@ -395,6 +397,12 @@ class TranscriptionClient:
                              state.session_id[:6], e.details(), len(state.buffer.entries))
                     self._prepare_replacement(state)
                     continue
+                if e.code() == grpc.StatusCode.FAILED_PRECONDITION and state.end_sent_in_session \
+                        and not state.server_has_end:
+                    # our End reached the server on an earlier stream, and this server refuses a
+                    # second one: resume once more without it and wait for the finals
+                    state.server_has_end = True
+                    continue
                 if e.code() not in RETRYABLE_CODES:
                     raise ServerRejectedError(e.code().name, e.details() or "") from e
                 failure = f"{e.code().name}: {e.details()}"
@@ -424,6 +432,7 @@ class TranscriptionClient:
         replay every unfinished message from seq 1."""
         state.session_id = ""
         state.replacement = True
+        state.end_sent_in_session = state.server_has_end = False
         state.last_event_seq = 0
         state.acked_seq = 0
         state.texts.new_session()
@@ -533,7 +542,7 @@ class TranscriptionClient:
                 await _raise_status(call)
                 # OK after our End: all finals are in. OK without it (a server shutting down):
                 # resume, or replay into a new session
-                return state.end_written
+                return state.end_written or state.server_has_end
             self._on_message(msg, state, out)
 
     async def _watch(self, state: _StreamState) -> None:
@@ -562,8 +571,9 @@ class TranscriptionClient:
                     self.stats.frames_resent += entry.frames
                 entry.times_sent += 1
             if state.source_done and state.buffer.after(state.sent_through) is None:
-                await call.write(pb.ClientMessage(end=pb.End()))
-                state.end_written = True
+                if not state.server_has_end:
+                    await call.write(pb.ClientMessage(end=pb.End()))
+                    state.end_written = state.end_sent_in_session = True
                 await call.done_writing()
                 return
             await state.wake_sender.wait()

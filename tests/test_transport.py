@@ -357,6 +357,31 @@ def test_silent_connection_is_abandoned_and_resumed(asr, audio, reference):
     assert events == reference
 
 
+def test_connection_lost_after_end_still_gets_every_final(asr, audio, reference):
+    """The whole source is sent, End included, and the connection drops before the last finals:
+    the client resumes (re-sending End, which the server may already hold) and gets them all."""
+
+    async def main():
+        async with serving(asr) as server:
+            proxy = await CuttingProxy("127.0.0.1", server.port, max_cuts=0).start()
+            try:
+                client = TranscriptionClient(proxy.target, language=LANGUAGE, options=ClientOptions(
+                    backoff_initial_s=0.02, backoff_max_s=0.1))
+                events = []
+                async for e in client.stream(audio_pieces(audio)):  # all of it at once: End goes early
+                    events.append(e)
+                    if e.is_final and e.segment_id == 0:
+                        proxy.outage(down_s=0.05)
+            finally:
+                await proxy.close()
+            return events, client.stats
+
+    events, stats = asyncio.run(main())
+    assert stats.failed_attempts >= 1
+    assert _texts(events) == _texts(reference)
+    assert _finals(events) == _finals(reference)
+
+
 def test_server_away_too_long_is_a_clear_error(asr, audio):
     """The server goes away mid-stream and does not come back: ServerUnavailableError after
     max_offline_s, naming what was not transcribed; no hang."""
