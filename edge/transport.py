@@ -15,6 +15,10 @@ those of `proto/harken.proto`:
   session seeded with the `SessionSeed` of the last final event, and replays every unfinished
   segment from its first frame. The replacement session re-sends committed text the user already
   has; the client keeps, per segment, what it delivered and passes on only what extends it.
+- A connection that carries nothing for `silence_timeout_s` while the server owes something
+  (acks, finals) is taken for dead (a network dropping packets without a reset) and resumed.
+- A final that comes before the segment's end (a server shutting down finalises open segments)
+  does not lose the rest: it continues as a new segment, and later segment ids move up by one.
 - The buffer is bounded (`max_buffer_bytes`) and so is the time without a server
   (`max_offline_s`): past either the stream fails with a `TransportError` saying so, instead of
   growing or hanging.
