@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from harken.edge.vad import WINDOW_SAMPLES
 from harken.proto import harken_pb2 as pb
-from harken.shared.features_spec import FRAMES_PER_SECOND, HOP_LENGTH
+from harken.shared.features_spec import FRAMES_PER_SECOND, HOP_LENGTH, SAMPLE_RATE
 
 # thin client: a replay starts on a multiple of the log-mel hop and the VAD window (2560 samples),
 # so the server's fresh front end sees the audio on the lost session's frame and window grid
@@ -97,6 +97,25 @@ class ResendBuffer:
             kept.append(e)
         self.entries = kept
         return True, continued
+
+    def realign_audio(self, final_end_sample: int, audio_position: int, piece_samples: int) -> int:
+        """Thin client, for a replacement session: keep the audio from the last final segment's
+        end (on the replay grid) in fresh pieces of `piece_samples`, each counted as sent once.
+        Returns the sample the replay starts at (the new session's time zero)."""
+        if not self.entries:
+            return audio_position
+        base = self.entries[0].first_sample
+        start = max(base, align_down(final_end_sample))
+        pcm16 = b"".join(e.message.audio.pcm16 for e in self.entries)[2 * (start - base):]
+        self.entries.clear()
+        self.nbytes = 0
+        for i in range(0, len(pcm16), 2 * piece_samples):
+            piece = pcm16[i:i + 2 * piece_samples]
+            msg = pb.ClientMessage(audio=pb.Audio(pcm16=piece, sample_rate=SAMPLE_RATE))
+            first = start + i // 2
+            self.append(PendingMessage(0, -1, msg, len(piece), 0, first_sample=first,
+                                       end_sample=first + len(piece) // 2, times_sent=1))
+        return start
 
     def renumber(self) -> None:
         """A replacement session counts from 1 again."""

@@ -445,24 +445,10 @@ class TranscriptionClient:
         state.buffer.renumber()
 
     def _realign_audio(self, state: _StreamState) -> None:
-        """Thin client: replay from the end of the last final segment, on the aligned grid, in
-        fresh pieces; the replacement session's times are then relative to that point."""
-        entries = state.buffer.entries
-        if not entries:
-            state.replay_offset_s = state.audio_position / SAMPLE_RATE
-            return
-        base = entries[0].first_sample
-        start = max(base, align_down(state.final_end_sample))
-        pcm16 = b"".join(e.message.audio.pcm16 for e in entries)[2 * (start - base):]
-        step = 2 * SAMPLE_RATE * self.options.audio_piece_ms // 1000
-        state.buffer.entries.clear()
-        state.buffer.nbytes = 0
-        for i in range(0, len(pcm16), step):
-            piece = pcm16[i:i + step]
-            msg = pb.ClientMessage(audio=pb.Audio(pcm16=piece, sample_rate=SAMPLE_RATE))
-            first = start + i // 2
-            state.buffer.append(PendingMessage(0, -1, msg, len(piece), 0, first_sample=first,
-                                               end_sample=first + len(piece) // 2, times_sent=1))
+        """Thin client: replay from the end of the last final segment; the replacement session's
+        times are then relative to that point."""
+        piece_samples = SAMPLE_RATE * self.options.audio_piece_ms // 1000
+        start = state.buffer.realign_audio(state.final_end_sample, state.audio_position, piece_samples)
         state.replay_offset_s = start / SAMPLE_RATE
         log.info("thin client: replaying the audio from %.2f s", state.replay_offset_s)
 
