@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from faults import CuttingProxy
 from harken.cloud.server import ServerOptions, start_server
@@ -573,3 +575,37 @@ def test_session_expired_during_an_outage_is_replayed(asr, audio, thin, referenc
     assert _texts(events) == _texts(clean)
     assert _finals(events) == _finals(clean)
     assert stats.replay_mismatches == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(alphabet="ab cd", min_size=0, max_size=30), data=st.data())
+def test_replay_filter_any_split_shows_each_committed_character_once(text, data):
+    """However a segment's committed text is cut into deltas, whichever prefix the lost session
+    delivered, and whatever partials come with them: the user's deltas concatenate to the text,
+    and what the user sees (committed + partial) never repeats committed text."""
+
+    def cuts(s: str) -> list[str]:
+        points = sorted(data.draw(st.lists(st.integers(0, len(s)), max_size=5)))
+        bounds = [0, *points, len(s)]
+        return [s[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    delivered_upto = data.draw(st.integers(0, len(text)))
+    f = ReplayFilter()
+    user = ""
+    for delta in cuts(text[:delivered_upto]):  # the lost session
+        shown = f.filter(0, delta, data.draw(st.text(alphabet="xy", max_size=3)), False)
+        assert shown is not None
+        user += shown[0]
+    f.new_session()
+    server = ""
+    pieces = cuts(text)
+    for i, delta in enumerate(pieces):  # the replacement session, from the segment's start
+        server += delta
+        final = i == len(pieces) - 1
+        partial = "" if final else text[len(server):len(server) + data.draw(st.integers(0, 3))]
+        shown = f.filter(0, delta, partial, final)
+        if shown is not None:
+            user += shown[0]
+            # the partial shown is the replacement's guess beyond what the user has, never a repeat
+            assert shown[1] == ("" if final else (server + partial)[len(user):])
+    assert user == text and f.mismatches == 0
