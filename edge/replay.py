@@ -141,6 +141,12 @@ class ReplayFilter:
         """The next events come from a replacement session that starts its segments afresh."""
         self.session_text.clear()
 
+    def forget_through(self, segment_id: int) -> None:
+        """Segments up to `segment_id` are final and will not be replayed: memory stays flat."""
+        for texts in (self.delivered, self.shown_partial, self.session_text):
+            for s in [s for s in texts if s <= segment_id]:
+                del texts[s]
+
     def filter(self, segment_id: int, committed_delta: str, partial: str, is_final: bool
                ) -> tuple[str, str] | None:
         """(committed delta, partial) to show for a server event, or None if it shows nothing new."""

@@ -618,6 +618,7 @@ class TranscriptionClient:
 
     def _segment_final(self, segment_id: int, state: _StreamState, end_s: float | None) -> None:
         state.last_final_segment = max(state.last_final_segment, segment_id)
+        state.texts.forget_through(state.last_final_segment)
         if self.options.send_audio:
             if end_s is not None:
                 state.final_end_sample = max(state.final_end_sample,
@@ -637,7 +638,7 @@ class TranscriptionClient:
     def _deliver(self, t: pb.Transcript, state: _StreamState) -> TranscriptEvent | None:
         """The event as the user sees it (see `ReplayFilter`), or None when it shows nothing new."""
         seg = t.segment_id
-        if seg <= state.last_final_segment and not self.options.send_audio:
+        if seg <= state.last_final_segment:  # a replayed event of a segment the user has whole
             self.stats.duplicate_events += 1
             return None
         visible = state.texts.filter(seg, t.committed_delta, t.partial, t.is_final)
