@@ -36,6 +36,7 @@ import asyncio
 import heapq
 import math
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -165,18 +166,19 @@ class Meeting:
                                            options=replace(self.options))
         committed: dict[int, str] = {}
         try:
-            async for item in track.client.stream(track.source, progress=True):
-                if isinstance(item, StreamProgress):
-                    inbox.put_nowait(_TrackBound(track.index, item.bound_s))
-                    continue
-                event: TranscriptEvent = item
-                committed[event.segment_id] = committed.get(event.segment_id, "") + event.committed_delta
-                if event.is_final:
-                    text = committed.pop(event.segment_id).strip()
-                    line = MeetingLine(track.speaker, event.start_s, event.end_s, text, event.segment_id) \
-                        if text else None
-                    # its own later segments start after this one: a bound even in thin-client mode
-                    inbox.put_nowait(_TrackFinal(track.index, line, math.nextafter(event.start_s, math.inf)))
+            async with aclosing(track.client.stream(track.source, progress=True)) as items:
+                async for item in items:
+                    if isinstance(item, StreamProgress):
+                        inbox.put_nowait(_TrackBound(track.index, item.bound_s))
+                        continue
+                    event: TranscriptEvent = item
+                    committed[event.segment_id] = committed.get(event.segment_id, "") + event.committed_delta
+                    if event.is_final:
+                        text = committed.pop(event.segment_id).strip()
+                        line = MeetingLine(track.speaker, event.start_s, event.end_s, text, event.segment_id) \
+                            if text else None
+                        # its own later segments start after this one: a bound even in thin-client mode
+                        inbox.put_nowait(_TrackFinal(track.index, line, math.nextafter(event.start_s, math.inf)))
         except Exception as e:  # handed to the meeting's owner, which raises it
             inbox.put_nowait(_TrackFailed(track.index, e))
             return

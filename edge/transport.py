@@ -42,6 +42,7 @@ import math
 import random
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -252,10 +253,14 @@ class TranscriptionClient:
                      progress: bool = False) -> AsyncIterator[TranscriptEvent]:
         """Transcribe `source` (16 kHz mono float32 pieces, sync or async; an array; a file path):
         yield every transcript event, return once the server has sent the last final. With
-        `progress`, `StreamProgress` items come in between, each after the events it accounts for."""
-        async for item in self._run(source):
-            if progress or isinstance(item, TranscriptEvent):
-                yield item
+        `progress`, `StreamProgress` items come in between, each after the events it accounts for.
+
+        Leaving the loop early stops the stream once the generator is closed: use
+        `contextlib.aclosing(client.stream(...))` to have that happen at once."""
+        async with aclosing(self._run(source)) as items:
+            async for item in items:
+                if progress or isinstance(item, TranscriptEvent):
+                    yield item
 
     async def transcribe(self, source) -> str:
         """The whole transcript of `source`: the committed text of all segments, joined as the
@@ -271,8 +276,9 @@ class TranscriptionClient:
         self.stats = TransportStats()
         state = _StreamState()
         out: asyncio.Queue = asyncio.Queue()
-        producer = asyncio.create_task(self._produce(_as_async_pieces(source), state, out), name="harken-produce")
-        connection = asyncio.create_task(self._connect_loop(state, out), name="harken-connection")
+        producer = asyncio.create_task(self._produce(_as_async_pieces(source), state, out),
+                                       name="harken-client-produce")
+        connection = asyncio.create_task(self._connect_loop(state, out), name="harken-client-connection")
         done_marker = object()
         connection.add_done_callback(lambda _: out.put_nowait(done_marker))
         producer.add_done_callback(lambda t: t.cancelled() or t.exception() is None or out.put_nowait(done_marker))
@@ -300,7 +306,7 @@ class TranscriptionClient:
     async def _produce(self, pieces: AsyncIterator[np.ndarray], state: _StreamState, out: asyncio.Queue) -> None:
         o = self.options
         if o.send_audio:
-            await self._produce_audio(pieces, state, out)
+            await self._produce_audio(pieces, state)
             return
         fs = FeatureStream(mode=o.codec_mode, packet_frames=o.packet_frames)
         samples = 0
@@ -323,7 +329,7 @@ class TranscriptionClient:
         state.wake_sender.set()
         out.put_nowait(StreamProgress(self._bound_s(state)))
 
-    async def _produce_audio(self, pieces: AsyncIterator[np.ndarray], state: _StreamState, out: asyncio.Queue) -> None:
+    async def _produce_audio(self, pieces: AsyncIterator[np.ndarray], state: _StreamState) -> None:
         step = SAMPLE_RATE * self.options.audio_piece_ms // 1000
         pending = np.zeros(0, np.float32)
         position = 0
@@ -480,10 +486,9 @@ class TranscriptionClient:
                     raise ServerRejectedError("PROTOCOL", f"expected Ready, got {first.WhichOneof('kind')}")
                 self._on_ready(first.ready, state)
                 state.connected_once_this_attempt = True
-                tasks = {asyncio.create_task(self._receive(call, state, out), name="harken-receive"),
-                         asyncio.create_task(self._send(call, state), name="harken-send"),
-                         asyncio.create_task(self._watch(state), name="harken-watch")}
-                receiver = next(t for t in tasks if t.get_name() == "harken-receive")
+                receiver = asyncio.create_task(self._receive(call, state, out), name="harken-client-receive")
+                tasks = {receiver, asyncio.create_task(self._send(call, state), name="harken-client-send"),
+                         asyncio.create_task(self._watch(state), name="harken-client-watch")}
                 while True:
                     done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                     if receiver in done:

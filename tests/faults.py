@@ -87,7 +87,8 @@ class CuttingProxy:
             if asyncio.get_running_loop().time() < self._down_until:
                 return  # the network is down: reset
             try:
-                upstream_reader, upstream_writer = await asyncio.open_connection(self.upstream_host, self.upstream_port)
+                upstream_reader, upstream_writer = await asyncio.open_connection(self.upstream_host,
+                                                                                 self.upstream_port)
             except OSError:
                 return  # upstream down: the client sees the connection close, like a refused one
             cutting = self.cuts < self.max_cuts

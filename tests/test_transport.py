@@ -438,8 +438,8 @@ def _self_signed(tmp_path: Path) -> tuple[str, str]:
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .sign(key, hashes.SHA256()))
     (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                         serialization.NoEncryption()))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     return str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
 
 
@@ -609,3 +609,19 @@ def test_replay_filter_any_split_shows_each_committed_character_once(text, data)
             # the partial shown is the replacement's guess beyond what the user has, never a repeat
             assert shown[1] == ("" if final else (server + partial)[len(user):])
     assert user == text and f.mismatches == 0
+
+
+def test_leaving_the_stream_early_stops_every_task(asr, audio):
+    """A consumer that stops after the first event: closing the stream cancels and awaits all
+    the client's tasks (producer, connection, sender, receiver, watchdog)."""
+    from contextlib import aclosing
+
+    async def main():
+        async with serving(asr) as server:
+            client = TranscriptionClient(server.address, language=LANGUAGE)
+            async with aclosing(client.stream(audio_pieces(audio))) as events:
+                async for _ in events:
+                    break
+            return [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("harken-client-")]
+
+    assert asyncio.run(main()) == []
