@@ -413,7 +413,10 @@ class TranscriptionClient:
                     # second one: resume once more without it and wait for the finals
                     state.server_has_end = True
                     continue
-                if e.code() not in RETRYABLE_CODES:
+                # admission control refuses a new stream at once; mid-stream (a replacement session
+                # after a restart) the work already sent is worth waiting for, within max_offline_s
+                busy = e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and self.stats.sessions_opened > 0
+                if e.code() not in RETRYABLE_CODES and not busy:
                     raise ServerRejectedError(e.code().name, e.details() or "") from e
                 failure = f"{e.code().name}: {e.details()}"
             except (asyncio.TimeoutError, _NoReady, _Silent) as e:
