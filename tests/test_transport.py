@@ -1,12 +1,14 @@
 """edge/transport: the SDK client against the real server (cloud/server.py) on loopback gRPC.
 
 The model is the tiny random checkpoint with the language forced, so it writes text (random, but
-a deterministic function of the features). Faults are real: a TCP proxy (tests/faults.py) resets
-connections mid-stream, a server process is killed with SIGKILL and started again, a server
-disappears for good. What is checked: the transcript through the server equals the in-process
-engine's; after any number of cuts or a server restart the transcript is identical to the run
-without faults, and the server applied every message exactly once; a server that stays away
-ends the stream with a clear error instead of a hang.
+a deterministic function of the features). Faults are real, only they are simulated: a TCP proxy
+(tests/faults.py) resets connections at random byte offsets, takes the network down for longer
+than the server's grace period, or silently drops everything; a `harken serve` process is killed
+with SIGKILL and started again; an in-process server is stopped gracefully mid-segment and
+started again; a server disappears for good. What is checked: the transcript through the server
+equals the in-process engine's; after cuts, lost sessions and restarts it is identical to the
+run without faults, every frame is applied (once, where the session survives), and committed
+text is shown once; a server that stays away ends the stream with a clear error, not a hang.
 """
 
 from __future__ import annotations
