@@ -166,8 +166,9 @@ async def _print_stream(client, source, as_json: bool) -> int:
 
 class LiveView:
     """Terminal rendering of transcript events: the open segment's committed text, then its
-    partial text, rewritten in place (`\\r`) on a TTY; elsewhere one plain line per event (partial
-    lines marked `~ `). A final segment's line stays."""
+    partial text (dimmed), rewritten in place (`\\r`) on a TTY; elsewhere one plain line per event
+    (partial lines marked `~ `). A final segment's line stays. The embedded `harken stream` prints
+    the same way."""
 
     def __init__(self, out):
         self.out = out
@@ -178,17 +179,21 @@ class LiveView:
     def show(self, event) -> None:
         text = self.text.get(event.segment_id, "") + event.committed_delta
         self.text[event.segment_id] = text
-        line = text + (f" {event.partial.strip()}" if event.partial.strip() else "")
+        partial = event.partial.strip()
+        sep = " " if text and partial else ""
         if not self.tty:
-            print(("" if event.is_final else "~ ") + line, file=self.out, flush=True)
+            print(("" if event.is_final else "~ ") + text + sep + partial, file=self.out, flush=True)
             return
         import shutil
 
+        # the tail of the line that fits; the partial part dimmed
         cols = max(shutil.get_terminal_size().columns - 1, 10)
-        shown = line[-cols:]
-        self.out.write("\r\x1b[K" + shown + ("\n" if event.is_final else ""))
+        tail = (sep + partial)[-cols:]
+        head = text[max(len(text) - (cols - len(tail)), 0):] if cols > len(tail) else ""
+        dim = f"\x1b[2m{tail}\x1b[0m" if tail else ""
+        self.out.write("\r\x1b[K" + head + dim + ("\n" if event.is_final else ""))
         self.out.flush()
-        self.width = 0 if event.is_final else len(shown)
+        self.width = 0 if event.is_final else len(head) + len(tail)
 
     def close(self) -> None:
         if self.tty and self.width:

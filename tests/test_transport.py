@@ -479,23 +479,35 @@ def test_tls_and_api_keys(asr, audio, reference, tls_server_files):
 
 
 def test_cli_stream_through_a_server(asr, audio, reference, tls_server_files, tmp_path):
-    """`harken stream IN.wav --server HOST:PORT --tls-ca FILE --json`, key from $HARKEN_API_KEY:
-    the embedded path's output format and transcript."""
+    """`harken stream IN.wav --server HOST:PORT --tls-ca FILE [--json]`, key from $HARKEN_API_KEY:
+    the embedded path's output, as JSON and as text."""
+    import io
+
+    from harken.cloud.commands import _LiveView as EmbeddedView
+
     cert, key, keys = tls_server_files
     wav = write_wav(tmp_path / "in.wav", audio, subtype="FLOAT")
 
     async def main():
         async with serving(asr, tls_cert=cert, tls_key=key, api_keys=keys) as server:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "harken", "stream", str(wav), "--server", f"localhost:{server.port}",
-                "--tls-ca", cert, "--json", "--language", LANGUAGE,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                cwd=REPO, env={**os.environ, "HARKEN_API_KEY": "right-key"})
-            out, err = await proc.communicate()
-            return proc.returncode, out.decode(), err.decode()
+            outputs = []
+            for extra in (["--json"], []):
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "harken", "stream", str(wav), "--server", f"localhost:{server.port}",
+                    "--tls-ca", cert, "--language", LANGUAGE, *extra,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                    cwd=REPO, env={**os.environ, "HARKEN_API_KEY": "right-key"})
+                out, err = await proc.communicate()
+                outputs.append((proc.returncode, out.decode(), err.decode()))
+            return outputs
 
-    rc, out, err = asyncio.run(main())
-    assert rc == 0, err
+    (rc, out, err), (text_rc, text_out, text_err) = asyncio.run(main())
+    assert rc == 0 and text_rc == 0, err + text_err
+    embedded = io.StringIO()  # the embedded command's rendering of the same events (not a TTY)
+    view = EmbeddedView(embedded)
+    for e in reference:
+        view.show(e)
+    assert text_out == embedded.getvalue()
     lines = [json.loads(line) for line in out.splitlines()]
     assert lines[-1] == {"final": True, "text": transcript_text(_texts(reference))}
     keys = ["segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final"]
