@@ -231,6 +231,10 @@ class HostedSession:
             if self.ending:
                 if not self.ended_by_client:  # a live client still sending when the server stops
                     raise ShuttingDown(SHUTDOWN_MESSAGE)
+                # A client that resumes after its connection dropped between End and the last
+                # finals repeats End and may resend applied messages: both are replays, not errors.
+                if isinstance(item, EndIn) or getattr(item, "seq", 0) <= self.applied_seq:
+                    return
                 raise OutOfOrder("the session has ended: no input after end")
             if isinstance(item, FinalizeIn):
                 self._finalize()

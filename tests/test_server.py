@@ -694,6 +694,28 @@ def test_resume_after_a_cancelled_stream_gives_the_identical_transcript(asr, pac
     assert transcript_of([_wire_event(t) for t in events]) == transcript_of(reference)
 
 
+def test_end_repeated_after_a_resume_is_a_replay_not_an_error(asr, packets, reference):
+    """The connection drops after End but before the last finals: the client resumes the same
+    session, resends what it still holds and repeats End; it gets the rest, nothing twice."""
+    msgs = features_msgs(packets)
+
+    async def main():
+        async with serving(asr) as server:
+            first = await run_stream(server.address, [start_msg(codec=wire.CODEC_NAME)] + msgs + [END],
+                                     stop_after=lambda out: bool(out.transcripts))
+            seen = first.transcripts[-1].event_seq
+            second = await run_stream(server.address, [start_msg(session_id=first.ready.session_id,
+                                                                 last_event_seq=seen)] + msgs[-2:] + [END])
+            return first, second
+
+    first, second = asyncio.run(main())
+    assert second.code == OK, second.details
+    assert second.ready.session_id == first.ready.session_id
+    events = first.transcripts + second.transcripts
+    assert [t.event_seq for t in events] == list(range(1, len(events) + 1))
+    assert transcript_of([_wire_event(t) for t in events]) == transcript_of(reference)
+
+
 def test_a_new_attach_detaches_the_old_stream_and_unknown_ids_are_not_found(asr, packets):
     async def main():
         async with serving(asr, grace_s=0.2) as server:
