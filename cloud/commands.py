@@ -79,6 +79,7 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     if bool(mic) == bool(input_path):
         raise HarkenError("give an input audio file or --mic (not both)")
     from harken.edge.audio import load_audio, microphone_chunks
+    from harken.edge.commands import LiveView
 
     if mic:
         source = _until_interrupted(microphone_chunks(block_ms=100))
@@ -99,7 +100,7 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)
     options = SessionOptions(language=language, context=context or "")
     engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
-    view = _LiveView(sys.stdout)
+    view = LiveView(sys.stdout)
     events = []
     for event in stream_pieces(source, engine, options):
         events.append(event)
@@ -121,38 +122,3 @@ def _until_interrupted(pieces):
         yield from pieces
     except KeyboardInterrupt:
         return
-
-
-class _LiveView:
-    """Terminal rendering: the open segment's committed text, then its partial text, rewritten in
-    place (`\\r`) on a TTY; on anything else one plain line per event. A final segment's line stays."""
-
-    def __init__(self, out):
-        self.out = out
-        self.tty = out.isatty()
-        self.text: dict[int, str] = {}
-        self.width = 0
-
-    def show(self, event) -> None:
-        text = self.text.get(event.segment_id, "") + event.committed_delta
-        self.text[event.segment_id] = text
-        partial = event.partial.strip()
-        sep = " " if text and partial else ""
-        if not self.tty:
-            print(("" if event.is_final else "~ ") + text + sep + partial, file=self.out, flush=True)
-            return
-        import shutil
-
-        # the tail of the line that fits; the partial part dimmed
-        cols = max(shutil.get_terminal_size().columns - 1, 10)
-        tail = (sep + partial)[-cols:]
-        head = text[max(len(text) - (cols - len(tail)), 0):] if cols > len(tail) else ""
-        dim = f"\x1b[2m{tail}\x1b[0m" if tail else ""
-        self.out.write("\r\x1b[K" + head + dim + ("\n" if event.is_final else ""))
-        self.out.flush()
-        self.width = 0 if event.is_final else len(head) + len(tail)
-
-    def close(self) -> None:
-        if self.tty and self.width:
-            self.out.write("\n")
-            self.out.flush()

@@ -51,6 +51,7 @@ from harken.cloud.model.encoder import IncrementalEncoder, WindowRequest
 from harken.cloud.model.prompt import forced_language, prompt_text_parts
 from harken.shared.errors import HarkenError, StreamInputError, StreamOrderError
 from harken.shared.features_spec import FRAMES_PER_SECOND, N_MELS
+from harken.shared.transcript import TranscriptEvent as BaseTranscriptEvent
 
 MAX_CONTEXT_TOKENS = 256  # system turn incl. carried text; the KV slot is sized for it
 
@@ -78,33 +79,13 @@ class SessionOptions:
 
 
 @dataclass(frozen=True)
-class TranscriptEvent:
-    """One transcript update of a segment (Riva/Google style: interim results, then `is_final`).
+class TranscriptEvent(BaseTranscriptEvent):
+    """A transcript event as the engine emits it (fields and JSON form: shared/transcript.py).
+    `resume` comes with final events only; `token_ids` with the final pass of an audio item (all
+    the ids it generated, EOS excluded), for tests and diagnostics."""
 
-    committed_delta: text committed now (never retracted), to append to the segment's text;
-    partial: the uncommitted text after it (may change); stability: share of the partial's tokens
-    that the previous update agreed with; start_s/end_s: the segment's start and the end of the
-    audio this event covers (seconds on the stream's timeline); language: "" when unknown.
-    `resume` comes with final events only; `token_ids` with the final pass of an audio item
-    (all the ids it generated, EOS excluded), for tests and diagnostics.
-    """
-
-    segment_id: int
-    committed_delta: str
-    partial: str
-    stability: float
-    start_s: float
-    end_s: float
-    language: str
-    is_final: bool
     resume: ResumeState | None = None
     token_ids: tuple[int, ...] | None = None
-
-    def as_dict(self) -> dict:
-        """The JSON form (`harken stream --json`), without the resume state."""
-        return {"segment_id": self.segment_id, "committed_delta": self.committed_delta,
-                "partial": self.partial, "stability": self.stability, "start_s": self.start_s,
-                "end_s": self.end_s, "language": self.language, "is_final": self.is_final}
 
 
 @dataclass

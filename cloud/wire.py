@@ -16,10 +16,10 @@ from google.protobuf.message import DecodeError
 
 from harken.cloud.errors import MalformedMessage, OutOfOrder
 from harken.proto import harken_pb2 as pb
-from harken.shared.codec import MAX_FRAMES, decode_frames
+from harken.shared.codec import CODEC_NAME, MAX_FRAMES, decode_frames
 from harken.shared.features_spec import N_MELS
+from harken.shared.transcript import TranscriptEvent
 
-CODEC_NAME = "harken-mel/1"  # the codec of shared/codec.py, wire format version 1
 MAX_LANGUAGE_CHARS = 64
 MAX_CONTEXT_CHARS = 8_000
 MAX_SESSION_ID_CHARS = 64
@@ -212,19 +212,12 @@ def seed_to_proto(seed: Seed) -> pb.SessionSeed:
 
 
 @dataclass(frozen=True)
-class TranscriptOut:
-    """One transcript event as the service sends it: the engine's event plus its event_seq."""
+class TranscriptOut(TranscriptEvent):
+    """One transcript event as the service sends it: the engine's event plus its event_seq and,
+    on final events, the seed."""
 
-    event_seq: int
-    segment_id: int
-    committed_delta: str
-    partial: str
-    stability: float
-    start_s: float
-    end_s: float
-    language: str
-    is_final: bool
-    seed: Seed | None
+    event_seq: int = 0
+    seed: Seed | None = None
 
 
 def transcript_message(t: TranscriptOut) -> pb.ServerMessage:

@@ -54,14 +54,14 @@ from harken.edge.feature_stream import FeaturePacket, FeatureStream
 from harken.edge.replay import PendingMessage, ReplayFilter, ResendBuffer, align_down
 from harken.proto import harken_pb2 as pb
 from harken.proto import harken_pb2_grpc
-from harken.shared.codec import DEFAULT_MODE
+from harken.shared.codec import CODEC_NAME, DEFAULT_MODE
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
 from harken.shared.text import transcript_text
+from harken.shared.transcript import TranscriptEvent
 
 log = logging.getLogger("harken.transport")
 
-CODEC_NAME = "harken-mel/1"  # shared/codec.py, wire format version 1 (proto `Start.codec`)
 THIN_REPLAY_MAX_S = 60  # thin client: audio kept for a replay after a server restart, at most
 
 # Status codes after which the same request may succeed later: the connection, not the request,
@@ -91,24 +91,6 @@ class ServerRejectedError(TransportError):
     def __init__(self, code: str, message: str):
         super().__init__(f"server refused the stream: {code}: {message}")
         self.code = code
-
-
-@dataclass(frozen=True)
-class TranscriptEvent:
-    """One transcript update, as the engine emits it (the fields of the proto `Transcript`).
-
-    `committed_delta` is appended to the segment's text and never retracted; `partial` is the
-    current guess after all committed text and replaces the previous partial of the segment.
-    """
-
-    segment_id: int
-    committed_delta: str
-    partial: str
-    stability: float
-    start_s: float
-    end_s: float
-    language: str
-    is_final: bool
 
 
 @dataclass

@@ -53,6 +53,7 @@ from harken.shared.errors import CodecError
 from harken.shared.features_spec import DYNAMIC_RANGE_LOG10, N_FFT, N_MELS, SAMPLE_RATE
 
 MODES = ("hifi", "balanced", "low")
+CODEC_NAME = "harken-mel/1"  # proto `Start.codec` for payloads of this module, wire format v1
 DEFAULT_MODE = "balanced"
 MAGIC = 0xA7
 VERSION = 1

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from google.protobuf.message import DecodeError
 from prometheus_client.parser import text_string_to_metric_families
 
-from harken.cloud import wire
+from harken.shared.codec import CODEC_NAME
 from harken.cloud.commit import CommitPolicy
 from harken.cloud.server import ServerOptions, start_server
 from harken.proto import harken_pb2 as pb
@@ -220,7 +220,7 @@ def transcript_of(events: list[tuple]) -> list[tuple]:
 def test_features_client_gets_the_embedded_engines_transcript(asr, packets, reference):
     async def main():
         async with serving(asr) as server:
-            return await run_stream(server.address, [start_msg(codec=wire.CODEC_NAME)]
+            return await run_stream(server.address, [start_msg(codec=CODEC_NAME)]
                                     + features_msgs(packets) + [END])
 
     out = asyncio.run(main())
@@ -335,7 +335,7 @@ class GoodSession(threading.Thread):
 
     def run(self):
         def requests():
-            yield start_msg(codec=wire.CODEC_NAME).SerializeToString()
+            yield start_msg(codec=CODEC_NAME).SerializeToString()
             for m in features_msgs(self.packets):
                 yield m.SerializeToString()
             self.release.wait(600)
@@ -412,7 +412,7 @@ def test_bad_starts(busy_server):
         return st.integers(0, 4).flatmap(lambda k: other if k == 0 else st.sampled_from(valid))
 
     @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(codec=mostly(["", wire.CODEC_NAME], st.sampled_from(["opus", "harken-mel/2"]) | st.text(max_size=80)),
+    @given(codec=mostly(["", CODEC_NAME], st.sampled_from(["opus", "harken-mel/2"]) | st.text(max_size=80)),
            language=mostly(["", "English", "en", "Chinese"], st.sampled_from(["Klingon"]) | st.text(max_size=80)),
            context=mostly(["", "harken"], st.integers(8001, 9000).map(lambda n: "é" * n)),
            session_id=mostly([""], st.text(max_size=70)),
@@ -425,7 +425,7 @@ def test_bad_starts(busy_server):
             msg.start.seed.CopyFrom(pb.SessionSeed(present=True, running_max_log10=seed[0], context_tail=seed[1],
                                                    next_segment_id=seed[2]))
         expected = set()
-        if codec not in ("", wire.CODEC_NAME) or len(language) > 64 or len(context) > 8000 or len(session_id) > 64:
+        if codec not in ("", CODEC_NAME) or len(language) > 64 or len(context) > 8000 or len(session_id) > 64:
             expected.add(INVALID)
         if seed is not None:
             if session_id or not (abs(seed[0]) <= 100 or seed[0] == -np.inf):
@@ -490,7 +490,7 @@ def test_bad_feature_sequences(busy_server, packets):
     @given(ops=st.lists(st.tuples(which, how, mutation, st.randoms(use_true_random=False)), min_size=1, max_size=6))
     def check(ops):
         applied, open_seg, next_frame, last_seg = 0, None, 0, -1
-        messages, expected, cursor = [start_msg(codec=wire.CODEC_NAME)], None, 0
+        messages, expected, cursor = [start_msg(codec=CODEC_NAME)], None, 0
         for i, how, mutation, rng in ops:
             p = pool[cursor % len(pool) if i is None else i]
             seq = {"next": applied + 1, "dup": max(applied, 1), "gap": applied + 3}[how]
@@ -590,7 +590,7 @@ def test_order_and_size_violations(busy_server, packets, case):
                                   "features for segment 0 without segment_start: no segment is open"),
     }
     msgs, code, details = cases[case]
-    out = busy_server.stream([start_msg(codec=wire.CODEC_NAME)] + msgs)
+    out = busy_server.stream([start_msg(codec=CODEC_NAME)] + msgs)
     assert out.code == code, out.details
     if details is not None:
         assert out.details == details
@@ -622,7 +622,7 @@ def test_overload_refuses_new_streams_at_once_while_admitted_ones_continue(asr, 
     async def main():
         async with serving(asr, api_keys=str(keys), max_sessions=3, max_sessions_per_key=2) as server:
             release = asyncio.Event()
-            msgs = [start_msg(codec=wire.CODEC_NAME)] + features_msgs(packets) + [END]
+            msgs = [start_msg(codec=CODEC_NAME)] + features_msgs(packets) + [END]
             admitted = []
 
             async def admit(key):
@@ -664,7 +664,7 @@ def test_resume_after_a_cancelled_stream_gives_the_identical_transcript(asr, pac
     async def main():
         async with serving(asr) as server:
             first = await run_stream(
-                server.address, [start_msg(codec=wire.CODEC_NAME)] + msgs[:sent], hold_open=asyncio.Event(),
+                server.address, [start_msg(codec=CODEC_NAME)] + msgs[:sent], hold_open=asyncio.Event(),
                 stop_after=lambda out: bool(out.acks) and out.acks[-1].seq >= cut and bool(out.transcripts))
             last_seen = first.transcripts[-1].event_seq
             async with grpc.aio.insecure_channel(server.address) as channel:
@@ -695,17 +695,28 @@ def test_resume_after_a_cancelled_stream_gives_the_identical_transcript(asr, pac
 
 
 def test_end_repeated_after_a_resume_is_a_replay_not_an_error(asr, packets, reference):
-    """The connection drops after End but before the last finals: the client resumes the same
-    session, resends what it still holds and repeats End; it gets the rest, nothing twice."""
+    """The connection drops after the client sent End but before the last finals: the client
+    resumes the same session, resends what the server had not applied and repeats End (it cannot
+    know whether the first End arrived). Either way it gets the rest of the events, nothing twice."""
     msgs = features_msgs(packets)
 
     async def main():
         async with serving(asr) as server:
-            first = await run_stream(server.address, [start_msg(codec=wire.CODEC_NAME)] + msgs + [END],
+            first = await run_stream(server.address, [start_msg(codec=CODEC_NAME)] + msgs + [END],
                                      stop_after=lambda out: bool(out.transcripts))
             seen = first.transcripts[-1].event_seq
-            second = await run_stream(server.address, [start_msg(session_id=first.ready.session_id,
-                                                                 last_event_seq=seen)] + msgs[-2:] + [END])
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                call = harken_pb2_grpc.TranscriptionStub(channel).Stream()
+                await call.write(start_msg(session_id=first.ready.session_id, last_event_seq=seen))
+                ready = (await call.read()).ready
+                for m in msgs[ready.resume_after_seq:]:
+                    await call.write(m)
+                await call.write(END)
+                await call.done_writing()
+                second = Outcome(messages=[pb.ServerMessage(ready=ready)])
+                while (m := await call.read()) != grpc.aio.EOF:
+                    second.messages.append(m)
+                second.code = await call.code()
             return first, second
 
     first, second = asyncio.run(main())
@@ -720,7 +731,7 @@ def test_a_new_attach_detaches_the_old_stream_and_unknown_ids_are_not_found(asr,
     async def main():
         async with serving(asr, grace_s=0.2) as server:
             old = Outcome()
-            old_task = asyncio.create_task(run_stream(server.address, [start_msg(codec=wire.CODEC_NAME)],
+            old_task = asyncio.create_task(run_stream(server.address, [start_msg(codec=CODEC_NAME)],
                                                       hold_open=asyncio.Event(), out=old))
             await old.progress.wait()
             sid = old.ready.session_id
@@ -778,7 +789,7 @@ def test_tls_and_api_key_round_trip(asr, packets, reference, tmp_path):
     async def main():
         async with serving(asr, tls_cert=cert, tls_key=key, api_keys=str(keys)) as server:
             target = f"localhost:{server.port}"
-            msgs = [start_msg(codec=wire.CODEC_NAME)] + features_msgs(packets) + [END]
+            msgs = [start_msg(codec=CODEC_NAME)] + features_msgs(packets) + [END]
             good = await run_stream(target, msgs, metadata=bearer(KEY_A), credentials=credentials)
             wrong = await run_stream(target, msgs, metadata=bearer(KEY_B), credentials=credentials)
             plaintext = await run_stream(f"127.0.0.1:{server.port}", msgs, metadata=bearer(KEY_A))
@@ -798,7 +809,7 @@ def test_metrics_health_and_reflection(asr, packets):
 
     async def main():
         async with serving(asr, metrics_port=0) as server:
-            msgs = [start_msg(codec=wire.CODEC_NAME)] + features_msgs(packets) + [END]
+            msgs = [start_msg(codec=CODEC_NAME)] + features_msgs(packets) + [END]
             out = await run_stream(server.address, msgs)
             bad = await run_stream(server.address, [END])
             async with grpc.aio.insecure_channel(server.address) as channel:
@@ -841,7 +852,7 @@ def test_shutdown_finalises_open_segments_and_sends_their_finals(asr, packets):
         server = await start_server(asr, ServerOptions(port=0, policy=POLICY))
         try:
             out, more = Outcome(), asyncio.Event()
-            task = asyncio.create_task(run_stream(server.address, [start_msg(codec=wire.CODEC_NAME)]
+            task = asyncio.create_task(run_stream(server.address, [start_msg(codec=CODEC_NAME)]
                                                   + features_msgs(packets[:cut]), hold_open=more,
                                                   then=features_msgs(packets[cut:], first_seq=cut + 1), out=out))
             while not (out.acks and out.acks[-1].seq == cut):
@@ -900,7 +911,7 @@ def test_event_log_keeps_only_unfinished_segments_and_a_tail(asr, packets):
     async def main():
         async with serving(asr, replay_tail=1) as server:
             out, release = Outcome(), asyncio.Event()
-            task = asyncio.create_task(run_stream(server.address, [start_msg(codec=wire.CODEC_NAME)]
+            task = asyncio.create_task(run_stream(server.address, [start_msg(codec=CODEC_NAME)]
                                                   + features_msgs(packets), hold_open=release, then=[END], out=out))
             while sum(t.is_final for t in out.transcripts) < 2:
                 out.progress.clear()
@@ -945,7 +956,7 @@ def test_logs_are_json_without_keys_or_transcript_text(asr, packets, tmp_path):
     try:
         async def main():
             async with serving(asr, api_keys=str(keys)) as server:
-                msgs = [start_msg(codec=wire.CODEC_NAME)] + features_msgs(packets) + [END]
+                msgs = [start_msg(codec=CODEC_NAME)] + features_msgs(packets) + [END]
                 good = await run_stream(server.address, msgs, metadata=bearer(KEY_A))
                 await run_stream(server.address, msgs, metadata=bearer("wrong-key-123456"))
                 return good
@@ -972,12 +983,12 @@ def test_a_seeded_replacement_session_continues_exactly(asr, packets, reference)
 
     async def main():
         async with serving(asr) as server:
-            first = await run_stream(server.address, [start_msg(codec=wire.CODEC_NAME)]
+            first = await run_stream(server.address, [start_msg(codec=CODEC_NAME)]
                                      + features_msgs([p for p in packets if p.segment_id == 0]) + [END])
             seed = next(t.seed for t in first.transcripts if t.is_final)
             # a client may resend frames of a segment the seed says is final: they are ignored
             resent = [p for p in packets if p.segment_id == 0][:2]
-            replacement = await run_stream(server.address, [start_msg(codec=wire.CODEC_NAME, seed=seed)]
+            replacement = await run_stream(server.address, [start_msg(codec=CODEC_NAME, seed=seed)]
                                            + features_msgs(resent + seg1) + [END])
             return seed, replacement
 
@@ -1019,7 +1030,7 @@ def test_an_engine_failure_ends_every_stream_unavailable_and_health_says_so(asr,
 
     async def main():
         async with serving(asr) as server:
-            out = await run_stream(server.address, [start_msg(codec=wire.CODEC_NAME)] + features_msgs(packets)
+            out = await run_stream(server.address, [start_msg(codec=CODEC_NAME)] + features_msgs(packets)
                                    + [END])
             async with grpc.aio.insecure_channel(server.address) as channel:
                 health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
