@@ -135,6 +135,7 @@ class TransportStats:
     frames_sent: int = 0  # feature frames written, resends included
     frames_resent: int = 0
     frames_produced: int = 0  # feature frames the edge produced (each counted once)
+    payload_bytes_produced: int = 0  # codec payload bytes of those frames (each counted once)
     duplicate_events: int = 0  # transcript events dropped as already seen (event_seq replay)
     replayed_text_chars: int = 0  # committed text re-sent by a replacement session and dropped
     replay_mismatches: int = 0  # a replacement session's committed text disagreed with ours
@@ -351,6 +352,7 @@ class TranscriptionClient:
             entry = PendingMessage(0, segment_id, msg, len(p.payload), p.frame_count, first_frame=p.first_frame,
                                    segment_start_s=p.first_frame / FRAMES_PER_SECOND if opens else None)
             self.stats.frames_produced += p.frame_count
+            self.stats.payload_bytes_produced += len(p.payload)
             self._enqueue(state, entry)
 
     def _enqueue(self, state: _StreamState, entry: PendingMessage) -> None:

@@ -16,12 +16,17 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    s = sub.add_parser("demo", help="run the edge pipeline on the bundled sample and print what it found",
-                       description="Run the edge pipeline (audio -> VAD -> streaming log-mel -> codec) "
-                                   "on the bundled sample, or on IN, and print segments, frames, bytes "
-                                   "and bitrate.")
+    s = sub.add_parser("demo", help="the whole system on the bundled sample: server + edge agent, live transcript",
+                       description="Start an in-process gRPC server on a free port and stream the bundled "
+                                   "sample (or IN) to it through the edge agent in real time, printing the "
+                                   "live transcript and what went over the wire. Uses Qwen/Qwen3-ASR-0.6B "
+                                   "when cached or downloadable, else the tiny random model (with a banner).")
     s.add_argument("input", nargs="?", help="audio file (default: the bundled sample)")
-    s.add_argument("--mode", default="balanced", help="codec mode (hifi, balanced, low)")
+    s.add_argument("--model", help="model to serve (default: Qwen/Qwen3-ASR-0.6B if available, else tiny)")
+    s.add_argument("--fast", action="store_true", help="stream as fast as possible instead of in real time")
+    s.add_argument("--edge-only", action="store_true",
+                   help="only the edge pipeline (VAD, features, codec), no server or model: what it would send")
+    s.add_argument("--mode", default="balanced", help="codec mode for --edge-only (hifi, balanced, low)")
 
     s = sub.add_parser("vad", help="find speech segments with silero-vad (ONNX)",
                        description="Find speech segments in an audio file with silero-vad on onnxruntime.")
@@ -165,9 +170,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int | None:
     if args.command == "demo":
-        from harken.edge.commands import demo_edge
+        if args.edge_only:
+            from harken.edge.commands import demo_edge
 
-        return demo_edge(args.input or _sample_path(), mode=args.mode)
+            return demo_edge(args.input or _sample_path(), mode=args.mode)
+        from harken.cloud.demo import demo_command
+
+        return demo_command(args.input or _sample_path(), args.model, realtime=not args.fast)
     if args.command == "vad":
         from harken.edge.commands import vad_command
         from harken.edge.vad import VadOptions

@@ -78,9 +78,23 @@ def test_features_output_to_missing_directory(inputs, tmp_path):
     assert r.returncode == 2 and "no such directory" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_demo_reports_segments_frames_bytes_bitrate():
-    out = run("demo").stdout
+def test_edge_demo_reports_segments_frames_bytes_bitrate():
+    out = run("demo", "--edge-only").stdout
     assert "segment 0" in out and "frames" in out and "bytes" in out and "kbps" in out
+
+
+def test_demo_serves_and_streams_the_sample_through_the_sdk():
+    """`harken demo`: in-process server + edge agent; one line per final segment, the wire summary."""
+    from harken.edge.vad import get_speech_timestamps
+    from harken.edge.audio import load_audio
+    from harken.cli import _sample_path
+
+    r = run("demo", "--fast", "--model", "tiny")
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("harken demo: server on 127.0.0.1:")
+    finals = [line for line in lines if line.startswith("[")]
+    assert len(finals) == len(get_speech_timestamps(load_audio(_sample_path())))
+    assert f"{len(finals)} segments" in lines[-1] and "kbps during speech" in lines[-1]
 
 
 def test_help_lists_the_commands():
@@ -95,7 +109,7 @@ def test_edge_commands_never_import_torch(inputs, tmp_path):
         "from harken.cli import main\n"
         f"assert main(['vad', {str(inputs['speech16k'])!r}, '--json']) == 0\n"
         f"assert main(['features', {str(inputs['speech16k'])!r}, '-o', {str(tmp_path / 'f.npy')!r}]) == 0\n"
-        f"assert main(['demo', {str(inputs['speech16k'])!r}]) == 0\n"
+        f"assert main(['demo', '--edge-only', {str(inputs['speech16k'])!r}]) == 0\n"
         "assert 'torch' not in sys.modules, 'the edge path imported torch'\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
