@@ -67,6 +67,7 @@ class StreamBenchOptions:
     repeats: int = 1  # each measured run this many times, the fastest counts (all sides alike)
     phase1_max_seconds: float = 600.0  # above this estimated Phase-1 compute, sample its updates
     continuous: bool = True  # also measure the continuous-speech session
+    language: str | None = None  # forced on every side (the tiny checkpoint writes text only then)
 
 
 # --- input ----------------------------------------------------------------------------------------
@@ -190,9 +191,10 @@ class Phase1Run:
 
 def run_phase1(asr, stream: BenchStream, opts: StreamBenchOptions, clock: ComputeClock) -> Phase1Run:
     """Stream 0's speech frames through Phase 1, fully or every K-th update (see module doc)."""
+    from harken.cloud.model.prompt import forced_language
     from harken.cloud.phase1 import Phase1Options, Phase1Stream, phase1_decode
 
-    p1 = Phase1Options(update_interval_s=opts.update_interval_s)
+    p1 = Phase1Options(update_interval_s=opts.update_interval_s, language=opts.language)
     feats = stream.speech_features()
     step = p1.update_frames
     ends = list(range(step, feats.shape[1] + 1, step))
@@ -202,7 +204,7 @@ def run_phase1(asr, stream: BenchStream, opts: StreamBenchOptions, clock: Comput
 
     # cost estimate from the most expensive update (the last), run once with no prefix
     t0 = clock.now()
-    phase1_decode(asr, feats, [], p1.max_new_tokens)
+    phase1_decode(asr, feats, [], p1.max_new_tokens, forced_language(p1.language))
     last_cost = clock.now() - t0
     every = max(1, math.ceil(n * last_cost / 2 / opts.phase1_max_seconds)) if opts.phase1_max_seconds > 0 else 1
 
@@ -283,7 +285,7 @@ def run_engine(asr, streams: list[BenchStream], opts: StreamBenchOptions, clock:
     policy = CommitPolicy(update_interval_s=opts.update_interval_s)
     n = len(streams)
     engine = Engine(asr, EngineConfig(max_sessions=n, max_batch=max(32, n), slot_policy=policy))
-    sids = [engine.open_session(SessionOptions(policy=policy)) for _ in streams]
+    sids = [engine.open_session(SessionOptions(language=opts.language, policy=policy)) for _ in streams]
     index = {sid: i for i, sid in enumerate(sids)}
     run = EngineRun(per_session=[[] for _ in streams], events=[[] for _ in streams])
     total = max(s.frames for s in streams)
@@ -344,7 +346,7 @@ def _bench_stream(opts: StreamBenchOptions) -> dict:
         "clock": clock.name, "threads": torch.get_num_threads() if asr.device.type == "cpu" else None,
         "input": "harken/data/sample.wav tiled in feature space; VAD segments of the sample",
         "seconds": round(seconds, 2), "streams": n, "update_interval_s": opts.update_interval_s,
-        "repeats": max(1, opts.repeats),
+        "repeats": max(1, opts.repeats), "language": opts.language,
         "speech_fraction": round(sum(s.speech_frames for s in streams) / sum(s.frames for s in streams), 3),
         "harken_total_s": round(batched.total_s, 4),
         "harken_updates": sum(len(p) for p in batched.per_session),

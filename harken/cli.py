@@ -147,6 +147,7 @@ def _build_parser() -> argparse.ArgumentParser:
                         "integrate (default 600; 0 = always full)")
     b.add_argument("--repeats", type=int, default=1,
                    help="repeat every measured run, the fastest counts (default 1)")
+    b.add_argument("--language", help="force the language on every side (e.g. English); default: detect")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
@@ -228,7 +229,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return bench_stream_command(StreamBenchOptions(
             model=args.model, real_dims=args.real_dims, seconds=args.seconds, streams=args.streams,
             update_interval_s=args.update_interval, phase1_max_seconds=args.phase1_max_seconds,
-            repeats=args.repeats, device=args.device, dtype=args.dtype))
+            repeats=args.repeats, language=args.language, device=args.device, dtype=args.dtype))
     if args.command == "bench" and args.bench == "edge":
         from harken.edge.bench import bench_edge_command
 
