@@ -151,6 +151,21 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    b = bsub.add_parser("load", help="N live clients against a server: update, first-partial, final latency",
+                        description="N concurrent SDK clients each stream S seconds of the bundled sample "
+                                    "(tiled) in real time, 100 ms pieces; p50/p95 latency of updates, first "
+                                    "partials and finals as the clients see them, errors by gRPC code, "
+                                    "realtime_ok (definitions: edge/bench_load.py).")
+    b.add_argument("--server", help="HOST:PORT of a harken server")
+    b.add_argument("--self-serve", action="store_true", help="start an in-process server (--model) on a free port")
+    b.add_argument("--model", default="tiny", help="model for --self-serve (default tiny)")
+    b.add_argument("--streams", type=int, default=4, help="concurrent streams N (default 4)")
+    b.add_argument("--seconds", type=float, default=20.0, help="audio per stream (default 20)")
+    b.add_argument("--api-key", help="API key for --server (default: $HARKEN_API_KEY)")
+    b.add_argument("--tls-ca", help="PEM root certificate: connect to --server over TLS")
+    b.add_argument("--language", help="force the language; default: detect, but English with --self-serve "
+                                      "--model tiny (its random weights write text only then)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     return p
 
 
@@ -230,6 +245,14 @@ def _dispatch(args: argparse.Namespace) -> int | None:
             model=args.model, real_dims=args.real_dims, seconds=args.seconds, streams=args.streams,
             update_interval_s=args.update_interval, phase1_max_seconds=args.phase1_max_seconds,
             repeats=args.repeats, language=args.language, device=args.device, dtype=args.dtype))
+    if args.command == "bench" and args.bench == "load":
+        from harken.edge.bench_load import LoadBenchOptions, bench_load_command
+
+        language = args.language if args.language is not None else (
+            "English" if args.self_serve and args.model == "tiny" else "")
+        return bench_load_command(LoadBenchOptions(
+            server=args.server, streams=args.streams, seconds=args.seconds, api_key=args.api_key,
+            tls_ca=args.tls_ca, language=language, self_serve=args.self_serve, model=args.model))
     if args.command == "bench" and args.bench == "edge":
         from harken.edge.bench import bench_edge_command
 

@@ -1,0 +1,261 @@
+"""`harken bench load`: N live clients against a running server, latency as the users see it.
+
+N concurrent SDK clients (`TranscriptionClient`, the public API only) each stream S seconds of the
+bundled sample, tiled, in real time: a 100 ms piece is handed to the client when its last sample
+would have been captured by a microphone (piece k at t0 + (k + 1) * 100 ms). Stream i starts
+i / N of the way into the sample, so the streams' segments do not all begin at once. Everything
+is timed on one monotonic clock in this process; the client-side edge work (VAD, log-mel, codec,
+200 ms feature packets) is part of every figure, as it is of what a user sees.
+
+Definitions (all in ms, over every stream's events):
+
+- `sent(t)`: the wall time at which the client had been handed all audio up to stream time t
+  (the time the piece holding the sample just before t was handed over).
+- `p50/p95_update_ms`: for every non-final event, its arrival time minus `sent(event.end_s)`
+  (`end_s` is the end of the audio the event covers).
+- `first_partial_ms`: for every segment, the arrival of its first event (partial, commit or final)
+  minus `sent(event.start_s)`, the segment's onset.
+- `final_ms`: for every segment, the arrival of its final event minus `sent(final.end_s)`, the
+  segment's end; it includes the VAD's wait for enough silence to end the segment.
+- `errors`: streams that failed, by gRPC status code (`ServerRejectedError.code`; a server away
+  longer than `max_offline_s` counts as UNAVAILABLE, a client buffer overflow as BUFFER_OVERFLOW).
+  Connections the client re-established on its own are `reconnects`, not errors.
+- `realtime_ok`: every stream completed without error, no stream's source fell more than one
+  piece behind live time (`max_send_lag_ms`: the clients' edge work kept up), and
+  `p95_update_ms` <= `KEEP_UP_UPDATE_MS`, the server's default update interval (1 s of audio): the
+  updates of a server that keeps up arrive before the next update's audio is in; one that falls
+  behind queues them and the figure grows with the backlog.
+- `drain_ms`: last piece handed over -> stream complete (its last final in). Not part of
+  `realtime_ok`: it is dominated by the final pass over the segment open at the end, whose length
+  is the model's business (the random tiny model never emits EOS, so its final passes run to the
+  256-token budget).
+
+No torch here, except on the `--self-serve` path (an in-process server, `cloud/server.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import time
+from contextlib import aclosing
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harken.edge.audio import load_audio
+from harken.edge.transport import (BufferOverflowError, ClientOptions, ServerRejectedError,
+                                   ServerUnavailableError, TranscriptionClient, TransportError,
+                                   peak_normalize)
+from harken.shared.errors import HarkenError
+from harken.shared.features_spec import SAMPLE_RATE
+from harken.shared.transcript import TranscriptEvent
+
+PIECE_MS = 100
+KEEP_UP_UPDATE_MS = 1000.0  # CommitPolicy.update_interval_s, the server default
+
+
+@dataclass(frozen=True)
+class LoadBenchOptions:
+    """`harken bench load` as a dataclass. `server` None with `self_serve`: an in-process one."""
+
+    server: str | None = None
+    streams: int = 4
+    seconds: float = 20.0
+    api_key: str | None = None
+    tls_ca: str | None = None
+    language: str = ""  # "" = detect
+    self_serve: bool = False
+    model: str = "tiny"  # --self-serve only
+    piece_ms: int = PIECE_MS
+
+    def __post_init__(self):
+        if (self.server is None) == (not self.self_serve):
+            raise HarkenError("give either --server HOST:PORT or --self-serve")
+        if self.streams < 1 or self.seconds <= 0:
+            raise HarkenError("--streams must be >= 1 and --seconds > 0")
+        if self.tls_ca is not None and not os.path.isfile(self.tls_ca):
+            raise HarkenError(f"{self.tls_ca}: no such certificate file")
+
+
+def tiled(audio: np.ndarray, seconds: float, offset_s: float = 0.0) -> np.ndarray:
+    """`seconds` of `audio` repeated end to end, starting `offset_s` into it."""
+    n = int(round(seconds * SAMPLE_RATE))
+    start = int(round(offset_s * SAMPLE_RATE))
+    return audio[(np.arange(n) + start) % audio.size]
+
+
+def sent_at(t_s: float, handed: list[float], piece_samples: int) -> float:
+    """`sent(t)`: when the client had all audio before stream time `t_s`, given `handed[k]`, the
+    wall time piece k (samples [k * piece_samples, (k + 1) * piece_samples)) was handed over."""
+    k = math.ceil(round(t_s * SAMPLE_RATE) / piece_samples) - 1
+    return handed[min(max(k, 0), len(handed) - 1)]
+
+
+def percentiles(values: list[float]) -> dict:
+    """{"p50", "p95"} in ms rounded to 0.1, None where there are no values."""
+    if not values:
+        return {"p50": None, "p95": None}
+    p50, p95 = np.percentile(np.asarray(values), [50, 95])
+    return {"p50": round(float(p50), 1), "p95": round(float(p95), 1)}
+
+
+@dataclass
+class StreamRecord:
+    """One client's timeline: what was handed over when, what came back when."""
+
+    piece_samples: int
+    handed: list[float] = field(default_factory=list)  # wall time piece k was handed over
+    max_lag_s: float = 0.0  # handed later than due, at most
+    update_ms: list[float] = field(default_factory=list)
+    first_ms: list[float] = field(default_factory=list)
+    final_ms: list[float] = field(default_factory=list)
+    seen_segments: set[int] = field(default_factory=set)
+    events: int = 0
+    finals: int = 0
+    error: str | None = None
+    done_at: float | None = None
+    reconnects: int = 0
+
+    def observe(self, event: TranscriptEvent, now: float) -> None:
+        self.events += 1
+        if event.segment_id not in self.seen_segments:
+            self.seen_segments.add(event.segment_id)
+            self.first_ms.append(1000 * (now - sent_at(event.start_s, self.handed, self.piece_samples)))
+        lag_ms = 1000 * (now - sent_at(event.end_s, self.handed, self.piece_samples))
+        if event.is_final:
+            self.finals += 1
+            self.final_ms.append(lag_ms)
+        else:
+            self.update_ms.append(lag_ms)
+
+    @property
+    def drain_s(self) -> float | None:
+        if self.done_at is None or not self.handed:
+            return None
+        return self.done_at - self.handed[-1]
+
+
+async def paced(audio: np.ndarray, t0: float, record: StreamRecord):
+    """`audio` in pieces, each handed over when a microphone would have delivered it."""
+    step = record.piece_samples
+    for k, i in enumerate(range(0, audio.size, step)):
+        due = t0 + (k + 1) * step / SAMPLE_RATE
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        now = time.monotonic()
+        record.max_lag_s = max(record.max_lag_s, now - due)
+        record.handed.append(now)
+        yield audio[i:i + step]
+
+
+async def _one_stream(client: TranscriptionClient, audio: np.ndarray, t0: float, record: StreamRecord) -> None:
+    try:
+        async with aclosing(client.stream(paced(audio, t0, record))) as events:
+            async for event in events:
+                record.observe(event, time.monotonic())
+        record.done_at = time.monotonic()
+    except ServerRejectedError as e:
+        record.error = e.code
+    except ServerUnavailableError:
+        record.error = "UNAVAILABLE"
+    except BufferOverflowError:
+        record.error = "BUFFER_OVERFLOW"
+    except TransportError as e:
+        record.error = type(e).__name__
+    finally:
+        record.reconnects = client.stats.failed_attempts
+
+
+async def run_load(target: str, options: LoadBenchOptions, sample: np.ndarray) -> dict:
+    """Stream `options.streams` tiled copies of `sample` to `target` at once; the JSON result."""
+    piece_samples = SAMPLE_RATE * options.piece_ms // 1000
+    n = options.streams
+    records = [StreamRecord(piece_samples) for _ in range(n)]
+    client_options = ClientOptions(language=options.language)
+    clients = [TranscriptionClient(target, api_key=options.api_key, tls=options.tls_ca, options=client_options)
+               for _ in range(n)]
+    period_s = sample.size / SAMPLE_RATE
+    audios = [tiled(sample, options.seconds, offset_s=round(i * period_s / n, 1)) for i in range(n)]
+    t0 = time.monotonic()
+    await asyncio.gather(*(_one_stream(c, a, t0, r) for c, a, r in zip(clients, audios, records)))
+    wall_s = time.monotonic() - t0
+    return summarize(records, options, wall_s)
+
+
+def summarize(records: list[StreamRecord], options: LoadBenchOptions, wall_s: float) -> dict:
+    errors: dict[str, int] = {}
+    for r in records:
+        if r.error is not None:
+            errors[r.error] = errors.get(r.error, 0) + 1
+    updates = [ms for r in records for ms in r.update_ms]
+    drains = [r.drain_s for r in records if r.drain_s is not None]
+    max_lag_ms = 1000 * max(r.max_lag_s for r in records)
+    update = percentiles(updates)
+    kept_up = (not errors and all(r.done_at is not None for r in records) and max_lag_ms <= options.piece_ms
+               and (update["p95"] is None or update["p95"] <= KEEP_UP_UPDATE_MS))
+    return {
+        "streams": options.streams,
+        "seconds": options.seconds,
+        "p50_update_ms": update["p50"],
+        "p95_update_ms": update["p95"],
+        "first_partial_ms": percentiles([ms for r in records for ms in r.first_ms]),
+        "final_ms": percentiles([ms for r in records for ms in r.final_ms]),
+        "errors": errors,
+        "events": sum(r.events for r in records),
+        "updates": len(updates),
+        "segments": sum(r.finals for r in records),
+        "realtime_ok": kept_up,
+        "max_send_lag_ms": round(max_lag_ms, 1),
+        "drain_ms": {"p50": round(1000 * float(np.median(drains)), 1) if drains else None,
+                     "max": round(1000 * max(drains), 1) if drains else None},
+        "reconnects": sum(r.reconnects for r in records),
+        "wall_s": round(wall_s, 2),
+        "piece_ms": options.piece_ms,
+    }
+
+
+def sample_audio() -> np.ndarray:
+    """The bundled 20 s sample (speech with pauses), peak-normalised as the client treats files."""
+    from importlib.resources import files
+
+    return peak_normalize(load_audio(str(files("harken") / "data" / "sample.wav")))
+
+
+async def bench_load(options: LoadBenchOptions) -> dict:
+    sample = sample_audio()
+    if not options.self_serve:
+        result = await run_load(options.server, options, sample)
+        result["server"] = options.server
+        return result
+    server = await _start_self_served(options)
+    try:
+        result = await run_load(server.address, options, sample)
+    finally:
+        await server.stop(grace_s=2.0)
+    result["server"] = "self-serve"
+    result["model"] = options.model
+    return result
+
+
+async def _start_self_served(options: LoadBenchOptions):
+    """An in-process server on a free port (imports torch: only here)."""
+    import torch
+
+    from harken.cloud.server import ServerOptions, start_server
+
+    if not torch.cuda.is_available():
+        torch.set_num_threads(1)  # small batched matmuls on a shared CPU: one thread is fastest
+    return await start_server(options.model, ServerOptions(
+        host="127.0.0.1", port=0, max_sessions=max(16, options.streams),
+        max_sessions_per_key=max(16, options.streams)))
+
+
+def bench_load_command(options: LoadBenchOptions) -> int:
+    if options.api_key is None and os.environ.get("HARKEN_API_KEY"):
+        from dataclasses import replace
+
+        options = replace(options, api_key=os.environ["HARKEN_API_KEY"])
+    print(json.dumps(asyncio.run(bench_load(options)), indent=1))
+    return 0

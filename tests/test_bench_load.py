@@ -1,0 +1,74 @@
+"""`harken bench load` (edge/bench_load.py): its timing bookkeeping and output contract.
+No timing thresholds: the figures are the benchmark's business, not the tests'."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from harken.cli import main
+from harken.edge.bench_load import LoadBenchOptions, StreamRecord, percentiles, sent_at, tiled
+from harken.shared.errors import HarkenError
+from harken.shared.transcript import TranscriptEvent
+
+CONTRACT = ("streams", "seconds", "p50_update_ms", "p95_update_ms", "first_partial_ms", "final_ms",
+            "errors", "events", "segments", "realtime_ok")
+
+
+def test_sent_at_is_the_piece_holding_the_audio_just_before_t():
+    handed = [10.0, 10.1, 10.2, 10.3]  # pieces of 1600 samples (100 ms)
+    assert sent_at(0.0, handed, 1600) == 10.0  # nothing needed yet: clamped to the first piece
+    assert sent_at(0.1, handed, 1600) == 10.0  # samples [0, 1600): piece 0
+    assert sent_at(0.1001, handed, 1600) == 10.1  # one sample more: piece 1
+    assert sent_at(0.25, handed, 1600) == 10.2
+    assert sent_at(9.0, handed, 1600) == 10.3  # past the end: the last piece
+
+
+def test_record_times_updates_first_events_and_finals():
+    r = StreamRecord(1600, handed=[100.0 + 0.1 * k for k in range(30)])  # piece k at 100.0 + 0.1 k
+
+    def event(end_s, final=False):
+        return TranscriptEvent(0, "", "x", 0.5, start_s=0.5, end_s=end_s, language="", is_final=final)
+
+    r.observe(event(1.5), now=101.8)  # audio to 1.5 s handed with piece 14 at 101.4
+    r.observe(event(2.5), now=102.7)  # piece 24 at 102.4
+    r.observe(event(2.8, final=True), now=103.5)  # piece 27 at 102.7
+    assert np.allclose(r.update_ms, [400.0, 300.0])
+    assert np.allclose(r.first_ms, [1400.0])  # onset 0.5 s: piece 4 at 100.4
+    assert np.allclose(r.final_ms, [800.0])
+    assert (r.events, r.finals) == (3, 1)
+
+
+def test_tiled_repeats_from_the_offset():
+    audio = np.arange(16000, dtype=np.float32)  # 1 s
+    t = tiled(audio, 2.5, offset_s=0.5)
+    assert t.size == 40000 and t[0] == 8000 and t[8000] == 0 and t[-1] == (40000 - 1 + 8000) % 16000
+
+
+def test_percentiles_and_options():
+    assert percentiles([]) == {"p50": None, "p95": None}
+    assert percentiles([1.0, 2.0, 3.0]) == {"p50": 2.0, "p95": 2.9}
+    with pytest.raises(HarkenError):
+        LoadBenchOptions()  # neither a server nor --self-serve
+    with pytest.raises(HarkenError):
+        LoadBenchOptions(server="localhost:1", self_serve=True)
+
+
+def test_self_served_load_reports_the_contract(capsys):
+    assert main(["bench", "load", "--self-serve", "--model", "tiny", "--streams", "2", "--seconds", "3",
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(CONTRACT) <= set(result)
+    assert (result["streams"], result["seconds"]) == (2, 3.0)
+    assert result["errors"] == {} and result["reconnects"] == 0
+    # each 3 s stream holds speech (from 0.54 s; the second starts 10 s into the sample, mid-segment)
+    assert result["segments"] >= 2 and result["events"] >= result["segments"]
+    assert isinstance(result["realtime_ok"], bool)
+    for key in ("first_partial_ms", "final_ms"):
+        assert set(result[key]) == {"p50", "p95"}
+        assert 0 <= result[key]["p50"] <= result[key]["p95"]
+    if result["p50_update_ms"] is not None:
+        assert 0 <= result["p50_update_ms"] <= result["p95_update_ms"]
+    assert result["wall_s"] >= 3.0  # paced in real time
