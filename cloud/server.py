@@ -79,6 +79,7 @@ class ServerOptions:
     tls_key: str | None = None
     api_keys: str | None = None  # keys file; None = open server
     metrics_port: int | None = None  # None = no metrics endpoint
+    http_port: int | None = None  # WebRTC signaling + the browser page (cloud/webrtc.py); None = off
     max_sessions: int = 16
     max_sessions_per_key: int = 16
     grace_s: float = 60.0  # a detached session waits this long for its client to resume
@@ -228,6 +229,11 @@ class RunningServer:
     _options: ServerOptions
     _engine_watch: asyncio.Task
     _stopped: bool = False
+    webrtc: object = None  # cloud.webrtc.WebRTCEndpoint when `http_port` was given
+
+    @property
+    def http_port(self) -> int | None:
+        return self.webrtc.port if self.webrtc is not None else None
 
     @property
     def address(self) -> str:
@@ -243,6 +249,8 @@ class RunningServer:
         held = len(self._table.sessions)
         await self._table.finish_all(timeout_s=grace)
         await self._grpc.stop(grace)
+        if self.webrtc is not None:
+            await self.webrtc.close()
         await self._table.close()
         self._engine_watch.cancel()
         await asyncio.wait([self._engine_watch])
@@ -296,7 +304,8 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
                            max_sessions_per_key=options.max_sessions_per_key,
                            grace_s=options.grace_s, replay_tail=options.replay_tail, policy=options.policy)
     table = SessionTable(scheduler, limits, metrics, executor)
-    server.add_generic_rpc_handlers([_service_handler(TranscriptionService(table, keys, metrics))])
+    service = TranscriptionService(table, keys, metrics)
+    server.add_generic_rpc_handlers([_service_handler(service)])
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -322,10 +331,15 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
     log.info("server started", extra={"fields": {"port": port, "tls": credentials is not None,
                                                  "metrics_port": endpoint.port if endpoint else None,
                                                  "max_sessions": options.max_sessions}})
+    webrtc = None
+    if options.http_port is not None:
+        from harken.cloud.webrtc import start_webrtc
+
+        webrtc = await start_webrtc(service, keys, options.host, options.http_port)
     return RunningServer(port=port, metrics_port=endpoint.port if endpoint else None,
                          tls=credentials is not None, host=options.host, metrics=metrics, _grpc=server,
                          _table=table, _scheduler=scheduler, _executor=executor, _health=health_servicer,
-                         _metrics_endpoint=endpoint, _options=options, _engine_watch=watch)
+                         _metrics_endpoint=endpoint, _options=options, _engine_watch=watch, webrtc=webrtc)
 
 
 def _service_handler(service: TranscriptionService) -> grpc.GenericRpcHandler:
@@ -428,6 +442,9 @@ async def _serve(asr, options: ServerOptions) -> int:
     running = await start_server(asr, options)
     scheme = "grpcs" if running.tls else "grpc"
     print(f"harken: listening on {scheme}://{_bracketed(options.host)}:{running.port}", flush=True)
+    if running.http_port is not None:
+        print(f"harken: WebRTC and the browser page on http://{_bracketed(options.host)}:{running.http_port}/",
+              flush=True)
     if running.metrics_port is not None:
         print(f"harken: metrics on http://{_bracketed(options.host)}:{running.metrics_port}/metrics", flush=True)
     stop = asyncio.Event()

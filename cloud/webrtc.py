@@ -1,0 +1,322 @@
+"""WebRTC access to the same sessions as gRPC: HTTP signaling, a data channel per stream, and an
+incoming Opus track for browsers.
+
+    POST /v1/webrtc/offer  {sdp, type} + `Authorization: Bearer <key>` -> {sdp, type}
+        one RTCPeerConnection per offer (aiortc); the key is checked here and again per stream
+    data channel (reliable, ordered; any label) = one `harken.v1.Transcription/Stream` call:
+        binary messages: serialized `ClientMessage` in, serialized `ServerMessage` out
+        text messages: the call's framing. Client -> server `{"half_close": true}` (no more
+        requests); server -> client `{"status": "OK"|CODE, "message": ...}`, the call's status,
+        always the last message (a channel that closes without it is a dropped connection)
+    audio track (Opus, 48 kHz): decoded by aiortc, mixed to mono and fed to the stream as thin-
+        client `Audio` messages (seq after the `Ready`'s resume point); the session's own front
+        end resamples to 16 kHz and runs the edge's VAD + features, exactly as for gRPC `Audio`
+    GET /  the browser page (cloud/web/)
+
+Each data channel runs `TranscriptionService.Stream` itself: the session table, the resume and
+replay rules, the error codes are the gRPC service's, not a second implementation. The channel
+stands in for the call: its messages are the request iterator, its close is the call's
+cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from harken.cloud.auth import ApiKeys
+from harken.cloud.errors import Unauthenticated
+from harken.proto import harken_pb2 as pb
+
+log = logging.getLogger("harken.webrtc")
+
+WEB_DIR = Path(__file__).parent / "web"
+OFFER_PATH = "/v1/webrtc/offer"
+MAX_OFFER_BYTES = 64 << 10
+AUDIO_PIECE_S = 0.1  # track audio per `Audio` message
+SEND_HIGH_WATER = 1 << 20  # bytes queued on a channel before the stream waits for the network
+STATUS_CLOSE_AFTER_S = 5.0  # the client closes the channel after the status; else the server does
+
+
+class _Aborted(Exception):
+    pass
+
+
+class _ChannelContext:
+    """What `TranscriptionService.Stream` needs of a call: the caller's metadata and `abort`."""
+
+    def __init__(self, metadata):
+        self._metadata = metadata
+        self.code = None
+        self.details = ""
+
+    def invocation_metadata(self):
+        return self._metadata
+
+    async def abort(self, code, details: str = ""):
+        self.code, self.details = code, details
+        raise _Aborted(details)
+
+
+class _Requests:
+    """The request iterator of one stream: bytes from the data channel (and the track), ending
+    at a half-close or when the channel closes."""
+
+    _END = object()
+
+    def __init__(self):
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, data: bytes) -> None:
+        self.queue.put_nowait(data)
+
+    def end(self) -> None:
+        self.queue.put_nowait(self._END)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> bytes:
+        item = await self.queue.get()
+        if item is self._END:
+            self.queue.put_nowait(self._END)
+            raise StopAsyncIteration
+        return item
+
+
+@dataclass
+class _TrackFeed:
+    """An incoming audio track of one peer connection -> `Audio` messages of its current stream."""
+
+    requests: _Requests | None = None
+    next_seq: int | None = None  # set once the stream's Ready says where to resume
+    pending: list[bytes] = field(default_factory=list)  # pieces before Ready
+    piece: list[np.ndarray] = field(default_factory=list)
+    piece_samples: int = 0
+    sample_rate: int = 48_000
+
+    def add(self, mono16: np.ndarray, rate: int) -> None:
+        self.sample_rate = rate
+        self.piece.append(mono16)
+        self.piece_samples += mono16.size
+        if self.piece_samples >= int(rate * AUDIO_PIECE_S):
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.piece_samples:
+            return
+        pcm = np.concatenate(self.piece).astype("<i2").tobytes()
+        self.piece, self.piece_samples = [], 0
+        self.pending.append(pcm)
+        self.drain()
+
+    def drain(self) -> None:
+        if self.requests is None or self.next_seq is None:
+            return
+        for pcm in self.pending:
+            msg = pb.ClientMessage(audio=pb.Audio(seq=self.next_seq, pcm16=pcm, sample_rate=self.sample_rate))
+            self.next_seq += 1
+            self.requests.put(msg.SerializeToString())
+        self.pending.clear()
+
+
+class WebRTCEndpoint:
+    """The HTTP signaling endpoint and every peer connection it made. Owned by `RunningServer`."""
+
+    def __init__(self, service, keys: ApiKeys | None):
+        self.service = service  # cloud.server.TranscriptionService
+        self.keys = keys
+        self.port: int | None = None
+        self._runner = None
+        self._pcs: set = set()
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self, host: str, port: int) -> int:
+        from aiohttp import web
+
+        app = web.Application(client_max_size=MAX_OFFER_BYTES)
+        app.router.add_post(OFFER_PATH, self._offer)
+        app.router.add_get("/", self._page)
+        app.router.add_static("/static/", WEB_DIR)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+        for pc in list(self._pcs):
+            await pc.close()
+        self._pcs.clear()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # ---- HTTP ----------------------------------------------------------------------------------
+
+    async def _page(self, request):
+        from aiohttp import web
+
+        return web.FileResponse(WEB_DIR / "index.html")
+
+    async def _offer(self, request):
+        from aiohttp import web
+        from aiortc import RTCPeerConnection, RTCSessionDescription
+
+        auth = request.headers.get("Authorization")
+        metadata = (("authorization", auth),) if auth else ()
+        try:
+            if self.keys is not None:
+                self.keys.authenticate(metadata)
+        except Unauthenticated as e:
+            return web.json_response({"code": "UNAUTHENTICATED", "message": str(e)}, status=401)
+        try:
+            body = await request.json()
+            offer = RTCSessionDescription(sdp=str(body["sdp"]), type=str(body["type"]))
+            if offer.type != "offer":
+                raise ValueError("type must be 'offer'")
+        except (ValueError, KeyError, TypeError) as e:
+            return web.json_response({"code": "INVALID_ARGUMENT", "message": f"bad offer: {e}"}, status=400)
+
+        pc = RTCPeerConnection()
+        self._pcs.add(pc)
+        feed = _TrackFeed()
+
+        @pc.on("connectionstatechange")
+        async def on_state():
+            if pc.connectionState in ("failed", "closed"):
+                self._pcs.discard(pc)
+                await pc.close()
+
+        @pc.on("datachannel")
+        def on_channel(channel):
+            self._spawn(self._serve_channel(channel, metadata, feed), f"webrtc-stream-{channel.label}")
+
+        @pc.on("track")
+        def on_track(track):
+            if track.kind == "audio":
+                self._spawn(_pump_track(track, feed), "webrtc-track")
+
+        try:
+            await pc.setRemoteDescription(offer)
+            await pc.setLocalDescription(await pc.createAnswer())
+        except Exception as e:  # aiortc raises plain ValueError/InvalidStateError on bad SDP
+            self._pcs.discard(pc)
+            await pc.close()
+            return web.json_response({"code": "INVALID_ARGUMENT", "message": f"bad offer: {e}"}, status=400)
+        return web.json_response({"sdp": pc.localDescription.sdp, "type": pc.localDescription.type})
+
+    def _spawn(self, coro, name: str) -> None:
+        t = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    # ---- one stream per data channel -----------------------------------------------------------
+
+    async def _serve_channel(self, channel, metadata, feed: _TrackFeed) -> None:
+        requests = _Requests()
+        closed = asyncio.Event()
+        feed.requests, feed.next_seq = requests, None
+        feed.pending.clear()
+
+        @channel.on("message")
+        def on_message(data):
+            if isinstance(data, bytes):
+                requests.put(data)
+                return
+            try:
+                control = json.loads(data)
+            except ValueError:
+                control = {}
+            if control.get("half_close"):
+                if feed.requests is requests:
+                    feed.flush()
+                requests.end()
+            elif control.get("flush_audio") and feed.requests is requests:
+                feed.flush()  # the browser's End follows: the last audio piece goes first
+
+        @channel.on("close")
+        def on_close():
+            closed.set()
+
+        if channel.readyState != "open":
+            opened = asyncio.Event()
+            channel.on("open", opened.set)
+            if channel.readyState != "open":
+                await opened.wait()
+        stream = asyncio.get_running_loop().create_task(self._run_stream(channel, requests, metadata, feed))
+        closer = asyncio.get_running_loop().create_task(closed.wait())
+        try:
+            await asyncio.wait([stream, closer], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # the channel closing is the call's cancellation: the service detaches the stream
+            for t in (stream, closer):
+                t.cancel()
+            await asyncio.wait([stream, closer])
+            if feed.requests is requests:
+                feed.requests = None
+            requests.end()
+        if not stream.cancelled() and stream.exception() is None and channel.readyState == "open":
+            try:
+                await asyncio.wait_for(closed.wait(), STATUS_CLOSE_AFTER_S)
+            except asyncio.TimeoutError:
+                channel.close()
+
+    async def _run_stream(self, channel, requests: _Requests, metadata, feed: _TrackFeed) -> None:
+        context = _ChannelContext(metadata)
+        status = {"status": "OK", "message": ""}
+        try:
+            async with aclosing(self.service.Stream(requests, context)) as messages:
+                async for msg in messages:
+                    if msg.WhichOneof("kind") == "ready" and feed.requests is requests:
+                        feed.next_seq = msg.ready.resume_after_seq + 1
+                        feed.drain()
+                    await _send(channel, msg.SerializeToString())
+        except _Aborted:
+            status = {"status": context.code.name, "message": context.details}
+        if channel.readyState == "open":
+            channel.send(json.dumps(status))
+
+
+async def _send(channel, data: bytes) -> None:
+    """Send, waiting while the channel's queue is long (a slow network backs up to the stream)."""
+    while channel.bufferedAmount > SEND_HIGH_WATER and channel.readyState == "open":
+        await asyncio.sleep(0.01)
+    if channel.readyState != "open":
+        raise ConnectionError("the data channel closed")
+    channel.send(data)
+
+
+async def _pump_track(track, feed: _TrackFeed) -> None:
+    """Decoded track frames (aiortc: packed s16, 48 kHz) -> mono int16 -> the feed."""
+    from aiortc.mediastreams import MediaStreamError
+
+    while True:
+        try:
+            frame = await track.recv()
+        except MediaStreamError:
+            feed.flush()
+            return
+        channels = len(frame.layout.channels)
+        x = frame.to_ndarray().reshape(-1, channels).astype(np.int32)
+        mono = (x.sum(axis=1) // channels).astype(np.int16) if channels > 1 else x[:, 0].astype(np.int16)
+        feed.add(mono, frame.sample_rate)
+
+
+async def start_webrtc(service, keys: ApiKeys | None, host: str, port: int) -> WebRTCEndpoint:
+    endpoint = WebRTCEndpoint(service, keys)
+    await endpoint.start(host, port)
+    return endpoint
+
+
+__all__ = ["WebRTCEndpoint", "start_webrtc", "OFFER_PATH"]
