@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 
 import grpc
+import numpy as np
 
 from harken.edge.transport import ClientOptions, TranscriptionClient
 
@@ -109,7 +110,8 @@ class PeerConnectionChannel:
     peer connection (signaling over HTTP, ICE, DTLS, SCTP) with its data channel open; the
     stub's `Stream` call then runs over that channel; leaving it closes the connection."""
 
-    def __init__(self, url: str, api_key: str | None, connect_timeout_s: float, ssl=None):
+    def __init__(self, url: str, api_key: str | None, connect_timeout_s: float, ssl=None, tracks=()):
+        self.tracks = tracks  # media tracks to send besides the data channel (`stream_opus`)
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.connect_timeout_s = connect_timeout_s
@@ -143,6 +145,8 @@ class PeerConnectionChannel:
         from aiortc import RTCPeerConnection, RTCSessionDescription
 
         self.pc = RTCPeerConnection()
+        for track in self.tracks:
+            self.pc.addTrack(track)
         self.channel = self.pc.createDataChannel(CHANNEL_LABEL, ordered=True)
         opened = asyncio.Event()
         self.channel.on("open", opened.set)
@@ -188,3 +192,112 @@ class WebRTCTranscriptionClient(TranscriptionClient):
 
 
 __all__ = ["WebRTCTranscriptionClient", "DataChannelCall", "PeerConnectionChannel"]
+
+
+# ---- Opus: audio as a WebRTC track, VAD and features on the server (browsers, thin clients) ----
+
+OPUS_RATE = 48_000
+OPUS_FRAME_SAMPLES = 960  # 20 ms at 48 kHz, WebRTC's usual Opus packet
+TRAILING_SILENCE_S = 1.0  # sent after the source: the jitter buffer and the VAD's hangover drain
+
+
+class _PcmTrack:
+    """A live audio track from float32 16 kHz pieces: 20 ms frames at 48 kHz, paced in real time
+    (`speed` > 1 plays faster; receivers' jitter buffers expect about real time)."""
+
+    def __new__(cls, pieces, speed: float = 1.0):
+        from aiortc import MediaStreamTrack
+
+        class PcmTrack(MediaStreamTrack):
+            kind = "audio"
+
+            def __init__(self):
+                super().__init__()
+                self.pieces = pieces
+                self.buf = np.zeros(0, np.float32)
+                self.pts = 0
+                self.t0 = None
+                self.source_done = asyncio.Event()
+
+            async def recv(self):
+                import av
+
+                loop = asyncio.get_running_loop()
+                if self.t0 is None:
+                    self.t0 = loop.time()
+                while self.buf.size < OPUS_FRAME_SAMPLES:
+                    piece = await self.pieces.__anext__() if not self.source_done.is_set() else None
+                    if piece is None:
+                        self.source_done.set()
+                        piece = np.zeros(OPUS_FRAME_SAMPLES, np.float32)
+                    self.buf = np.concatenate([self.buf, piece])
+                due = self.t0 + self.pts / OPUS_RATE / speed
+                if due > loop.time():
+                    await asyncio.sleep(due - loop.time())
+                pcm = np.clip(np.round(self.buf[:OPUS_FRAME_SAMPLES] * 32767), -32768, 32767).astype(np.int16)
+                self.buf = self.buf[OPUS_FRAME_SAMPLES:]
+                frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+                frame.sample_rate = OPUS_RATE
+                frame.pts = self.pts
+                from fractions import Fraction
+
+                frame.time_base = Fraction(1, OPUS_RATE)
+                self.pts += OPUS_FRAME_SAMPLES
+                return frame
+
+        return PcmTrack()
+
+
+async def _pieces_48k(source):
+    """Any `stream()` source as float32 48 kHz pieces, then `None` forever (the end)."""
+    import soxr
+
+    from harken.edge.transport import _as_async_pieces
+
+    rs = soxr.ResampleStream(16_000, OPUS_RATE, 1, dtype="float32")
+    async for piece in _as_async_pieces(source):
+        yield rs.resample_chunk(np.asarray(piece, np.float32).reshape(-1))
+    yield rs.resample_chunk(np.zeros(0, np.float32), last=True)
+    yield np.zeros(int(OPUS_RATE * TRAILING_SILENCE_S), np.float32)
+    while True:
+        yield None
+
+
+async def stream_opus(url: str, source, api_key: str | None = None, language: str = "",
+                      context: str = "", connect_timeout_s: float = 10.0, speed: float = 1.0):
+    """Send `source` (as `TranscriptionClient.stream` takes it) as an Opus audio track, the way a
+    browser does; the server runs VAD + features on the decoded audio. Yields `TranscriptEvent`s.
+    Live media: audio lost with a dropped connection is not resent (use the data channel client
+    for that guarantee)."""
+    from harken.proto import harken_pb2 as pb
+    from harken.shared.transcript import TranscriptEvent
+
+    if "://" not in url:
+        url = "http://" + url
+    track = _PcmTrack(_pieces_48k(source), speed)
+    peer = PeerConnectionChannel(url, api_key, connect_timeout_s, tracks=(track,))
+    async with peer:
+        call = DataChannelCall(peer.channel, pb.ServerMessage.FromString, pb.ClientMessage.SerializeToString)
+        await call.write(pb.ClientMessage(start=pb.Start(language=language, context=context)))
+
+        async def end_after_source():
+            await track.source_done.wait()
+            await asyncio.sleep(TRAILING_SILENCE_S / speed + 0.2)
+            peer.channel.send(json.dumps({"flush_audio": True}))
+            await call.write(pb.ClientMessage(end=pb.End()))
+
+        ender = asyncio.create_task(end_after_source())
+        try:
+            while (msg := await call.read()) is not grpc.aio.EOF:
+                if msg.WhichOneof("kind") == "transcript":
+                    t = msg.transcript
+                    yield TranscriptEvent(t.segment_id, t.committed_delta, t.partial, t.stability, t.start_s,
+                                          t.end_s, t.language, t.is_final)
+            code = await call.code()
+            if code != grpc.StatusCode.OK:
+                from harken.edge.transport import ServerRejectedError
+
+                raise ServerRejectedError(code.name, await call.details())
+        finally:
+            ender.cancel()
+            await asyncio.gather(ender, return_exceptions=True)

@@ -90,3 +90,31 @@ def test_keys_are_checked_at_signaling(asr, audio, keys_file):
     errors = asyncio.run(asyncio.wait_for(main(), TIMEOUT))
     assert [e.code for e in errors] == ["UNAUTHENTICATED", "UNAUTHENTICATED"]
     assert "missing API key" in str(errors[0]) and "unknown API key" in str(errors[1])
+
+
+def test_opus_track_is_transcribed_by_the_servers_vad_and_features(asr, audio, keys_file):
+    """Audio as a browser sends it: an Opus track (48 kHz), control over the data channel. The
+    server decodes, resamples to 16 kHz and runs the thin-client front end: the same segments as
+    the gRPC thin client finds in the PCM, within the codec's blur, and text from the model."""
+    from harken.edge.webrtc_transport import stream_opus
+
+    async def main():
+        server = await start_server(asr, ServerOptions(port=0, http_port=0, api_keys=keys_file))
+        try:
+            pcm = [e async for e in TranscriptionClient(f"127.0.0.1:{server.port}", api_key=KEY, language=LANGUAGE,
+                                                        options=ClientOptions(send_audio=True)).stream(audio)]
+            # 3x real time: the receiver's jitter buffer copes on loopback, the test stays short
+            opus = [e async for e in stream_opus(f"http://127.0.0.1:{server.http_port}", audio, api_key=KEY,
+                                                 language=LANGUAGE, speed=3.0)]
+            return pcm, opus
+        finally:
+            await server.stop()
+
+    pcm, opus = asyncio.run(asyncio.wait_for(main(), TIMEOUT))
+    pcm_finals = [e for e in pcm if e.is_final]
+    opus_finals = [e for e in opus if e.is_final]
+    assert len(pcm_finals) == 2
+    assert [e.segment_id for e in opus_finals] == [e.segment_id for e in pcm_finals]
+    for a, b in zip(opus_finals, pcm_finals):
+        assert abs(a.start_s - b.start_s) <= 0.3 and abs(a.end_s - b.end_s) <= 0.3, (a, b)
+    assert any(e.committed_delta for e in opus)
