@@ -33,7 +33,8 @@ bench: $(STAMP) sysdeps
 	$(PY) -m pytest -q -m slow || test $$? -eq 5
 	$(VENV)/bin/harken bench edge --json --repeats 5
 	$(VENV)/bin/harken bench model --json --threads 1
-	$(VENV)/bin/harken bench stream --model tiny --seconds 60 --streams 8 --language English --json
+	$(VENV)/bin/harken bench stream --model tiny --seconds 60 --streams 8 --json
+	$(VENV)/bin/harken bench load --self-serve --model tiny --streams 4 --seconds 20 --json
 
 clean:
 	rm -rf $(VENV) build *.egg-info
