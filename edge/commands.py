@@ -90,7 +90,7 @@ def _print_segment(segment_id: int, packets: list) -> None:
 
 def stream_server_command(input_path: str | None, server: str, mic: bool = False, as_json: bool = False,
                           api_key: str | None = None, tls_ca: str | None = None, language: str | None = None,
-                          context: str = "", max_offline_s: float = 120.0) -> int:
+                          context: str = "", max_offline_s: float = 120.0, transport: str = "grpc") -> int:
     """`harken stream IN.wav|--mic --server HOST:PORT`: the edge pipeline here, the transcript from
     a harken server, printed as the embedded path prints it (live text, or `--json` events and a
     last `{"final": true, "text": ...}`). The API key comes from `api_key` or $HARKEN_API_KEY."""
@@ -107,7 +107,10 @@ def stream_server_command(input_path: str | None, server: str, mic: bool = False
         raise HarkenError("give an input audio file or --mic")
     if tls_ca and not Path(tls_ca).is_file():
         raise HarkenError(f"{tls_ca}: no such certificate file")
-    client = TranscriptionClient(server, api_key=api_key or os.environ.get("HARKEN_API_KEY") or None,
+    client_class = TranscriptionClient
+    if transport == "webrtc":
+        from harken.edge.webrtc_transport import WebRTCTranscriptionClient as client_class
+    client = client_class(server, api_key=api_key or os.environ.get("HARKEN_API_KEY") or None,
                                  tls=tls_ca, options=ClientOptions(language=language or "", context=context,
                                                                    max_offline_s=max_offline_s))
     return asyncio.run(_print_stream(client, source, as_json))

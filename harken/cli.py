@@ -76,6 +76,9 @@ def _build_parser() -> argparse.ArgumentParser:
                                     "engine there (default: the engine in-process, --model)")
     s.add_argument("--api-key", help="API key for --server (default: $HARKEN_API_KEY)")
     s.add_argument("--tls-ca", help="PEM root certificate: connect to --server over TLS")
+    s.add_argument("--transport", choices=["grpc", "webrtc"], default="grpc",
+                   help="how to reach --server: grpc (HOST:PORT, default) or webrtc (a data channel; "
+                        "--server is the HTTP URL `harken serve --http-port` prints)")
     s.add_argument("--max-offline-s", type=float, default=120.0,
                    help="give up when --server stays unreachable this long (default 120)")
     s.add_argument("--model", default=DEFAULT_MODEL,
@@ -101,6 +104,9 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--api-keys", help="file of accepted API keys, one per line (optional name after it); "
                                       "without it the server is open to every caller")
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (0: a free one)")
+    s.add_argument("--http-port", type=int,
+                   help="serve WebRTC (HTTP signaling, data channel, Opus track) and the browser page on "
+                        "this port (0: a free one)")
     s.add_argument("--max-sessions", type=int, default=16, help="sessions at once (default 16)")
     s.add_argument("--max-sessions-per-key", type=int, default=16, help="sessions per API key (default 16)")
     s.add_argument("--grace-s", type=float, default=60.0,
@@ -214,7 +220,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
         return stream_server_command(args.input, args.server, mic=args.mic, as_json=args.json,
                                      api_key=args.api_key, tls_ca=args.tls_ca, language=args.language,
-                                     context=args.context, max_offline_s=args.max_offline_s)
+                                     context=args.context, max_offline_s=args.max_offline_s,
+                                     transport=args.transport)
     if args.command == "stream":
         from harken.cloud.commands import stream_command
 
@@ -226,7 +233,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
         options = ServerOptions(host=args.host, port=args.port, tls_cert=args.tls_cert, tls_key=args.tls_key,
                                 api_keys=args.api_keys, metrics_port=args.metrics_port,
-                                max_sessions=args.max_sessions, max_sessions_per_key=args.max_sessions_per_key,
+                                http_port=args.http_port, max_sessions=args.max_sessions, max_sessions_per_key=args.max_sessions_per_key,
                                 grace_s=args.grace_s)
         return serve_command(args.model, options, device=args.device, dtype=args.dtype)
     if args.command == "make-tiny-model":

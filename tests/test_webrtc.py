@@ -118,3 +118,38 @@ def test_opus_track_is_transcribed_by_the_servers_vad_and_features(asr, audio, k
     for a, b in zip(opus_finals, pcm_finals):
         assert abs(a.start_s - b.start_s) <= 0.3 and abs(a.end_s - b.end_s) <= 0.3, (a, b)
     assert any(e.committed_delta for e in opus)
+
+
+def test_cli_serve_prints_the_page_url_and_stream_over_webrtc_matches_grpc(audio, tmp_path):
+    """`harken serve --http-port 0` prints the page's URL once ready; `harken stream IN.wav
+    --transport webrtc --server URL --json` prints what `--transport grpc` prints."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from signals import write_wav
+
+    repo = Path(__file__).resolve().parents[1]
+    wav = write_wav(tmp_path / "in.wav", audio, subtype="FLOAT")
+    serve = subprocess.Popen([sys.executable, "-m", "harken", "serve", "--model", "tiny", "--port", "0",
+                              "--http-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                             cwd=repo)
+    try:
+        grpc_line, page_line = serve.stdout.readline(), serve.stdout.readline()
+        grpc_target = re.fullmatch(r"harken: listening on grpc://(\S+)\n", grpc_line).group(1)
+        url = re.fullmatch(r"harken: WebRTC and the browser page on (http://\S+/)\n", page_line).group(1)
+        outputs = []
+        for transport, server in (("grpc", grpc_target), ("webrtc", url)):
+            proc = subprocess.run([sys.executable, "-m", "harken", "stream", str(wav), "--server", server,
+                                   "--transport", transport, "--language", LANGUAGE, "--json"],
+                                  capture_output=True, text=True, cwd=repo, timeout=TIMEOUT,
+                                  env={**os.environ, "HARKEN_API_KEY": ""})
+            assert proc.returncode == 0, proc.stderr
+            outputs.append(proc.stdout)
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+    assert outputs[0] == outputs[1]
+    assert '"final": true' in outputs[1].splitlines()[-1]
