@@ -4,7 +4,8 @@ Side by side on the same audio, in one run: the real-time factors of VAD, log-me
 streaming pipeline runs them; for each codec mode the bitrate during speech and overall and the
 log-mel error of the decoded frames; and PCM16 and Opus at 16/24/32 kbps, each with its actual
 size and the log-mel error of its decoded audio. Errors are in dB over bins within 80 dB of the
-running max, on the frames the VAD sent (shared/fidelity.py).
+running max, on the frames the VAD sent (shared/fidelity.py). `webrtc_*`: the wire bytes of the
+features over a WebRTC data channel vs an Opus track, packet overheads counted (edge/bench_wire.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from harken.edge.audio import load_audio
+from harken.edge.bench_wire import wire_comparison
 from harken.edge.feature_stream import FeaturePacket, FeatureStream
 from harken.edge.features import log_mel_raw
 from harken.edge.opus_reference import opus_round_trip
@@ -81,6 +83,7 @@ def bench_edge(path: str, repeats: int = 3) -> dict:
         if mode == "balanced":
             result["speech_s"] = float(speech_s)
             result["packets"] = len(packets)
+            balanced_packets = packets
     _, speech_mask = decoded_frames(run_stream(audio, "balanced")[1], total, reference)
 
     result["pcm16_kbps"] = SAMPLE_RATE * 16 / 1000
@@ -92,6 +95,7 @@ def bench_edge(path: str, repeats: int = 3) -> dict:
         result[f"opus_{kbps}_bytes"] = rt.payload_bytes
         result[f"opus_{kbps}_rms_db_error"] = err.rms_db
         result[f"opus_{kbps}_max_db_error"] = err.max_db
+    result.update(wire_comparison(audio, balanced_packets, result["speech_s"]))
     return {k: (round(v, 5) if isinstance(v, float) else v) for k, v in result.items()}
 
 
