@@ -42,6 +42,8 @@ MAX_OFFER_BYTES = 64 << 10
 AUDIO_PIECE_S = 0.1  # track audio per `Audio` message
 SEND_HIGH_WATER = 1 << 20  # bytes queued on a channel before the stream waits for the network
 STATUS_CLOSE_AFTER_S = 5.0  # the client closes the channel after the status; else the server does
+MAX_PENDING_AUDIO_S = 10.0  # track audio held before the stream's Ready; older pieces are dropped
+CONNECT_TIMEOUT_S = 30.0  # a peer connection that opens no data channel in this time is closed
 
 
 class _Aborted(Exception):
@@ -114,6 +116,8 @@ class _TrackFeed:
         pcm = np.concatenate(self.piece).astype("<i2").tobytes()
         self.piece, self.piece_samples = [], 0
         self.pending.append(pcm)
+        while len(self.pending) > MAX_PENDING_AUDIO_S / AUDIO_PIECE_S:
+            self.pending.pop(0)  # no stream takes the audio (yet): live media is not kept forever
         self.drain()
 
     def drain(self) -> None:
@@ -126,12 +130,44 @@ class _TrackFeed:
         self.pending.clear()
 
 
+class _Channel:
+    """A data channel's request iterator and close event, wired up when the channel appears."""
+
+    def __init__(self, channel, feed: _TrackFeed):
+        self.channel = channel
+        self.requests = requests = _Requests()
+        self.closed = asyncio.Event()
+        feed.requests, feed.next_seq = requests, None  # the newest stream gets the track's audio
+        feed.pending.clear()
+
+        @channel.on("message")
+        def on_message(data):
+            if isinstance(data, bytes):
+                requests.put(data)
+                return
+            try:
+                control = json.loads(data)
+            except ValueError:
+                control = {}
+            if not isinstance(control, dict):
+                control = {}
+            if control.get("half_close"):
+                if feed.requests is requests:
+                    feed.flush()
+                requests.end()
+            elif control.get("flush_audio") and feed.requests is requests:
+                feed.flush()  # the browser's End follows: the last audio piece goes first
+
+        channel.on("close", self.closed.set)
+
+
 class WebRTCEndpoint:
     """The HTTP signaling endpoint and every peer connection it made. Owned by `RunningServer`."""
 
-    def __init__(self, service, keys: ApiKeys | None):
+    def __init__(self, service, keys: ApiKeys | None, max_peer_connections: int = 64):
         self.service = service  # cloud.server.TranscriptionService
         self.keys = keys
+        self.max_peer_connections = max_peer_connections
         self.port: int | None = None
         self._runner = None
         self._pcs: set = set()
@@ -180,6 +216,9 @@ class WebRTCEndpoint:
                 self.keys.authenticate(metadata)
         except Unauthenticated as e:
             return web.json_response({"code": "UNAUTHENTICATED", "message": str(e)}, status=401)
+        if len(self._pcs) >= self.max_peer_connections:
+            return web.json_response({"code": "RESOURCE_EXHAUSTED", "message": "the server holds its maximum of "
+                                      f"{self.max_peer_connections} WebRTC connections"}, status=429)
         try:
             body = await request.json()
             offer = RTCSessionDescription(sdp=str(body["sdp"]), type=str(body["type"]))
@@ -200,7 +239,8 @@ class WebRTCEndpoint:
 
         @pc.on("datachannel")
         def on_channel(channel):
-            self._spawn(self._serve_channel(channel, metadata, feed), f"webrtc-stream-{channel.label}")
+            # the channel's handlers are in place before it can deliver its first message
+            self._spawn(self._serve_channel(_Channel(channel, feed), metadata, feed), "webrtc-stream")
 
         @pc.on("track")
         def on_track(track):
@@ -209,12 +249,21 @@ class WebRTCEndpoint:
 
         try:
             await pc.setRemoteDescription(offer)
+            if pc.sctp is None:
+                raise ValueError("it offers no data channel (the stream's messages go over one)")
             await pc.setLocalDescription(await pc.createAnswer())
         except Exception as e:  # aiortc raises plain ValueError/InvalidStateError on bad SDP
             self._pcs.discard(pc)
             await pc.close()
             return web.json_response({"code": "INVALID_ARGUMENT", "message": f"bad offer: {e}"}, status=400)
+        self._spawn(self._expire_unused(pc), "webrtc-expire")
         return web.json_response({"sdp": pc.localDescription.sdp, "type": pc.localDescription.type})
+
+    async def _expire_unused(self, pc) -> None:
+        await asyncio.sleep(CONNECT_TIMEOUT_S)
+        if pc.sctp is None or pc.connectionState != "connected":
+            self._pcs.discard(pc)
+            await pc.close()
 
     def _spawn(self, coro, name: str) -> None:
         t = asyncio.get_running_loop().create_task(coro, name=name)
@@ -223,37 +272,17 @@ class WebRTCEndpoint:
 
     # ---- one stream per data channel -----------------------------------------------------------
 
-    async def _serve_channel(self, channel, metadata, feed: _TrackFeed) -> None:
-        requests = _Requests()
-        closed = asyncio.Event()
-        feed.requests, feed.next_seq = requests, None
-        feed.pending.clear()
-
-        @channel.on("message")
-        def on_message(data):
-            if isinstance(data, bytes):
-                requests.put(data)
-                return
-            try:
-                control = json.loads(data)
-            except ValueError:
-                control = {}
-            if control.get("half_close"):
-                if feed.requests is requests:
-                    feed.flush()
-                requests.end()
-            elif control.get("flush_audio") and feed.requests is requests:
-                feed.flush()  # the browser's End follows: the last audio piece goes first
-
-        @channel.on("close")
-        def on_close():
-            closed.set()
-
+    async def _serve_channel(self, ch: "_Channel", metadata, feed: _TrackFeed) -> None:
+        channel, requests, closed = ch.channel, ch.requests, ch.closed
         if channel.readyState != "open":
             opened = asyncio.Event()
             channel.on("open", opened.set)
-            if channel.readyState != "open":
-                await opened.wait()
+            waits = [asyncio.ensure_future(e.wait()) for e in (opened, closed)]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+            if not opened.is_set():
+                return
         stream = asyncio.get_running_loop().create_task(self._run_stream(channel, requests, metadata, feed))
         closer = asyncio.get_running_loop().create_task(closed.wait())
         try:

@@ -224,3 +224,34 @@ def test_dropped_data_channels_resume_without_losing_frames(asr, audio):
     assert messages == stats.messages_sent - stats.messages_resent  # each applied once
     assert nbytes == stats.payload_bytes_produced  # no frame lost
     assert stats.frames_sent - stats.frames_resent == stats.frames_produced
+
+
+def test_signaling_rejects_bad_offers_in_words_and_serves_the_page(asr, keys_file):
+    import aiohttp
+
+    async def main():
+        server = await start_server(asr, ServerOptions(port=0, http_port=0, api_keys=keys_file))
+        url = f"http://127.0.0.1:{server.http_port}"
+        auth = {"Authorization": f"Bearer {KEY}"}
+        out = {}
+        try:
+            async with aiohttp.ClientSession() as http:
+                for name, body in (("not json", b"{"), ("no sdp", b'{"type": "offer"}'),
+                                   ("an answer", b'{"type": "answer", "sdp": "v=0"}'),
+                                   ("garbage sdp", b'{"type": "offer", "sdp": "hello"}')):
+                    async with http.post(url + "/v1/webrtc/offer", data=body, headers=auth) as r:
+                        out[name] = (r.status, await r.json())
+                async with http.get(url + "/") as r:
+                    out["page"] = (r.status, await r.text())
+                async with http.get(url + "/static/app.js") as r:
+                    out["js"] = (r.status, await r.text())
+        finally:
+            await server.stop()
+        return out
+
+    out = asyncio.run(asyncio.wait_for(main(), TIMEOUT))
+    for name in ("not json", "no sdp", "an answer", "garbage sdp"):
+        status, body = out[name]
+        assert status == 400 and body["code"] == "INVALID_ARGUMENT" and body["message"].startswith("bad offer"), name
+    assert out["page"][0] == 200 and "<title>harken" in out["page"][1]
+    assert out["js"][0] == 200 and "RTCPeerConnection" in out["js"][1]
