@@ -201,51 +201,48 @@ OPUS_FRAME_SAMPLES = 960  # 20 ms at 48 kHz, WebRTC's usual Opus packet
 TRAILING_SILENCE_S = 1.0  # sent after the source: the jitter buffer and the VAD's hangover drain
 
 
-class _PcmTrack:
-    """A live audio track from float32 16 kHz pieces: 20 ms frames at 48 kHz, paced in real time
-    (`speed` > 1 plays faster; receivers' jitter buffers expect about real time)."""
+def _pcm_track(pieces, speed: float = 1.0):
+    """A live audio track from float32 48 kHz pieces (`_pieces_48k`): 20 ms s16 frames, paced in
+    real time (`speed` > 1 plays faster; receivers' jitter buffers expect about real time).
+    `track.source_done` is set once the source is exhausted. (A factory: aiortc loads lazily.)"""
+    from fractions import Fraction
 
-    def __new__(cls, pieces, speed: float = 1.0):
-        from aiortc import MediaStreamTrack
+    import av
+    from aiortc import MediaStreamTrack
 
-        class PcmTrack(MediaStreamTrack):
-            kind = "audio"
+    class PcmTrack(MediaStreamTrack):
+        kind = "audio"
 
-            def __init__(self):
-                super().__init__()
-                self.pieces = pieces
-                self.buf = np.zeros(0, np.float32)
-                self.pts = 0
-                self.t0 = None
-                self.source_done = asyncio.Event()
+        def __init__(self):
+            super().__init__()
+            self.buf = np.zeros(0, np.float32)
+            self.pts = 0
+            self.t0: float | None = None
+            self.source_done = asyncio.Event()
 
-            async def recv(self):
-                import av
+        async def recv(self):
+            loop = asyncio.get_running_loop()
+            if self.t0 is None:
+                self.t0 = loop.time()
+            while self.buf.size < OPUS_FRAME_SAMPLES:
+                piece = None if self.source_done.is_set() else await pieces.__anext__()
+                if piece is None:
+                    self.source_done.set()
+                    piece = np.zeros(OPUS_FRAME_SAMPLES, np.float32)
+                self.buf = np.concatenate([self.buf, piece])
+            due = self.t0 + self.pts / OPUS_RATE / speed
+            if due > loop.time():
+                await asyncio.sleep(due - loop.time())
+            pcm = np.clip(np.round(self.buf[:OPUS_FRAME_SAMPLES] * 32767), -32768, 32767).astype(np.int16)
+            self.buf = self.buf[OPUS_FRAME_SAMPLES:]
+            frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+            frame.sample_rate = OPUS_RATE
+            frame.pts = self.pts
+            frame.time_base = Fraction(1, OPUS_RATE)
+            self.pts += OPUS_FRAME_SAMPLES
+            return frame
 
-                loop = asyncio.get_running_loop()
-                if self.t0 is None:
-                    self.t0 = loop.time()
-                while self.buf.size < OPUS_FRAME_SAMPLES:
-                    piece = await self.pieces.__anext__() if not self.source_done.is_set() else None
-                    if piece is None:
-                        self.source_done.set()
-                        piece = np.zeros(OPUS_FRAME_SAMPLES, np.float32)
-                    self.buf = np.concatenate([self.buf, piece])
-                due = self.t0 + self.pts / OPUS_RATE / speed
-                if due > loop.time():
-                    await asyncio.sleep(due - loop.time())
-                pcm = np.clip(np.round(self.buf[:OPUS_FRAME_SAMPLES] * 32767), -32768, 32767).astype(np.int16)
-                self.buf = self.buf[OPUS_FRAME_SAMPLES:]
-                frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
-                frame.sample_rate = OPUS_RATE
-                frame.pts = self.pts
-                from fractions import Fraction
-
-                frame.time_base = Fraction(1, OPUS_RATE)
-                self.pts += OPUS_FRAME_SAMPLES
-                return frame
-
-        return PcmTrack()
+    return PcmTrack()
 
 
 async def _pieces_48k(source):
@@ -274,7 +271,7 @@ async def stream_opus(url: str, source, api_key: str | None = None, language: st
 
     if "://" not in url:
         url = "http://" + url
-    track = _PcmTrack(_pieces_48k(source), speed)
+    track = _pcm_track(_pieces_48k(source), speed)
     peer = PeerConnectionChannel(url, api_key, connect_timeout_s, tracks=(track,))
     async with peer:
         call = DataChannelCall(peer.channel, pb.ServerMessage.FromString, pb.ClientMessage.SerializeToString)
