@@ -15,9 +15,10 @@ $(STAMP): pyproject.toml Makefile
 
 venv: $(STAMP)
 
-# espeak-ng speaks the generated test audio.
+# espeak-ng speaks the generated test audio; Debian's chromium runs the browser page's test.
 sysdeps:
-	@command -v espeak-ng >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng >/dev/null; }
+	@command -v espeak-ng >/dev/null && command -v chromium >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng chromium >/dev/null; }
 
 demo: $(STAMP)
 	$(VENV)/bin/harken demo
