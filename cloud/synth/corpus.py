@@ -1,0 +1,161 @@
+"""The synth-en corpus on disk: utterance recipes -> audio -> exact edge log-mel, in shards.
+
+    plan(seed, i)          the i-th training utterance's recipe, a pure function of (seed, i)
+    build(out, n, ...)     shards `train-00000.npz` + `.jsonl` (features fp16 [128, sum T],
+                           frame counts; one JSON line per utterance: text, phonemes, recipe)
+    held_out_recipes()     the held-out set: its text + synthesis recipes (kept in the repo as
+                           `heldout.jsonl` beside this file, never audio)
+
+Utterances are 1-20 s: one sentence, or two or three consecutive sentences of one source. Shards
+are written whole (temp file, then rename), so an interrupted build resumes where it stopped and
+gives the same corpus as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from harken.cloud.synth import speech, text
+
+SOURCE_WEIGHTS = {"meeting": 0.35, "fortunes": 0.4, "kjv": 0.25}
+MAX_WORDS = 45  # ~20 s at the slowest voices
+SHARD = 1000
+HELD_OUT_FILE = Path(__file__).with_name("heldout.jsonl")
+
+
+@dataclass(frozen=True)
+class Utterance:
+    recipe: speech.Recipe
+    source: str
+
+
+@lru_cache(maxsize=4)
+def _split_sources(seed: int) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    train: dict[str, list[str]] = {}
+    held: dict[str, list[str]] = {}
+    for name, sentences in text.sources(seed).items():
+        train[name], held[name] = text.split(sentences)
+    return train, held
+
+
+def _pick_text(r: random.Random, pool: dict[str, list[str]]) -> tuple[str, str]:
+    names = list(SOURCE_WEIGHTS)
+    source = r.choices(names, weights=[SOURCE_WEIGHTS[n] for n in names])[0]
+    sentences = pool[source]
+    i = r.randrange(len(sentences))
+    k = 1 if r.random() < 0.7 else r.choice([2, 3])
+    picked = [sentences[i]]
+    for s in sentences[i + 1:i + k]:
+        if len(" ".join([*picked, s]).split()) > MAX_WORDS:
+            break
+        picked.append(s)
+    return source, " ".join(picked)
+
+
+def plan(seed: int, i: int) -> Utterance:
+    """The i-th training utterance (deterministic in seed and i)."""
+    r = random.Random(f"synth-en:{seed}:train:{i}")
+    source, sentence = _pick_text(r, _split_sources(seed)[0])
+    return Utterance(speech.sample_recipe(r, sentence, held_out=False), source)
+
+
+def held_out_recipes(seed: int = 0, n: int = 300) -> list[Utterance]:
+    """The held-out set: held-out sentences in held-out voice x speed combinations, no
+    augmentation beyond what a recipe draws (the same distribution as training otherwise)."""
+    r = random.Random(f"synth-en:{seed}:held-out")
+    pool = _split_sources(seed)[1]
+    return [Utterance(speech.sample_recipe(r, s, held_out=True), src)
+            for src, s in (_pick_text(r, pool) for _ in range(n))]
+
+
+def write_held_out(path: Path = HELD_OUT_FILE, seed: int = 0, n: int = 300) -> Path:
+    lines = [json.dumps({"source": u.source, **u.recipe.to_json()}, ensure_ascii=False)
+             for u in held_out_recipes(seed, n)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def read_held_out(path: Path = HELD_OUT_FILE) -> list[Utterance]:
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            d = json.loads(line)
+            source = d.pop("source", "")
+            out.append(Utterance(speech.Recipe(**d), source))
+    return out
+
+
+def render_features(recipe: speech.Recipe) -> np.ndarray:
+    """The edge's exact log-mel [128, T] of a recipe's audio (what `harken stream` would send)."""
+    from harken.edge.features import log_mel
+
+    return log_mel(speech.render(recipe))
+
+
+def _render_item(u: Utterance) -> tuple[np.ndarray, dict]:
+    feats = render_features(u.recipe)
+    meta = {"text": u.recipe.text, "source": u.source, "frames": int(feats.shape[1]),
+            "phonemes": speech.phonemes(u.recipe.text, u.recipe.voice), "recipe": u.recipe.to_json()}
+    return feats.astype(np.float16), meta
+
+
+def write_shard(path: Path, utterances: list[Utterance]) -> None:
+    items = [_render_item(u) for u in utterances]
+    feats = np.concatenate([f for f, _ in items], axis=1)
+    lengths = np.array([f.shape[1] for f, _ in items], dtype=np.int32)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, feats=feats, lengths=lengths)
+    path.with_suffix(".jsonl").write_text("\n".join(json.dumps(m, ensure_ascii=False) for _, m in items) + "\n",
+                                          encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def shard_path(out: Path, name: str, k: int) -> Path:
+    return Path(out) / f"{name}-{k:05d}.npz"
+
+
+def build(out: str | Path, n: int, seed: int = 0, workers: int = 1, progress=None) -> list[Path]:
+    """Write `n` training utterances in shards of `SHARD` under `out` (resuming: finished shards
+    are kept). Returns the shard paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    todo, paths = [], []
+    for k in range(-(-n // SHARD)):
+        p = shard_path(out, "train", k)
+        paths.append(p)
+        if not p.exists():
+            todo.append((p, k * SHARD, min(n, (k + 1) * SHARD)))
+    _split_sources(seed)  # read the text once, before any fork
+    jobs = [(p, seed, a, b) for p, a, b in todo]
+    if workers > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(workers) as pool:
+            for done in pool.imap_unordered(_build_job, jobs):
+                progress and progress(done)
+    else:
+        for job in jobs:
+            progress and progress(_build_job(job))
+    return paths
+
+
+def _build_job(job) -> Path:
+    path, seed, a, b = job
+    write_shard(path, [plan(seed, i) for i in range(a, b)])
+    return path
+
+
+def load_shard(path: Path) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+    """(features fp16 [128, sum T], frame counts, metadata) of one shard."""
+    with np.load(path) as z:
+        feats, lengths = z["feats"], z["lengths"]
+    meta = [json.loads(line) for line in path.with_suffix(".jsonl").read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+    return feats, lengths, meta
