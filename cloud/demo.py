@@ -2,8 +2,9 @@
 the edge agent (the SDK client) streaming the bundled sample to it in real time, with the live
 transcript in the terminal and what went over the wire at the end.
 
-It uses Qwen/Qwen3-ASR-0.6B when that is in the Hugging Face cache or can be downloaded, and the
-tiny random checkpoint otherwise (with a banner: its words are meaningless, the pipeline is real).
+It uses Qwen/Qwen3-ASR-0.6B when that is in the Hugging Face cache or can be downloaded, else
+harken's own small synth-en model (trained on synthetic English speech; a one-line banner says so),
+and the tiny random checkpoint only when neither can be had (its words are meaningless).
 """
 
 from __future__ import annotations
@@ -18,23 +19,29 @@ from harken.shared.errors import ModelError
 from harken.shared.features_spec import SAMPLE_RATE
 
 PIECE_S = 0.1
+SYNTH_EN_BANNER = (
+    "harken demo: Qwen/Qwen3-ASR-0.6B is not available here, so this runs synth-en, harken's own 22 MB "
+    "Qwen3-ASR trained on synthetic English speech (a test instrument, not the real model).")
 TINY_DEMO_BANNER = (
     "harken demo: Qwen/Qwen3-ASR-0.6B is not available here (no cache, no network), so this runs the\n"
     "tiny random checkpoint: VAD, features, codec, gRPC, sessions and the engine are all real, but the\n"
     "model's words are meaningless. With network access the real model is downloaded once and used.")
 
 
-def choose_model(requested: str | None) -> tuple[str, bool]:
-    """(model, is_tiny): the requested one, else the real default when it can be had, else tiny."""
-    from harken.cloud.model.checkpoint import DEFAULT_MODEL, TINY, Checkpoint
+def choose_model(requested: str | None) -> tuple[str, str | None]:
+    """(model, banner): the requested one, else the real default when it can be had, else synth-en
+    when this checkout ships it, else tiny; the banner says what a fallback is."""
+    from harken.cloud.model.checkpoint import DEFAULT_MODEL, SYNTH_EN, TINY, Checkpoint
 
     if requested:
-        return requested, requested == TINY
-    try:
-        Checkpoint.open(DEFAULT_MODEL)
-        return DEFAULT_MODEL, False
-    except ModelError:
-        return TINY, True
+        return requested, TINY_DEMO_BANNER if requested == TINY else None
+    for name, banner in ((DEFAULT_MODEL, None), (SYNTH_EN, SYNTH_EN_BANNER)):
+        try:
+            Checkpoint.open(name)
+            return name, banner
+        except ModelError:
+            pass
+    return TINY, TINY_DEMO_BANNER
 
 
 async def _paced(audio: np.ndarray, realtime: bool):
@@ -58,9 +65,9 @@ async def run_demo(input_path: str, model: str | None, realtime: bool = True, ou
     from harken.shared.text import transcript_text
 
     audio = load_audio(input_path)  # first: a bad input fails before the model loads
-    name, tiny = choose_model(model)
-    if tiny:
-        print(TINY_DEMO_BANNER, file=sys.stderr)
+    name, banner = choose_model(model)
+    if banner:
+        print(banner, file=sys.stderr)
     if not torch.cuda.is_available():
         torch.set_num_threads(1)  # small batched matmuls on a busy CPU: one thread is fastest
     asr = Qwen3ASR.load(name)

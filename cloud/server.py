@@ -270,7 +270,7 @@ class RunningServer:
 
 async def start_server(model, options: ServerOptions = ServerOptions()) -> RunningServer:
     """Start the service on the running event loop. `model`: a loaded `Qwen3ASR`, or a name for
-    `Qwen3ASR.load` ("tiny", a Hugging Face id, a local dir)."""
+    `Qwen3ASR.load` ("tiny", "synth-en", a Hugging Face id, a local dir)."""
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 

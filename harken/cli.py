@@ -22,7 +22,8 @@ def _build_parser() -> argparse.ArgumentParser:
                                    "live transcript and what went over the wire. Uses Qwen/Qwen3-ASR-0.6B "
                                    "when cached or downloadable, else the tiny random model (with a banner).")
     s.add_argument("input", nargs="?", help="audio file (default: the bundled sample)")
-    s.add_argument("--model", help="model to serve (default: Qwen/Qwen3-ASR-0.6B if available, else tiny)")
+    s.add_argument("--model", help="model to serve: checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' "
+                                   "(default: Qwen/Qwen3-ASR-0.6B if available, else tiny)")
     s.add_argument("--fast", action="store_true", help="stream as fast as possible instead of in real time")
     s.add_argument("--edge-only", action="store_true",
                    help="only the edge pipeline (VAD, features, codec), no server or model: what it would send")
@@ -51,7 +52,7 @@ def _build_parser() -> argparse.ArgumentParser:
                                    "encoder + decoder (harken's torch code) -> greedy text.")
     s.add_argument("input", help="audio file (WAV/FLAC/OGG, any rate, width, channels)")
     s.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"checkpoint dir, Hugging Face id, or 'tiny' (default {DEFAULT_MODEL})")
+                   help=f"checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' (default {DEFAULT_MODEL})")
     s.add_argument("--language", help="force the language (e.g. English); default: detect")
     s.add_argument("--context", default="", help="context text for the system turn (hot words, topic)")
     s.add_argument("--json", action="store_true", help='print {"text", "language", "token_ids"}')
@@ -114,7 +115,7 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-offline-s", type=float, default=120.0,
                    help="give up when --server stays unreachable this long (default 120)")
     s.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"checkpoint dir, Hugging Face id, or 'tiny' (default {DEFAULT_MODEL})")
+                   help=f"checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' (default {DEFAULT_MODEL})")
     s.add_argument("--language", help="force the language (e.g. English); default: detect")
     s.add_argument("--context", default="", help="context text for the system turn (hot words, topic)")
     s.add_argument("--json", action="store_true",
@@ -128,7 +129,7 @@ def _build_parser() -> argparse.ArgumentParser:
                                    "it listens on once ready; SIGINT/SIGTERM finalise open segments, "
                                    "then stop.")
     s.add_argument("--model", default=DEFAULT_MODEL,
-                   help=f"checkpoint dir, Hugging Face id, or 'tiny' (default {DEFAULT_MODEL})")
+                   help=f"checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' (default {DEFAULT_MODEL})")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=50051, help="gRPC port; 0 picks a free one (default 50051)")
     s.add_argument("--tls-cert", help="PEM certificate chain: serve over TLS (with --tls-key)")
@@ -173,7 +174,7 @@ def _build_parser() -> argparse.ArgumentParser:
                                     "update_growth, phase1_speedup, throughput_rtf, p50/p95_update_ms, "
                                     "batching_gain.")
     b.add_argument("--model", default="tiny",
-                   help="checkpoint dir, Hugging Face id, or 'tiny' (default tiny)")
+                   help="checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' (default tiny)")
     b.add_argument("--real-dims", action="store_true",
                    help="random weights with the real 0.6B dims instead of --model (short --seconds on CPU)")
     b.add_argument("--seconds", type=float, default=60.0, help="audio per stream (default 60)")
@@ -196,7 +197,9 @@ def _build_parser() -> argparse.ArgumentParser:
                                     "realtime_ok (definitions: edge/bench_load.py).")
     b.add_argument("--server", help="HOST:PORT of a harken server")
     b.add_argument("--self-serve", action="store_true", help="start an in-process server (--model) on a free port")
-    b.add_argument("--model", default="tiny", help="model for --self-serve (default tiny)")
+    b.add_argument("--model", default="tiny",
+                   help="model for --self-serve: checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' "
+                        "(default tiny)")
     b.add_argument("--streams", type=int, default=4, help="concurrent streams N (default 4)")
     b.add_argument("--seconds", type=float, default=20.0, help="audio per stream (default 20)")
     b.add_argument("--api-key", help="API key for --server (default: $HARKEN_API_KEY)")

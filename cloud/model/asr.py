@@ -53,8 +53,8 @@ class Qwen3ASR:
     @classmethod
     def load(cls, model: str = DEFAULT_MODEL, dtype: str | torch.dtype | None = None,
              device: str | torch.device | None = None, max_new_tokens: int = MAX_NEW_TOKENS) -> "Qwen3ASR":
-        """Load a checkpoint (local dir, Hugging Face id or `tiny`). dtype: bf16/fp16/fp32, default
-        bf16 on CUDA and fp32 on CPU; device: cpu/cuda, default cuda when available."""
+        """Load a checkpoint (local dir, Hugging Face id, `tiny` or `synth-en`). dtype: bf16/fp16/fp32,
+        default bf16 on CUDA and fp32 on CPU; device: cpu/cuda, default cuda when available."""
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         ckpt = Checkpoint.open(model)

@@ -1,9 +1,10 @@
 """Find and read a Qwen3-ASR checkpoint: `--model` -> directory -> config + encoder/decoder tensors.
 
 `--model` is a local directory, a Hugging Face id (default `Qwen/Qwen3-ASR-0.6B`, fetched with
-huggingface_hub: the local cache first, then the network), or `tiny` (a cached tiny random
-checkpoint built on first use). Weights come from `model.safetensors` or a sharded
-`model.safetensors.index.json`, read with safetensors and split by prefix:
+huggingface_hub: the local cache first, then the network), `tiny` (a cached tiny random
+checkpoint built on first use) or `synth-en` (harken's own small English model, shipped compressed
+in cloud/synth and unpacked to the cache on first use). Weights come from `model.safetensors` or a
+sharded `model.safetensors.index.json`, read with safetensors and split by prefix:
 
     thinker.audio_tower.*              -> encoder (prefix stripped)
     thinker.model.*, thinker.lm_head.* -> decoder (`thinker.` stripped)
@@ -26,6 +27,8 @@ from harken.shared.errors import ModelError
 
 DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
 TINY = "tiny"
+SYNTH_EN = "synth-en"
+ACCEPTED = f"a checkpoint directory, a Hugging Face id, '{TINY}' or '{SYNTH_EN}'"
 _HUB_FILES = ["*.json", "*.safetensors", "merges.txt", "vocab.json", "*.jinja"]
 
 # (checkpoint prefix, destination, new prefix); first match wins
@@ -71,21 +74,26 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def resolve_model_dir(model: str) -> Path:
-    """`--model` -> a local directory holding the checkpoint (downloading it if need be)."""
+    """`--model` -> a local directory holding the checkpoint (downloading or unpacking it if need be).
+    Accepts a checkpoint directory, a Hugging Face id, 'tiny' or 'synth-en'."""
     if model == TINY:
         from harken.cloud.model.tiny import ensure_tiny_model
 
         return ensure_tiny_model()
+    if model == SYNTH_EN:
+        from harken.cloud.synth.weights import ensure_synth_en
+
+        return ensure_synth_en()
     path = Path(os.path.expanduser(model))
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ModelError(f"{path}: not a Qwen3-ASR checkpoint (no config.json)")
         return path
     if path.exists():
-        raise ModelError(f"{path}: is a file; --model takes a checkpoint directory, a Hugging Face id or 'tiny'")
+        raise ModelError(f"{path}: is a file; --model takes {ACCEPTED}")
     if _looks_like_path(model) or model.count("/") != 1:
         raise ModelError(f"{model}: no such model directory (--model takes a checkpoint directory, "
-                         f"a Hugging Face id such as {DEFAULT_MODEL}, or 'tiny')")
+                         f"a Hugging Face id such as {DEFAULT_MODEL}, '{TINY}' or '{SYNTH_EN}')")
     return Path(_download(model))
 
 
@@ -107,11 +115,11 @@ def _download(repo_id: str) -> str:
         name = type(e).__name__
         if "RepositoryNotFound" in name or "RevisionNotFound" in name:
             raise ModelError(f"{repo_id}: no such model on the Hugging Face Hub (or it needs a token); "
-                             f"--model takes a checkpoint directory, a Hugging Face id or 'tiny'") from e
+                             f"--model takes {ACCEPTED}") from e
         raise ModelError(
             f"cannot get {repo_id}: not in the Hugging Face cache and the Hub is unreachable ({name}); "
             f"download it where there is network (huggingface-cli download {repo_id}) and copy the "
-            f"cache over, or pass --model /path/to/checkpoint, or --model tiny") from e
+            f"cache over, or pass --model /path/to/checkpoint, --model synth-en or --model tiny") from e
 
 
 @dataclass(frozen=True)

@@ -170,6 +170,11 @@ PREPROCESSOR_CONFIG = {
 }
 
 
+# generation_config.json: greedy, ending at <|im_end|> or <|endoftext|>
+GENERATION_CONFIG = {"eos_token_id": [IM_END_ID, FIRST_SPECIAL_ID], "pad_token_id": FIRST_SPECIAL_ID,
+                     "do_sample": False}
+
+
 def tokenizer_config(added: list[AddedToken]) -> dict:
     return {
         "add_bos_token": False, "add_prefix_space": False,
@@ -321,16 +326,21 @@ def make_tiny_model(out: str | Path, seed: int = 0, vocab: str = "real",
     cfg = cfg or tiny_config()
     write_tokenizer_files(d, vocab)  # first: fails fast when the vocabulary is unavailable
     _write_json(d / "config.json", config_json(cfg))
-    _write_json(d / "generation_config.json", {"eos_token_id": [151645, 151643], "pad_token_id": 151643,
-                                               "do_sample": False})
+    _write_json(d / "generation_config.json", GENERATION_CONFIG)
     save_file(random_weights(cfg, seed), str(d / "model.safetensors"), metadata={"format": "pt"})
     return d
 
 
+def cache_root() -> Path:
+    """Where harken keeps the checkpoints it builds (tiny, synth-en): $HARKEN_CACHE, else
+    ~/.cache/harken."""
+    root = os.environ.get("HARKEN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "harken")
+    return Path(root)
+
+
 def tiny_cache_dir() -> Path:
     """Where `--model tiny` lives: $HARKEN_CACHE/tiny-v1, else ~/.cache/harken/tiny-v1."""
-    root = os.environ.get("HARKEN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "harken")
-    return Path(root) / TINY_VERSION
+    return cache_root() / TINY_VERSION
 
 
 def ensure_tiny_model() -> Path:
