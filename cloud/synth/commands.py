@@ -10,9 +10,9 @@ from pathlib import Path
 from harken.shared.errors import HarkenError
 
 
-def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = None, steps: int = 6000,
+def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = None, steps: int = 20000,
                   threads: int = 2, workers: int = 2, seed: int = 0, tiny: bool = False,
-                  eval_every: int = 400, batch_frames: int = 6000) -> int:
+                  eval_every: int = 400, batch_frames: int = 4000) -> int:
     """Build (or finish building) the corpus, then train (or resume training)."""
     from harken.cloud.synth import corpus
     from harken.cloud.synth.train import TrainOptions, train

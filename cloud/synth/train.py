@@ -279,11 +279,11 @@ class TrainOptions:
     corpus: Path
     out: Path
     steps: int = 20000
-    batch_frames: int = 6000
-    lr: float = 1.5e-3
-    warmup: int = 300
-    ramp_steps: int = 2000  # longest utterance grows from 5 s to 20 s over these steps
-    eval_every: int = 500
+    batch_frames: int = 4000
+    lr: float = 2e-3
+    warmup: int = 100
+    ramp_steps: int = 1500  # longest utterance grows from 5 s to 20 s over these steps
+    eval_every: int = 400
     eval_n: int = 40
     save_every_s: float = 300.0
     seed: int = 0
