@@ -244,14 +244,16 @@ class Engine:
         and the events of passes that needed no model."""
         events, run = [], []
         requests = [(sid, s, j, r) for sid, s, j in planned for r in j.requests]
-        outs = self.asr.encoder.encode_windows([r.features for *_, r in requests],
-                                               [r.item_start for *_, r in requests])
+        # complete 1-s chunks whose conv stem an earlier pass ran reuse it (`WindowRequest.stem`)
+        outs, stems = self.asr.encoder.encode_windows([r.features for *_, r in requests],
+                                                      [r.item_start for *_, r in requests],
+                                                      [r.stem for *_, r in requests], return_stems=True)
         broken: set[str] = set()
-        for (sid, s, job, r), o in zip(requests, outs):
+        for (sid, s, job, r), o, st in zip(requests, outs, stems):
             if sid in broken:
                 continue
             try:
-                job.item.encoder.commit(r, o)
+                job.item.encoder.commit(r, o, st)
             except Exception as e:  # noqa: BLE001
                 broken.add(sid)
                 self._fail(sid, s, e)

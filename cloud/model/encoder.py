@@ -13,6 +13,7 @@ recomputes only the active one (`IncrementalEncoder`).
 from __future__ import annotations
 
 import math
+from itertools import accumulate
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -199,6 +200,8 @@ class AudioEncoder(nn.Module):
         # a window holds whole chunks; the reference counts windows in tokens (13 per chunk)
         self.window_frames = cfg.chunks_per_window * cfg.chunk_frames
         self.window_tokens = cfg.chunks_per_window * self.tokens_per_chunk
+        # chunks run through `conv_stem` so far (a plain counter, for tests and profiling)
+        self.stem_chunks = 0
 
     def num_tokens(self, frames: int) -> int:
         """Encoder tokens for an item of `frames` feature frames."""
@@ -216,6 +219,7 @@ class AudioEncoder(nn.Module):
         `short_lengths` gives the full chunk length for every chunk that is not such an item.
         Returns [C, tokens_per_chunk, d_model].
         """
+        self.stem_chunks += int(chunks.shape[0])
         pieces = []
         for c0 in range(0, chunks.shape[0], self.cfg.conv_chunksize):  # bounds conv memory, as the reference does
             x = chunks[c0:c0 + self.cfg.conv_chunksize].unsqueeze(1)  # [c, 1, mel, t]
@@ -241,19 +245,31 @@ class AudioEncoder(nn.Module):
 
     # -- public API --
 
-    def encode_windows(self, windows: Sequence[Tensor], item_start: Sequence[bool]) -> list[Tensor]:
+    def encode_windows(self, windows: Sequence[Tensor], item_start: Sequence[bool],
+                       stems: Sequence[Tensor | None] | None = None, *,
+                       return_stems: bool = False) -> list[Tensor] | tuple[list[Tensor], list[Tensor]]:
         """Encode attention windows from any items/sessions as one padded batch.
 
         windows[i]: [mel, t_i] features of ONE attention window, 1 <= t_i <= window_frames, starting
         at a window boundary of its item. item_start[i]: whether it is its item's first window —
         it matters only for a window shorter than one chunk, which the reference then encodes
         unpadded (a whole item under 1 s) instead of zero-padding its tail chunk to 1 s.
-        Returns [num_tokens(t_i), output_dim] per window, in the parameters' dtype and device.
+        stems[i] (optional): `conv_stem` outputs [k_i, tokens_per_chunk, d_model] already computed
+        for the window's first k_i chunks, which must be COMPLETE chunks of these same features
+        (k_i * chunk_frames <= t_i); only the window's other chunks go through the conv stem. A
+        complete chunk's stem output depends on its own frames only, so this changes nothing.
+        Returns [num_tokens(t_i), output_dim] per window, in the parameters' dtype and device; with
+        `return_stems`, also each window's stem outputs of all its complete chunks
+        ([t_i // chunk_frames, tokens_per_chunk, d_model]) for the caller to pass back later.
         """
         if len(windows) != len(item_start):
             raise ValueError(f"{len(windows)} windows but {len(item_start)} item_start flags")
+        if stems is None:
+            stems = [None] * len(windows)
+        elif len(stems) != len(windows):
+            raise ValueError(f"{len(windows)} windows but {len(stems)} stems")
         if not windows:
-            return []
+            return ([], []) if return_stems else []
         p = self.conv_out.weight
         cf = self.cfg.chunk_frames
         lengths = [int(w.shape[-1]) for w in windows]
@@ -261,22 +277,50 @@ class AudioEncoder(nn.Module):
             if w.dim() != 2 or w.shape[0] != self.cfg.num_mel_bins or not 1 <= t <= self.window_frames:
                 raise ValueError(f"a window must be [{self.cfg.num_mel_bins}, 1..{self.window_frames}], "
                                  f"got {list(w.shape)}")
+        cached = [0 if st is None else int(st.shape[0]) for st in stems]
+        for st, k, t in zip(stems, cached, lengths):
+            if st is not None and (k * cf > t or tuple(st.shape[1:]) != (self.tokens_per_chunk, self.cfg.d_model)):
+                raise ValueError(f"stems must be [k, {self.tokens_per_chunk}, {self.cfg.d_model}] of complete "
+                                 f"chunks, got {list(st.shape)} for a window of {t} frames")
         lay = window_batch(lengths, item_start, cf, self.tokens_per_chunk)
 
         def to_device(t: Tensor | None) -> Tensor | None:
             # host-built index/mask tensors: an async copy, no wait for queued device work
             return None if t is None else t.to(p.device, non_blocking=True)
 
-        # chunks of every window, tails zero-padded to chunk_frames: [C, mel, cf]; built where the
-        # features are, then moved once
-        chunks = torch.cat([
-            F.pad(w, (0, k * cf - t)).reshape(self.cfg.num_mel_bins, k, cf).transpose(0, 1)
-            for w, t, k in zip(windows, lengths, lay.chunk_counts)])
-        chunks = chunks.to(device=p.device, dtype=p.dtype, non_blocking=True)
-        embeds = self.conv_stem(chunks, to_device(lay.short_lengths))  # [C, tokens_per_chunk, d]
+        # chunks of every window not covered by its stems, tails zero-padded to chunk_frames:
+        # [C_new, mel, cf]; built where the features are, then moved once
+        new = [F.pad(w[:, k0 * cf:], (0, k * cf - t)).reshape(self.cfg.num_mel_bins, k - k0, cf).transpose(0, 1)
+               for w, t, k, k0 in zip(windows, lengths, lay.chunk_counts, cached) if k > k0]
+        fresh = None
+        if new:
+            chunks = torch.cat(new).to(device=p.device, dtype=p.dtype, non_blocking=True)
+            short = lay.short_lengths
+            if short is not None and any(cached):
+                # a cached chunk is a complete chunk: never one of the short ones
+                keep = torch.cat([torch.arange(k) >= k0 for k, k0 in zip(lay.chunk_counts, cached)])
+                short = short[keep]
+            fresh = self.conv_stem(chunks, to_device(short))  # [C_new, tokens_per_chunk, d]
+        if any(cached):
+            parts, c = [], 0
+            for st, k, k0 in zip(stems, lay.chunk_counts, cached):
+                if k0:
+                    parts.append(st.to(device=p.device, dtype=p.dtype))
+                if k > k0:
+                    parts.append(fresh[c:c + k - k0])
+                    c += k - k0
+            embeds = torch.cat(parts)  # [C, tokens_per_chunk, d]
+        else:
+            embeds = fresh
         x = embeds.reshape(-1, embeds.shape[-1])[to_device(lay.token_index)]  # [B, N, d]
         out = self.transformer(x, to_device(lay.key_mask))  # [B, N, out]
-        return [o[:n] for o, n in zip(out, lay.tokens)]
+        outs = [o[:n] for o, n in zip(out, lay.tokens)]
+        if not return_stems:
+            return outs
+        first = [0] + list(accumulate(lay.chunk_counts))
+        # copies, so a caller keeping one does not keep the whole batch's embeddings alive
+        window_stems = [embeds[c0:c0 + t // cf].clone() for c0, t in zip(first, lengths)]
+        return outs, window_stems
 
     def encode_items(self, items: Sequence[Tensor]) -> list[Tensor]:
         """Encode whole audio items ([mel, T_i] each) in one batch of all their windows.
@@ -313,6 +357,9 @@ class WindowRequest:
     start_frame: int
     features: Tensor  # [mel, t], t <= window_frames
     complete: bool  # t == window_frames: its outputs are final and get cached
+    # conv-stem outputs [k, tokens_per_chunk, d_model] of the window's first k complete chunks,
+    # computed by an earlier pass (pass as `encode_windows(..., stems=...)`), or None
+    stem: Tensor | None = None
 
     @property
     def item_start(self) -> bool:
@@ -327,12 +374,16 @@ class IncrementalEncoder:
     """Encoder state of one streaming audio item (one session segment).
 
     Feature frames are appended as they arrive. Completed windows are encoded once and cached
-    (their features dropped); only the active, incomplete window is recomputed when it has grown.
+    (their features dropped); only the active, incomplete window is recomputed when it has grown,
+    and of it only the transformer: the conv-stem outputs of its complete 1-s chunks are cached
+    (they depend on those chunks' frames alone) until the window is complete and committed. The
+    partial tail chunk always goes through the stem again.
 
     Two ways to drive it, sharing the same code:
     - simple: `append(frames)` then `outputs()` (encodes whatever is pending, this session alone);
-    - scheduler: `pending_windows()` of many sessions -> one `AudioEncoder.encode_windows` batch
-      -> `commit(request, output)` per request -> `outputs()` (nothing left to encode).
+    - scheduler: `pending_windows()` of many sessions -> one `AudioEncoder.encode_windows(features,
+      item_starts, stems=[r.stem ...], return_stems=True)` batch -> `commit(request, output, stem)`
+      per request -> `outputs()` (nothing left to encode).
     """
 
     def __init__(self, encoder: AudioEncoder):
@@ -344,6 +395,7 @@ class IncrementalEncoder:
         self._completed: list[Tensor] = []  # outputs of committed complete windows
         self._active: Tensor | None = None  # output of the active window ...
         self._active_frames = 0  # ... computed from the item's first _active_frames frames
+        self._stems: dict[int, Tensor] = {}  # window index -> conv-stem outputs of its leading complete chunks
 
     @property
     def frames(self) -> int:
@@ -385,7 +437,8 @@ class IncrementalEncoder:
             feats = self._buffer[:, s:s + wf]
             complete = feats.shape[1] == wf
             if complete or self._active_frames != self._frames:
-                requests.append(WindowRequest(first + j, self._buffer_start + s, feats, complete))
+                requests.append(WindowRequest(first + j, self._buffer_start + s, feats, complete,
+                                              self._stems.get(first + j)))
         return requests
 
     def active_window_features(self) -> Tensor | None:
@@ -394,36 +447,53 @@ class IncrementalEncoder:
             return None
         return self._buffer[:, (self._frames - self._buffer_start) // self.window_frames * self.window_frames:]
 
-    def commit(self, request: WindowRequest, output: Tensor) -> None:
-        """Store the encoder output [tokens, output_dim] of a request from `pending_windows`.
+    def commit(self, request: WindowRequest, output: Tensor, stem: Tensor | None = None) -> None:
+        """Store the encoder output [tokens, output_dim] of a request from `pending_windows`, and
+        optionally the conv-stem outputs of its complete chunks (`encode_windows(...,
+        return_stems=True)`), which later requests of the same window reuse.
 
-        A complete window's output is cached for good and its features dropped; complete windows
-        must be committed in order. An active-window output is kept until frames arrive after it.
+        A complete window's output is cached for good and its features (and stem cache) dropped;
+        complete windows must be committed in order. An active-window output is kept until frames
+        arrive after it.
         """
         expected = self.encoder.num_tokens(request.end_frame - request.start_frame)
         if output.shape[0] != expected:
             raise ValueError(f"window {request.index} needs {expected} tokens, got {output.shape[0]}")
+        cf = self.encoder.cfg.chunk_frames
+        if stem is not None and stem.shape[0] != (request.end_frame - request.start_frame) // cf:
+            raise ValueError(f"window {request.index} has {(request.end_frame - request.start_frame) // cf} "
+                             f"complete chunks, got a stem of {stem.shape[0]}")
         if request.complete:
             if request.index != len(self._completed):
                 raise ValueError(f"window {request.index} committed out of order "
                                  f"(next is {len(self._completed)})")
             self._completed.append(output)
+            self._stems.pop(request.index, None)  # its final output is cached: the stems are no use
             self._buffer = self._buffer[:, self.window_frames:]
             self._buffer_start += self.window_frames
             if self._buffer.shape[1] == 0:
                 self._buffer = None
             if self._active_frames <= self._buffer_start:
                 self._active, self._active_frames = None, 0
-        elif request.index == self._frames // self.window_frames:
-            self._active, self._active_frames = output, request.end_frame
+        else:
+            if request.index == self._frames // self.window_frames:
+                self._active, self._active_frames = output, request.end_frame
+            # a stale result's stems are still right (complete chunks never change) unless the window
+            # has been committed since
+            cached = self._stems.get(request.index)
+            if (stem is not None and stem.shape[0] > 0 and request.index >= len(self._completed)
+                    and (cached is None or stem.shape[0] > cached.shape[0])):
+                self._stems[request.index] = stem
         # else: a partial result of a window that has completed since; the complete one replaces it
 
     def encode_pending(self) -> None:
         """Encode this session's pending windows on its own (one batch) and commit them."""
         requests = self.pending_windows()
-        outs = self.encoder.encode_windows([r.features for r in requests], [r.item_start for r in requests])
-        for r, o in zip(requests, outs):
-            self.commit(r, o)
+        outs, stems = self.encoder.encode_windows([r.features for r in requests],
+                                                  [r.item_start for r in requests],
+                                                  [r.stem for r in requests], return_stems=True)
+        for r, o, st in zip(requests, outs, stems):
+            self.commit(r, o, st)
 
     def outputs(self) -> Tensor:
         """Encoder outputs for all frames so far: [num_tokens(frames), output_dim].
