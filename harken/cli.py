@@ -80,6 +80,7 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, default=20000, help="optimiser steps (default 20000)")
     s.add_argument("--batch-frames", type=int, default=4000, help="feature frames per step (default 4000 = 40 s)")
     s.add_argument("--eval-every", type=int, default=400, help="held-out WER every N steps (default 400)")
+    s.add_argument("--eval-n", type=int, default=40, help="held-out utterances in each evaluation (default 40)")
     s.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     s.add_argument("--workers", type=int, default=2, help="corpus synthesis processes (default 2)")
     s.add_argument("--seed", type=int, default=0, help="seed of the corpus and the model (default 0)")
@@ -276,7 +277,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
         return train_command(args.out, utterances=args.utterances, corpus_dir=args.corpus, steps=args.steps,
                              threads=args.threads, workers=args.workers, seed=args.seed, tiny=args.tiny,
-                             eval_every=args.eval_every, batch_frames=args.batch_frames)
+                             eval_every=args.eval_every, eval_n=args.eval_n, batch_frames=args.batch_frames)
     if args.command == "eval":
         from harken.cloud.synth.commands import eval_command
 

