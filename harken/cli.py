@@ -85,6 +85,7 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, default=2, help="corpus synthesis processes (default 2)")
     s.add_argument("--seed", type=int, default=0, help="seed of the corpus and the model (default 0)")
     s.add_argument("--tiny", action="store_true", help="a tiny model (smoke tests)")
+    s.add_argument("--device", default="cpu", help="cpu (default) or cuda")
 
     s = sub.add_parser("eval", help="word error rate of a model on the synth-en held-out set",
                        description="Synthesise each held-out utterance from its recipe, compute the edge's "
@@ -277,7 +278,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
         return train_command(args.out, utterances=args.utterances, corpus_dir=args.corpus, steps=args.steps,
                              threads=args.threads, workers=args.workers, seed=args.seed, tiny=args.tiny,
-                             eval_every=args.eval_every, eval_n=args.eval_n, batch_frames=args.batch_frames)
+                             eval_every=args.eval_every, eval_n=args.eval_n, batch_frames=args.batch_frames,
+                             device=args.device)
     if args.command == "eval":
         from harken.cloud.synth.commands import eval_command
 

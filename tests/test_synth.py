@@ -87,7 +87,6 @@ def test_subset_vocabulary_loss_is_the_full_vocabulary_loss(tmp_path):
 
     write_tokenizer_files(tmp_path / "ckpt", "real")
     tok = Tokenizer.from_dir(tmp_path / "ckpt")
-    T._TARGET_PREFIX_IDS[:] = tok.encode(T.TARGET_PREFIX)
     texts = ["Let's meet on March 3rd at 2:30 pm.", "The LORD is my shepherd; I shall not want."]
     end = tok.token_id("<|im_end|>")
     targets = [tok.encode(T.TARGET_PREFIX + t) + [end] for t in texts]
@@ -99,7 +98,7 @@ def test_subset_vocabulary_loss_is_the_full_vocabulary_loss(tmp_path):
         model.emb.normal_(0, 0.5)
     g = torch.Generator().manual_seed(0)
     feats = [torch.randn(128, 250, generator=g), torch.randn(128, 930, generator=g)]
-    batch = T.Batch(feats, targets, [[1, 2, 3], [4, 5, 6, 7]])
+    batch = T.Batch(feats, targets, [[1, 2, 3], [4, 5, 6, 7]], len(tok.encode(T.TARGET_PREFIX)))
     model.eval()
     with torch.no_grad():
         ce = T.losses(model, batch, (prefix, suffix))["ce"].item()

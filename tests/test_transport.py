@@ -329,9 +329,19 @@ def test_graceful_server_restart_mid_segment_loses_nothing(asr, audio, reference
     assert stats.sessions_opened == 2
     assert _frames_applied(events) == stats.frames_produced  # nothing lost, nothing twice
     assert [f[0] for f in finals] == list(range(len(finals)))
-    assert len(finals) == len(_finals(reference)) + 1  # segment 1 was ended early and continued
     assert finals[0] == _finals(reference)[0] and _texts(events)[0] == _texts(reference)[0]
-    assert finals[1][1] == _finals(reference)[1][1] and finals[2][1] == finals[1][2]  # continued seamlessly
+    # the segment open at the stop (which one depends on timing: the source runs at 3x real time)
+    # was ended early and continued seamlessly as the next one; joined again, the segments are the
+    # uninterrupted ones
+    spans = [(f[1], f[2]) for f in finals]
+    joined = [spans[0]]
+    for start, end in spans[1:]:
+        if start == joined[-1][1]:
+            joined[-1] = (joined[-1][0], end)
+        else:
+            joined.append((start, end))
+    assert joined == [(f[1], f[2]) for f in _finals(reference)]
+    assert len(spans) - len(joined) <= 1
 
 
 def test_silent_connection_is_abandoned_and_resumed(asr, audio, reference):

@@ -12,7 +12,8 @@ from harken.shared.errors import HarkenError
 
 def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = None, steps: int = 20000,
                   threads: int = 2, workers: int = 2, seed: int = 0, tiny: bool = False,
-                  eval_every: int = 400, eval_n: int = 40, batch_frames: int = 4000) -> int:
+                  eval_every: int = 400, eval_n: int = 40, batch_frames: int = 4000,
+                  device: str = "cpu") -> int:
     """Build (or finish building) the corpus, then train (or resume training)."""
     from harken.cloud.synth import corpus
     from harken.cloud.synth.train import TrainOptions, train
@@ -31,7 +32,8 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
     print(f"corpus: {utterances} utterances in {cdir} (finished shards are kept)", file=sys.stderr)
     corpus.build(cdir, utterances, seed=seed, workers=workers, progress=progress)
     opts = TrainOptions(corpus=cdir, out=outdir, steps=steps, threads=threads, seed=seed, tiny=tiny,
-                        eval_every=eval_every, eval_n=eval_n, batch_frames=batch_frames)
+                        eval_every=eval_every, eval_n=eval_n, batch_frames=batch_frames,
+                        device=device)
     ckpt = train(opts, log=lambda s: print(s, file=sys.stderr, flush=True))
     print(json.dumps({"checkpoint": str(ckpt), "log": str(outdir / "log.jsonl"),
                       "curve": str(outdir / "curve.png")}))

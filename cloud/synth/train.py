@@ -129,7 +129,8 @@ class Trainee(nn.Module):
     def decode_hidden(self, x: torch.Tensor) -> torch.Tensor:
         B, S, _ = x.shape
         t = self.cfg.text
-        cos, sin = precompute_rope(torch.arange(S).expand(B, S), rope_inv_freq(t.head_dim, t.rope_theta))
+        pos = torch.arange(S, device=x.device).expand(B, S)
+        cos, sin = precompute_rope(pos, rope_inv_freq(t.head_dim, t.rope_theta, x.device))
         for layer in self.layers:
             x = layer(x, cos, sin)
         return self.norm(x)
@@ -164,8 +165,9 @@ def _init(model: Trainee) -> None:
 @dataclass
 class Batch:
     feats: list[torch.Tensor]
-    targets: list[list[int]]
+    targets: list[list[int]]  # language English<asr_text>{text}<|im_end|>
     phones: list[list[int]]
+    n_prefix: int  # tokens of `language English<asr_text>` at the start of every target
 
 
 def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]) -> dict[str, torch.Tensor]:
@@ -173,9 +175,10 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
     cfg, vocab = model.cfg, model.vocab
     audio = model.encoder.encode_items(batch.feats)  # [N_i, hidden] each
     prefix, suffix = prompt_ids
-    subs = [vocab.sub(t) for t in batch.targets]
+    dev = model.emb.device
+    subs = [vocab.sub(t).to(dev) for t in batch.targets]
     # every text embedding of the batch in one gather (one sparse-ish backward, not one per piece)
-    pieces = [vocab.sub(prefix), vocab.sub(suffix)] + [t[:-1] for t in subs]
+    pieces = [vocab.sub(prefix).to(dev), vocab.sub(suffix).to(dev)] + [t[:-1] for t in subs]
     text_emb = model.emb[torch.cat(pieces)].split([len(p) for p in pieces])
     pre, suf = text_emb[0], text_emb[1]
     seqs, tgt_pos = [], []
@@ -198,8 +201,7 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
     # in this batch (+ a blank row): an auxiliary loss, so a batch-local softmax is enough
     out_lens = torch.tensor([a.shape[0] for a in audio])
     A = torch.nn.utils.rnn.pad_sequence(audio)  # [T, B, hidden]
-    n_prefix = len(_TARGET_PREFIX_IDS)
-    body = [t[n_prefix:-1] for t in subs]  # the transcript alone
+    body = [t[batch.n_prefix:-1] for t in subs]  # the transcript alone
     local, inverse = torch.unique(torch.cat(body), return_inverse=True)
     tok_logits = A @ torch.cat([model.blank[None], model.emb[local]]).t()  # [T, B, 1 + n_local]
     ctc_tok = F.ctc_loss(tok_logits.log_softmax(-1), inverse + 1, out_lens,
@@ -209,26 +211,24 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
     ph = model.phone_head(A)  # [T, B, 2 * P]
     T, B, _ = ph.shape
     ph = ph.view(T, B, 2, -1).permute(0, 2, 1, 3).reshape(2 * T, B, -1)
-    ctc_ph = F.ctc_loss(ph.log_softmax(-1), torch.tensor([p for ps in batch.phones for p in ps]), 2 * out_lens,
+    phones = torch.tensor([p for ps in batch.phones for p in ps], device=dev)
+    ctc_ph = F.ctc_loss(ph.log_softmax(-1), phones, 2 * out_lens,
                         torch.tensor([len(p) for p in batch.phones]), blank=0, zero_infinity=True,
                         reduction="mean")
     return {"ce": ce, "ctc_tok": ctc_tok, "ctc_ph": ctc_ph}
-
-
-_TARGET_PREFIX_IDS: list[int] = []
 
 
 # --- export -------------------------------------------------------------------------------------
 
 def export_state_dict(model: Trainee) -> dict[str, np.ndarray]:
     """The official tensor names (`thinker.*`), fp32, untrained vocabulary rows zero."""
-    out = {f"thinker.audio_tower.{k}": v.detach().float().numpy().copy() for k, v in model.encoder.state_dict().items()}
+    out = {f"thinker.audio_tower.{k}": v.detach().float().cpu().numpy().copy() for k, v in model.encoder.state_dict().items()}
     for i, layer in enumerate(model.layers):
         for k, v in layer.state_dict().items():
-            out[f"thinker.model.layers.{i}.{k}"] = v.detach().float().numpy().copy()
-    out["thinker.model.norm.weight"] = model.norm.weight.detach().float().numpy().copy()
+            out[f"thinker.model.layers.{i}.{k}"] = v.detach().float().cpu().numpy().copy()
+    out["thinker.model.norm.weight"] = model.norm.weight.detach().float().cpu().numpy().copy()
     emb = np.zeros((model.cfg.text.vocab_size, model.cfg.text.hidden_size), np.float32)
-    emb[model.vocab.ids.numpy()] = model.emb.detach().float().numpy()
+    emb[model.vocab.ids.numpy()] = model.emb.detach().float().cpu().numpy()
     out["thinker.model.embed_tokens.weight"] = emb
     return out
 
@@ -264,7 +264,7 @@ def wer(refs: list[str], hyps: list[str]) -> float:
     return float(jiwer.wer([r for r, _ in pairs], [h for _, h in pairs]))
 
 
-def evaluate(ckpt_dir: Path, feats: list[np.ndarray], refs: list[str], threads: int) -> tuple[float, list[str]]:
+def evaluate(ckpt_dir: Path, feats: list[np.ndarray], refs: list[str]) -> tuple[float, list[str]]:
     from harken.cloud.model.asr import Qwen3ASR
 
     asr = Qwen3ASR.load(str(ckpt_dir), dtype="fp32", device="cpu", max_new_tokens=200)
@@ -292,6 +292,7 @@ class TrainOptions:
     w_ctc_ph: float = 0.5
     tiny: bool = False
     max_shards: int | None = None
+    device: str = "cpu"  # "cuda" when a GPU is lent: the same run in minutes
 
 
 def corpus_shards(opts: TrainOptions) -> list[Path]:
@@ -348,12 +349,12 @@ def train(opts: TrainOptions, log=print) -> Path:
 
         write_tokenizer_files(tok_dir, "real")
     tok = Tokenizer.from_dir(tok_dir)
-    _TARGET_PREFIX_IDS[:] = tok.encode(TARGET_PREFIX)
+    target_prefix = tok.encode(TARGET_PREFIX)
     shards = corpus_shards(opts)
     if not shards:
         raise SystemExit(f"no corpus shards in {opts.corpus}")
     state_path = out / "state.pt"
-    saved = torch.load(state_path, weights_only=False) if state_path.exists() else None
+    saved = torch.load(state_path, map_location="cpu", weights_only=False) if state_path.exists() else None
     table = dict(saved["phones"]) if saved else phone_table_of(shards[:1])
     phone_chars = sorted(table, key=table.get)
     examples = load_examples(shards, tok, table)
@@ -362,20 +363,21 @@ def train(opts: TrainOptions, log=print) -> Path:
     # the trained rows: every training sentence's tokens, the prompt, both end tokens
     train_text = [s for group in corpus._split_sources(opts.seed)[0].values() for s in group]
     ids = set(prompt.ids) | {tok.token_id("<|im_end|>"), tok.token_id("<|endoftext|>")}
-    ids.update(_TARGET_PREFIX_IDS)
+    ids.update(target_prefix)
     for s in train_text:
         ids.update(tok.encode(" " + s))
         ids.update(tok.encode(s))
     for e in examples:
         ids.update(e.target)
     vocab = Vocab(sorted(ids), cfg.text.vocab_size)
-    model = Trainee(cfg, vocab, len(phone_chars), opts.seed)
+    model = Trainee(cfg, vocab, len(phone_chars), opts.seed).to(opts.device)
+    torch.backends.cuda.matmul.allow_tf32 = True
     opt = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.98), weight_decay=0.01)
     step, rng = 0, random.Random(opts.seed)
     if saved:
         st = saved
         if st["vocab"] == vocab.ids.tolist():
-            model.load_state_dict(st["model"])
+            model.load_state_dict({k: v.to(opts.device) for k, v in st["model"].items()})
             opt.load_state_dict(st["opt"])
             step = st["step"]
             rng.setstate(st["rng"])
@@ -419,8 +421,8 @@ def train(opts: TrainOptions, log=print) -> Path:
             if step >= opts.steps:
                 break
             model.train()
-            batch = Batch([torch.from_numpy(e.feats.astype(np.float32)) for e in group],
-                          [e.target for e in group], [e.phones for e in group])
+            batch = Batch([torch.from_numpy(e.feats.astype(np.float32)).to(opts.device) for e in group],
+                          [e.target for e in group], [e.phones for e in group], len(target_prefix))
             parts = losses(model, batch, (prefix, suffix))
             loss = parts["ce"] + opts.w_ctc_tok * parts["ctc_tok"] + opts.w_ctc_ph * parts["ctc_ph"]
             for g in opt.param_groups:
@@ -440,7 +442,7 @@ def train(opts: TrainOptions, log=print) -> Path:
             if step % opts.eval_every == 0 or step == opts.steps:
                 model.eval()
                 ckpt = export_checkpoint(model, out / "checkpoint")
-                w, hyps = evaluate(ckpt, held_feats, held_refs, opts.threads)
+                w, hyps = evaluate(ckpt, held_feats, held_refs)
                 rec = {"step": step, "time_s": round(time.time() - t0, 1), **{k: round(v, 4) for k, v in avg.items()},
                        "heldout_wer": round(w, 4), "example": hyps[0]}
                 with log_path.open("a") as f:
