@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from harken.shared.errors import HarkenError
+from harken.shared.features_spec import SAMPLE_RATE
 
+MIN_PIECE_SAMPLES = SAMPLE_RATE // 2  # the official package pads shorter pieces of a split file
 TINY_BANNER = ("harken: --model tiny is a tiny RANDOM checkpoint for tests and plumbing checks; "
                "its output is meaningless")
 
@@ -28,32 +30,66 @@ def peak_normalize(audio: np.ndarray) -> np.ndarray:
 
 
 def transcribe_command(input_path: str, model: str, language: str | None = None, context: str = "",
-                       as_json: bool = False, device: str | None = None, dtype: str | None = None) -> int:
-    """Offline, one pass: audio file -> log-mel (edge ONNX path) -> Qwen3-ASR -> text."""
-    from harken.edge.audio import load_audio
+                       as_json: bool = False, device: str | None = None, dtype: str | None = None,
+                       max_pass_s: float | None = None, progress: bool | None = None,
+                       decode_limits: bool = True) -> int:
+    """Offline: audio file -> log-mel (edge ONNX path) -> Qwen3-ASR -> text, one pass per piece.
+
+    Audio up to `max_pass_s` (default 1200 s, the official limit) is one pass; longer audio is cut
+    at quiet points as the official package does (`split_at_quiet_points`) and each piece is a pass
+    of its own, so memory is set by the piece, not the file. Every pass is bounded by its audio
+    (`DecodeLimits`: token budget and loop guard; `decode_limits=False` decodes as the official
+    package does, up to 512 tokens with no loop guard). Progress goes to stderr when it is a terminal
+    (or with `progress=True`)."""
+    from harken.edge.audio import MAX_PASS_SECONDS, load_audio, split_at_quiet_points
     from harken.edge.features import log_mel
 
     audio = peak_normalize(load_audio(input_path))  # before loading the model: bad input fails fast
-    features = log_mel(audio)
+    limit = MAX_PASS_SECONDS if max_pass_s is None else max_pass_s
+    if limit <= 0:
+        raise HarkenError("--max-pass-s must be > 0")
+    spans = split_at_quiet_points(audio, limit)
 
     from harken.cloud.model.asr import Qwen3ASR
-    from harken.cloud.model.checkpoint import TINY
+    from harken.cloud.model.checkpoint import TINY, TINY_UNTIED
+    from harken.cloud.model.decode_limits import DecodeLimits
     from harken.cloud.model.prompt import forced_language
+    from harken.shared.text import transcript_text
 
     forced_language(language)  # an unsupported language fails before the model loads
-    if model == TINY:
+    if model in (TINY, TINY_UNTIED):
         print(TINY_BANNER, file=sys.stderr)
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)
-    result = asr.transcribe(features, language=language, context=context or "")
+    show = sys.stderr.isatty() if progress is None else progress
+    total_s = len(audio) / SAMPLE_RATE
+    texts, languages, token_ids = [], [], []
+    for i, (a, b) in enumerate(spans):
+        piece = audio[a:b]
+        if len(spans) > 1 and b - a < MIN_PIECE_SAMPLES:  # as the official package pads a short tail
+            piece = np.pad(piece, (0, MIN_PIECE_SAMPLES - (b - a)))
+        result = asr.transcribe(log_mel(piece), language=language, context=context or "",
+                                limits=DecodeLimits() if decode_limits else None)
+        texts.append(result.text)
+        languages.append(result.language)
+        token_ids.append(result.token_ids)
+        if show and len(spans) > 1:
+            print(f"transcribe: {b / SAMPLE_RATE:.0f}/{total_s:.0f} s ({i + 1}/{len(spans)} passes)",
+                  file=sys.stderr, flush=True)
+    text = transcript_text(dict(enumerate(texts)))
+    lang = next((x for x in languages if x), "")
     if as_json:
-        print(json.dumps({"text": result.text, "language": result.language,
-                          "token_ids": result.token_ids}, ensure_ascii=False))
+        out = {"text": text, "language": lang,
+               "token_ids": token_ids[0] if len(token_ids) == 1 else [t for ids in token_ids for t in ids]}
+        if len(spans) > 1:
+            out["pieces"] = [{"start_s": round(a / SAMPLE_RATE, 5), "end_s": round(b / SAMPLE_RATE, 5),
+                              "text": t, "language": la} for (a, b), t, la in zip(spans, texts, languages)]
+        print(json.dumps(out, ensure_ascii=False))
     else:
-        print(result.text)
+        print(text)
     return 0
 
 
-def make_tiny_model_command(out_dir: str, seed: int = 0, vocab: str = "real") -> int:
+def make_tiny_model_command(out_dir: str, seed: int = 0, vocab: str = "real", head: str = "tied") -> int:
     """Write a tiny random checkpoint in the official format to `out_dir`."""
     from harken.cloud.model.tiny import make_tiny_model
 
@@ -62,8 +98,8 @@ def make_tiny_model_command(out_dir: str, seed: int = 0, vocab: str = "real") ->
         raise HarkenError(f"{d}: exists and is not a directory")
     if d.is_dir() and (d / "model.safetensors").exists():
         raise HarkenError(f"{d}: already holds a checkpoint; choose an empty or new directory")
-    make_tiny_model(d, seed=seed, vocab=vocab)
-    print(f"wrote a tiny random Qwen3-ASR checkpoint (seed {seed}, {vocab} vocabulary) to {d}",
+    make_tiny_model(d, seed=seed, vocab=vocab, head=head)
+    print(f"wrote a tiny random Qwen3-ASR checkpoint (seed {seed}, {vocab} vocabulary, {head} head) to {d}",
           file=sys.stderr)
     return 0
 
@@ -89,13 +125,13 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
 
     from harken.cloud.embedded import stream_pieces, transcript_text
     from harken.cloud.model.asr import Qwen3ASR
-    from harken.cloud.model.checkpoint import TINY
+    from harken.cloud.model.checkpoint import TINY, TINY_UNTIED
     from harken.cloud.model.prompt import forced_language
     from harken.cloud.scheduler import Engine, EngineConfig
     from harken.cloud.session import SessionOptions
 
     forced_language(language)
-    if model == TINY:
+    if model in (TINY, TINY_UNTIED):
         print(TINY_BANNER, file=sys.stderr)
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)
     options = SessionOptions(language=language, context=context or "")

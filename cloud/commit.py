@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from harken.cloud.model.decode_limits import DecodeLimits
 from harken.shared.text import join_texts  # noqa: F401  (the segment/item join rule, shared with the edge)
 
 ASR_TEXT = "<asr_text>"
@@ -45,9 +46,12 @@ class CommitPolicy:
     rollback_tokens: the last k tokens of a hypothesis are never committed by an update.
     agreement: "local-agreement" or "rollback-only" (see the module docstring).
     intermediate_commits: False = commit only at the final pass (updates give partials only).
-    max_new_tokens_per_update: greedy tokens decoded by an intermediate update.
+    max_new_tokens_per_update: greedy tokens decoded by an intermediate update at most.
     max_item_tokens: tokens generated per audio item in all (committed + final pass); bounds the
         decoder prompt and the final pass (the offline default is 512).
+    limits: the audio-proportional token budget and the loop guard (`model/decode_limits.py`): a pass
+        over t seconds of an item generates at most `limits.budget(t)` tokens in all for the item
+        (committed ones included), and a hallucination loop ends it.
     segment_limit_s: a segment longer than this is cut at the last encoder-window (8 s) boundary
         at or before it; the next audio item continues it with the committed text as context.
     context_tail_chars: committed text carried into the next item's context (after the user's).
@@ -61,6 +65,7 @@ class CommitPolicy:
     max_item_tokens: int = 256
     segment_limit_s: float = 30.0
     context_tail_chars: int = 200
+    limits: DecodeLimits = DecodeLimits()
 
     def __post_init__(self):
         if self.agreement not in AGREEMENT_RULES:

@@ -42,6 +42,9 @@ class ServerMetrics:
         self.bytes_in = Counter("harken_bytes_in", "Payload bytes received", ["kind"], registry=r)
         self.messages_in = Counter("harken_messages_in", "Client messages applied", ["kind"], registry=r)
         self.events_out = Counter("harken_transcript_events", "Transcript events produced", registry=r)
+        self.decode_truncated = Counter("harken_decode_truncated_total",
+                                        "Decodes ended by a limit, not by the model: the audio-proportional "
+                                        "token budget or the hallucination-loop guard", ["reason"], registry=r)
         self.errors = Counter("harken_errors", "Streams ended with an error, by gRPC status code", ["code"],
                               registry=r)
 

@@ -380,6 +380,10 @@ def _metered_engine(asr, config, metrics: ServerMetrics, on_failure):
             self._tick_sessions += len(planned)
             return planned
 
+        def _truncated(self, reason):
+            super()._truncated(reason)
+            metrics.decode_truncated.labels(reason).inc()
+
         def step(self):
             with self._lock:
                 ready = sum(1 for sid, s in self.sessions.items() if sid not in self._busy and s.has_work())

@@ -168,6 +168,7 @@ class Job:
     requests: list[WindowRequest]
     keep: int = 0  # slot positions to keep before the prefill
     budget: int = 0  # tokens to decode at most
+    audio_bound: bool = False  # the budget is the audio-proportional one (reaching it truncates)
     model_free: bool = False  # an item without audio: nothing to run
     stable_windows: int = 0  # completed windows the slot keeps once this pass's prefill is done
 
@@ -320,9 +321,12 @@ class Session:
         if final and item.length is not None and item.encoder.frames > item.length:
             # a cut item: only its complete windows before the cut count
             requests = [r for r in requests if r.complete and r.end_frame <= item.length]
-        cap = self.policy.max_item_tokens - len(item.committed)
+        # the item's tokens in all: bounded by the audio this pass covers, and by the slot
+        audio_cap = self.policy.limits.budget(frames / FRAMES_PER_SECOND)
+        cap = min(self.policy.max_item_tokens, audio_cap) - len(item.committed)
         budget = cap if final else min(self.policy.max_new_tokens_per_update, cap)
-        return Job(item, final, frames, commits, requests, keep=item.stable_len, budget=max(budget, 0))
+        return Job(item, final, frames, commits, requests, keep=item.stable_len, budget=max(budget, 0),
+                   audio_bound=audio_cap < self.policy.max_item_tokens and budget == cap)
 
     def _start(self, item: AudioItem) -> None:
         st = self.state

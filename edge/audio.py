@@ -52,6 +52,38 @@ def load_audio(path: str | Path) -> np.ndarray:
     return audio
 
 
+MAX_PASS_SECONDS = 1200.0  # the official package's longest single pass (MAX_ASR_INPUT_SECONDS)
+
+
+def split_at_quiet_points(audio: np.ndarray, max_seconds: float = MAX_PASS_SECONDS,
+                          search_seconds: float = 5.0, window_ms: float = 100.0) -> list[tuple[int, int]]:
+    """Cut audio longer than `max_seconds` into consecutive [start, end) sample spans, as the
+    official package does before transcribing: each cut goes near `max_seconds` after the previous
+    one, at the quietest point within +-`search_seconds` (the `window_ms` window of least summed
+    |x|, then its quietest sample). The spans cover the audio exactly, without overlap."""
+    n = len(audio)
+    max_len = int(max_seconds * SAMPLE_RATE)
+    if max_len < 1:
+        raise ValueError("max_seconds must be positive")
+    expand = int(search_seconds * SAMPLE_RATE)
+    win = max(4, int(window_ms / 1000 * SAMPLE_RATE))
+    spans, start = [], 0
+    while n - start > max_len:
+        target = start + max_len
+        lo, hi = max(start, target - expand), min(n, target + expand)
+        cut = target
+        if hi - lo > win:
+            mag = np.abs(audio[lo:hi]).astype(np.float32)
+            sums = np.convolve(mag, np.ones(win, dtype=np.float32), mode="valid")
+            w = int(np.argmin(sums))
+            cut = lo + w + int(np.argmin(mag[w:w + win]))
+        cut = min(max(cut, start + 1), n)
+        spans.append((start, cut))
+        start = cut
+    spans.append((start, n))
+    return spans
+
+
 def microphone_chunks(block_ms: int = 32, device: int | str | None = None) -> Iterator[np.ndarray]:
     """Yield 16 kHz mono float32 blocks from a microphone until the caller stops iterating."""
     try:

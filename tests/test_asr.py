@@ -31,6 +31,7 @@ from signals import SR, concat, noise, silence, speech
 
 from harken.cloud.model.asr import Qwen3ASR
 from harken.cloud.model.checkpoint import Checkpoint
+from harken.cloud.model.decode_limits import DecodeLimits
 from harken.cloud.model.prompt import (SUPPORTED_LANGUAGES, build_prompt, collapse_repeats,
                                        forced_language, parse_transcript)
 from harken.cloud.model.tiny import EOS_ROW_SCALE, IM_END_ID, make_tiny_model, write_tokenizer_files
@@ -417,7 +418,7 @@ def test_cli_transcribe_json(harken_dir, tmp_path):
     result = json.loads(out.stdout)
     assert set(result) == {"text", "language", "token_ids"}
     expected = Qwen3ASR.load(str(harken_dir), dtype="fp32", device="cpu").transcribe(
-        log_mel(load_audio(wav)), context="cli")
+        log_mel(load_audio(wav)), context="cli", limits=DecodeLimits())
     assert result == {"text": expected.text, "language": expected.language, "token_ids": expected.token_ids}
 
 
@@ -433,7 +434,8 @@ def test_cli_transcribe_tiny_says_output_is_meaningless(harken_dir, tmp_path):
     from harken.edge.audio import load_audio
     from harken.edge.features import log_mel
 
-    expected = Qwen3ASR.load(str(cache / "tiny-v1"), dtype="fp32", device="cpu").transcribe(log_mel(load_audio(wav)))
+    expected = Qwen3ASR.load(str(cache / "tiny-v1"), dtype="fp32", device="cpu").transcribe(
+        log_mel(load_audio(wav)), limits=DecodeLimits())
     assert out.stdout == expected.text + "\n"
 
 

@@ -15,7 +15,8 @@ from harken.cli import main
 
 CONTRACT = ("update_growth", "continuous_update_growth", "phase1_speedup", "phase1_method",
             "throughput_rtf", "p50_update_ms", "p95_update_ms", "batching_gain", "transcripts_identical",
-            "harken_total_s", "phase1_total_s", "sequential_total_s", "clock", "seconds", "streams")
+            "harken_total_s", "phase1_total_s", "sequential_total_s", "clock", "seconds", "streams",
+            "decode_tokens_per_audio_s", "decode_truncated")
 
 
 def test_packets_cover_each_segment_once_with_its_flags():

@@ -48,6 +48,13 @@ def test_no_sentence_of_the_held_out_set_is_trained_on(split):
         u = corpus.plan(0, i)
         assert not speech.held_out_combo(u.recipe.voice, u.recipe.variant, u.recipe.rate)
         assert text.key(u.recipe.text) not in held_keys
+    # phrases: 1-6 consecutive words of training texts, in training voice x speed combinations
+    everything_train = "\n".join(" ".join(group) for group in train.values())  # texts: consecutive sentences
+    for i in range(200):
+        u = corpus.plan_phrase(0, i)
+        assert 1 <= len(u.recipe.text.split()) <= corpus.PHRASE_WORDS
+        assert u.recipe.text in everything_train
+        assert not speech.held_out_combo(u.recipe.voice, u.recipe.variant, u.recipe.rate)
 
 
 def test_held_out_file_is_what_the_generator_makes():
@@ -61,6 +68,7 @@ def test_corpus_is_deterministic(tmp_path):
     a = [corpus.plan(0, i) for i in range(20)]
     assert a == [corpus.plan(0, i) for i in range(20)]
     assert a != [corpus.plan(1, i) for i in range(20)]
+    assert [corpus.plan_phrase(0, i) for i in range(20)] == [corpus.plan_phrase(0, i) for i in range(20)]
     espeak_one = next(u for u in a if u.recipe.voice != speech.PIPER and u.recipe.noise != "none")
     piper_one = next(u for u in a if u.recipe.voice == speech.PIPER)
     for u in (espeak_one, piper_one):
@@ -123,7 +131,7 @@ def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
     from harken.cloud.model.asr import Qwen3ASR
 
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6",
+    cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6", "--phrases", "3",
            "--steps", "2", "--eval-every", "2", "--eval-n", "2", "--threads", "1", "--workers", "1", "--batch-frames", "3000"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]

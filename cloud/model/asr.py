@@ -18,12 +18,14 @@ import torch
 from harken.cloud.model.checkpoint import (DEFAULT_MODEL, Checkpoint, resolve_device,
                                            resolve_dtype)
 from harken.cloud.model.config import Qwen3ASRConfig
+from harken.cloud.model.decode_limits import DecodeLimits
 from harken.cloud.model.decoder import Qwen3Decoder, greedy_decode, prefill
 from harken.cloud.model.encoder import AudioEncoder
 from harken.cloud.model.kv_cache import KVCache
 from harken.cloud.model.prompt import Prompt, build_prompt, forced_language, parse_transcript
 from harken.cloud.model.tokenizer import ENDOFTEXT, IM_END, Tokenizer
 from harken.shared.errors import ModelError
+from harken.shared.features_spec import FRAMES_PER_SECOND
 
 MAX_NEW_TOKENS = 512  # the official package's default
 
@@ -106,18 +108,24 @@ class Qwen3ASR:
 
     @torch.no_grad()
     def transcribe(self, features: np.ndarray | torch.Tensor, language: str | None = None,
-                   context: str = "", max_new_tokens: int | None = None) -> AsrResult:
+                   context: str = "", max_new_tokens: int | None = None,
+                   limits: DecodeLimits | None = None) -> AsrResult:
         """Transcribe one utterance's features ([128, T], normalised as WhisperFeatureExtractor
         does). `language` forces the output language (e.g. "english"); `context` goes into the
-        system turn (hot words, previous text)."""
+        system turn (hot words, previous text). `limits`: also bound the decode by the audio's
+        length and stop a hallucination loop (what the commands use); None decodes exactly as the
+        official package does, up to `max_new_tokens`."""
         forced = forced_language(language)
         prompt, embeds = self.prompt_embeddings(features, forced, context)
         budget = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if limits is not None:
+            budget = min(budget, limits.budget(features.shape[-1] / FRAMES_PER_SECOND))
         cache = self._cache_for(len(prompt.ids) + budget)
         slot = cache.allocate()
         try:
             logits = prefill(self.decoder, cache, [slot], [embeds])
-            new = greedy_decode(self.decoder, cache, [slot], logits, budget, self.eos_ids)[0]
+            new = greedy_decode(self.decoder, cache, [slot], logits, budget, self.eos_ids,
+                                loop_cut=limits.loop_cut if limits is not None else None)[0]
         finally:
             cache.free(slot)
         if new and new[-1] in self.eos_ids:

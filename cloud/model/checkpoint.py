@@ -27,8 +27,9 @@ from harken.shared.errors import ModelError
 
 DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
 TINY = "tiny"
+TINY_UNTIED = "tiny-untied"  # a tiny random model that never says end-of-text (for benchmarks)
 SYNTH_EN = "synth-en"
-ACCEPTED = f"a checkpoint directory, a Hugging Face id, '{TINY}' or '{SYNTH_EN}'"
+ACCEPTED = f"a checkpoint directory, a Hugging Face id, '{TINY}', '{TINY_UNTIED}' or '{SYNTH_EN}'"
 _HUB_FILES = ["*.json", "*.safetensors", "merges.txt", "vocab.json", "*.jinja"]
 
 # (checkpoint prefix, destination, new prefix); first match wins
@@ -80,6 +81,10 @@ def resolve_model_dir(model: str) -> Path:
         from harken.cloud.model.tiny import ensure_tiny_model
 
         return ensure_tiny_model()
+    if model == TINY_UNTIED:
+        from harken.cloud.model.tiny import ensure_tiny_model
+
+        return ensure_tiny_model(head="untied")
     if model == SYNTH_EN:
         from harken.cloud.synth.weights import ensure_synth_en
 

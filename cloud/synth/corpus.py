@@ -66,6 +66,23 @@ def plan(seed: int, i: int) -> Utterance:
     return Utterance(speech.sample_recipe(r, sentence, held_out=False), source)
 
 
+PHRASE_WORDS = 6  # phrases: 1..PHRASE_WORDS consecutive words of a training sentence
+
+
+def plan_phrase(seed: int, i: int) -> Utterance:
+    """The i-th short phrase (1-6 consecutive words of a training text, 0.3-3 s of speech): the
+    first stage of training, where an attention decoder learns to find words in the audio."""
+    r = random.Random(f"synth-en:{seed}:phrase:{i}")
+    source, sentence = _pick_text(r, _split_sources(seed)[0])
+    words = sentence.split()
+    n = r.randint(1, min(PHRASE_WORDS, len(words)))
+    a = r.randrange(len(words) - n + 1)
+    return Utterance(speech.sample_recipe(r, " ".join(words[a:a + n]), held_out=False), source)
+
+
+PLANNERS = {"train": plan, "phrase": plan_phrase}
+
+
 def held_out_recipes(seed: int = 0, n: int = 300) -> list[Utterance]:
     """The held-out set: held-out sentences in held-out voice x speed combinations, no
     augmentation beyond what a recipe draws (the same distribution as training otherwise)."""
@@ -121,19 +138,23 @@ def shard_path(out: Path, name: str, k: int) -> Path:
     return Path(out) / f"{name}-{k:05d}.npz"
 
 
-def build(out: str | Path, n: int, seed: int = 0, workers: int = 1, progress=None) -> list[Path]:
-    """Write `n` training utterances in shards of `SHARD` under `out` (resuming: finished shards
-    are kept). Returns the shard paths."""
+def build(out: str | Path, n: int, seed: int = 0, workers: int = 1, progress=None, kind: str = "train"
+          ) -> list[Path]:
+    """Write `n` utterances of `kind` ("train": `plan`, "phrase": `plan_phrase`) in shards of
+    `SHARD` named `{kind}-NNNNN` under `out` (resuming: finished shards are kept). Returns the
+    shard paths."""
+    if kind not in PLANNERS:
+        raise ValueError(f"kind must be one of {sorted(PLANNERS)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     todo, paths = [], []
     for k in range(-(-n // SHARD)):
-        p = shard_path(out, "train", k)
+        p = shard_path(out, kind, k)
         paths.append(p)
         if not p.exists():
             todo.append((p, k * SHARD, min(n, (k + 1) * SHARD)))
     _split_sources(seed)  # read the text once, before any fork
-    jobs = [(p, seed, a, b) for p, a, b in todo]
+    jobs = [(p, seed, a, b, kind) for p, a, b in todo]
     if workers > 1:
         import multiprocessing as mp
 
@@ -147,8 +168,8 @@ def build(out: str | Path, n: int, seed: int = 0, workers: int = 1, progress=Non
 
 
 def _build_job(job) -> Path:
-    path, seed, a, b = job
-    write_shard(path, [plan(seed, i) for i in range(a, b)])
+    path, seed, a, b, kind = job
+    write_shard(path, [PLANNERS[kind](seed, i) for i in range(a, b)])
     return path
 
 

@@ -168,6 +168,7 @@ class Batch:
     targets: list[list[int]]  # language English<asr_text>{text}<|im_end|>
     phones: list[list[int]]
     n_prefix: int  # tokens of `language English<asr_text>` at the start of every target
+    corrupt: float = 0.0  # share of transcript input tokens replaced by random trained tokens
 
 
 def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]) -> dict[str, torch.Tensor]:
@@ -178,7 +179,10 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
     dev = model.emb.device
     subs = [vocab.sub(t).to(dev) for t in batch.targets]
     # every text embedding of the batch in one gather (one sparse-ish backward, not one per piece)
-    pieces = [vocab.sub(prefix).to(dev), vocab.sub(suffix).to(dev)] + [t[:-1] for t in subs]
+    inputs = [t[:-1] for t in subs]
+    if batch.corrupt > 0:  # the decoder cannot lean on its own history alone: it has to listen
+        inputs = [_corrupt(t, batch.n_prefix, batch.corrupt, len(vocab)) for t in inputs]
+    pieces = [vocab.sub(prefix).to(dev), vocab.sub(suffix).to(dev)] + inputs
     text_emb = model.emb[torch.cat(pieces)].split([len(p) for p in pieces])
     pre, suf = text_emb[0], text_emb[1]
     seqs, tgt_pos = [], []
@@ -216,6 +220,14 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
                         torch.tensor([len(p) for p in batch.phones]), blank=0, zero_infinity=True,
                         reduction="mean")
     return {"ce": ce, "ctc_tok": ctc_tok, "ctc_ph": ctc_ph}
+
+
+def _corrupt(t: torch.Tensor, keep: int, p: float, n: int) -> torch.Tensor:
+    """`t` with each token after the first `keep` replaced, with probability p, by a uniformly
+    drawn trained-vocabulary row (the labels stay the true tokens)."""
+    hit = torch.rand(t.shape, device=t.device) < p
+    hit[:keep] = False
+    return torch.where(hit, torch.randint(0, n, t.shape, device=t.device), t)
 
 
 # --- export -------------------------------------------------------------------------------------
@@ -267,8 +279,10 @@ def wer(refs: list[str], hyps: list[str]) -> float:
 def evaluate(ckpt_dir: Path, feats: list[np.ndarray], refs: list[str]) -> tuple[float, list[str]]:
     from harken.cloud.model.asr import Qwen3ASR
 
-    asr = Qwen3ASR.load(str(ckpt_dir), dtype="fp32", device="cpu", max_new_tokens=200)
-    hyps = [asr.transcribe(f.astype(np.float32)).text for f in feats]
+    from harken.cloud.model.decode_limits import DecodeLimits
+
+    asr = Qwen3ASR.load(str(ckpt_dir), dtype="fp32", device="cpu")
+    hyps = [asr.transcribe(f.astype(np.float32), limits=DecodeLimits()).text for f in feats]
     return wer(refs, hyps), hyps
 
 
@@ -288,16 +302,20 @@ class TrainOptions:
     save_every_s: float = 300.0
     seed: int = 0
     threads: int = 2
-    w_ctc_tok: float = 0.3
+    w_ctc_tok: float = 0.5
     w_ctc_ph: float = 0.5
+    corrupt: float = 0.2
     tiny: bool = False
     max_shards: int | None = None
     device: str = "cpu"  # "cuda" when a GPU is lent: the same run in minutes
 
 
 def corpus_shards(opts: TrainOptions) -> list[Path]:
-    shards = sorted(p for p in opts.corpus.glob("train-*.npz") if not p.name.endswith(".tmp.npz"))
-    return shards[:opts.max_shards]
+    """The finished shards: full utterances (`train-*`, at most `max_shards`) and phrases (`phrase-*`)."""
+    def done(pattern: str) -> list[Path]:
+        return sorted(p for p in opts.corpus.glob(pattern) if not p.name.endswith(".tmp.npz"))
+
+    return done("train-*.npz")[:opts.max_shards] + done("phrase-*.npz")
 
 
 def load_examples(shards: list[Path], tok: Tokenizer, table: dict[str, int], vocab: Vocab | None = None
@@ -357,19 +375,23 @@ def train(opts: TrainOptions, log=print) -> Path:
     saved = torch.load(state_path, map_location="cpu", weights_only=False) if state_path.exists() else None
     table = dict(saved["phones"]) if saved else phone_table_of(shards[:1])
     phone_chars = sorted(table, key=table.get)
-    examples = load_examples(shards, tok, table)
     prompt = build_prompt(tok, 1, "", None)
     prefix, suffix = prompt.ids[:prompt.audio_start], prompt.ids[prompt.audio_start + 1:]
-    # the trained rows: every training sentence's tokens, the prompt, both end tokens
-    train_text = [s for group in corpus._split_sources(opts.seed)[0].values() for s in group]
-    ids = set(prompt.ids) | {tok.token_id("<|im_end|>"), tok.token_id("<|endoftext|>")}
-    ids.update(target_prefix)
-    for s in train_text:
-        ids.update(tok.encode(" " + s))
-        ids.update(tok.encode(s))
-    for e in examples:
-        ids.update(e.target)
-    vocab = Vocab(sorted(ids), cfg.text.vocab_size)
+    if saved:  # the run's own rows; utterances with a token outside them are skipped
+        vocab = Vocab(saved["vocab"], cfg.text.vocab_size)
+        examples = load_examples(shards, tok, table, vocab)
+    else:
+        # the trained rows: every training sentence's tokens, the prompt, both end tokens
+        examples = load_examples(shards, tok, table)
+        train_text = [s for group in corpus._split_sources(opts.seed)[0].values() for s in group]
+        ids = set(prompt.ids) | {tok.token_id("<|im_end|>"), tok.token_id("<|endoftext|>")}
+        ids.update(target_prefix)
+        for s in train_text:
+            ids.update(tok.encode(" " + s))
+            ids.update(tok.encode(s))
+        for e in examples:
+            ids.update(e.target)
+        vocab = Vocab(sorted(ids), cfg.text.vocab_size)
     model = Trainee(cfg, vocab, len(phone_chars), opts.seed).to(opts.device)
     torch.backends.cuda.matmul.allow_tf32 = True
     opt = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.98), weight_decay=0.01)
@@ -422,7 +444,8 @@ def train(opts: TrainOptions, log=print) -> Path:
                 break
             model.train()
             batch = Batch([torch.from_numpy(e.feats.astype(np.float32)).to(opts.device) for e in group],
-                          [e.target for e in group], [e.phones for e in group], len(target_prefix))
+                          [e.target for e in group], [e.phones for e in group], len(target_prefix),
+                          opts.corrupt)
             parts = losses(model, batch, (prefix, suffix))
             loss = parts["ce"] + opts.w_ctc_tok * parts["ctc_tok"] + opts.w_ctc_ph * parts["ctc_ph"]
             for g in opt.param_groups:
