@@ -154,6 +154,7 @@ class HostedSession:
         self.ending = False  # End received (or shutdown): no more input
         self.ended_by_client = False
         self.ended = False  # every final is in the event log: the session is done
+        self.failure: BaseException | None = None  # the engine took the session out with this
         self._awaiting_final: set[int] = set()  # segments fed frames whose final has not come
         self._apply_lock = asyncio.Lock()
         self._msgs_since_ack = 0
@@ -190,7 +191,7 @@ class HostedSession:
             self.detached_at = None
             self.metrics.streams.inc()
             if self.ended:
-                a.end = CLOSED_OK
+                a.end = CLOSED_OK if self.failure is None else self.failure
             a.wake.set()  # replay what the client has not seen
             return a
 
@@ -341,10 +342,27 @@ class HostedSession:
     # ---- output ----------------------------------------------------------------------------------
 
     async def _pump_events(self) -> None:
-        """The engine's events -> the event log (with event_seq) -> the attached stream."""
+        """The engine's events -> the event log (with event_seq) -> the attached stream. An
+        exception instead of an event: the engine took this session out (its own processing
+        raised; the other sessions go on), and the session fails with it."""
         while not self.ended:
-            self._record(await self._engine_events.get())
+            item = await self._engine_events.get()
+            if isinstance(item, BaseException):
+                await self._fail(item)
+                return
+            self._record(item)
             self._check_ended()
+
+    async def _fail(self, error: BaseException) -> None:
+        """End the session with `error` (INTERNAL unless it is one of harken's own errors): the
+        attached stream, and any stream that attaches later, gets it; the engine slot is freed."""
+        self.failure = error
+        self.ending = self.ended = True
+        if self.attachment is not None:
+            self.attachment.end = error
+            self.attachment.wake.set()
+        await self.release_engine()
+        self._on_ended(self)
 
     def _check_ended(self) -> None:
         if self.ended or not self.ending or self._awaiting_final:

@@ -1041,3 +1041,41 @@ def test_an_engine_failure_ends_every_stream_unavailable_and_health_says_so(asr,
     assert (out.code, out.details) == (grpc.StatusCode.UNAVAILABLE, "the engine failed: reconnect to another server")
     assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
     assert refused.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_session_failing_in_the_engine_gets_internal_while_the_others_carry_on(asr, packets, reference,
+                                                                                 monkeypatch):
+    """The fault (injected): one session's own processing raises inside the engine. Its stream
+    ends INTERNAL (never hangs, whether attached then or later), its KV slot is freed, and a
+    session beside it on the same server gets its full, correct transcript."""
+    from harken.cloud.session import Session
+
+    finish_job = Session.finish_job
+
+    def fragile(self, job, tokens):
+        if self.state.options.context == "fail here" and self.state.events >= 2:
+            raise RuntimeError("simulated fault in one session's processing")
+        return finish_job(self, job, tokens)
+
+    monkeypatch.setattr(Session, "finish_job", fragile)
+
+    async def main():
+        async with serving(asr) as server:
+            msgs = features_msgs(packets) + [END]
+            bad, good = await asyncio.gather(
+                run_stream(server.address, [start_msg(codec=CODEC_NAME, context="fail here")] + msgs),
+                run_stream(server.address, [start_msg(codec=CODEC_NAME)] + msgs))
+            engine = server._scheduler.engine
+            # a client that resumes the failed session is told the same, at once
+            again = await run_stream(server.address, [start_msg(session_id=bad.ready.session_id,
+                                                                last_event_seq=0)])
+            return bad, good, again, len(engine.sessions), engine.cache.num_free(), engine.cache.max_slots
+
+    bad, good, again, engine_sessions, free, slots = asyncio.run(main())
+    assert (bad.code, bad.details) == (grpc.StatusCode.INTERNAL, "internal error")
+    assert len(bad.transcripts) >= 2  # it ran, then failed before its last final:
+    assert sum(t.is_final for t in bad.transcripts) < sum(e[-1] for e in reference)
+    assert good.code == OK, good.details
+    assert transcript_of(good.events) == transcript_of(reference)
+    assert (again.code, again.details) == (grpc.StatusCode.INTERNAL, "internal error")
+    assert engine_sessions == 0 and free == slots  # both sessions released, the failed one's slot too

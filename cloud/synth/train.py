@@ -171,10 +171,14 @@ class Batch:
     corrupt: float = 0.0  # share of transcript input tokens replaced by random trained tokens
 
 
-def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]) -> dict[str, torch.Tensor]:
-    """Cross-entropy of the transcript tokens (exact full-vocabulary value) and the two CTCs."""
+def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]], aux: bool = True,
+           roll_audio: bool = False) -> dict[str, torch.Tensor]:
+    """Cross-entropy of the transcript tokens (exact full-vocabulary value) and (`aux`) the two CTCs.
+    `roll_audio`: each transcript gets the next utterance's audio (how much the decoder listens)."""
     cfg, vocab = model.cfg, model.vocab
     audio = model.encoder.encode_items(batch.feats)  # [N_i, hidden] each
+    if roll_audio:
+        audio = audio[1:] + audio[:1]
     prefix, suffix = prompt_ids
     dev = model.emb.device
     subs = [vocab.sub(t).to(dev) for t in batch.targets]
@@ -200,6 +204,8 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
     lse = torch.logaddexp(torch.logsumexp(logits, -1), torch.full_like(logits[:, 0], extra))
     gold = torch.cat(subs)
     ce = (lse - logits.gather(1, gold[:, None])[:, 0]).mean()
+    if not aux:
+        return {"ce": ce}
 
     # CTC over Qwen tokens on the audio rows, output matrix = the tied embedding rows of the tokens
     # in this batch (+ a blank row): an auxiliary loss, so a batch-local softmax is enough
@@ -284,6 +290,22 @@ def evaluate(ckpt_dir: Path, feats: list[np.ndarray], refs: list[str]) -> tuple[
     asr = Qwen3ASR.load(str(ckpt_dir), dtype="fp32", device="cpu")
     hyps = [asr.transcribe(f.astype(np.float32), limits=DecodeLimits()).text for f in feats]
     return wer(refs, hyps), hyps
+
+
+@torch.no_grad()
+def audio_gain(model: Trainee, feats: list[np.ndarray], targets: list[list[int]],
+               prompt_ids: tuple[list[int], list[int]], n_prefix: int) -> float:
+    """Held-out transcript cross-entropy with another utterance's audio minus with its own (nats
+    per token): ~0 while the decoder ignores the audio, large once it reads it."""
+    keep = [i for i, t in enumerate(targets) if (model.vocab.index[torch.tensor(t)] >= 0).all()]
+    if len(keep) < 2:
+        return float("nan")
+    dev = model.emb.device
+    batch = Batch([torch.from_numpy(feats[i].astype(np.float32)).to(dev) for i in keep],
+                  [targets[i] for i in keep], [[] for _ in keep], n_prefix)
+    own = losses(model, batch, prompt_ids, aux=False)["ce"].item()
+    other = losses(model, batch, prompt_ids, aux=False, roll_audio=True)["ce"].item()
+    return other - own
 
 
 # --- the loop -----------------------------------------------------------------------------------
@@ -430,6 +452,7 @@ def train(opts: TrainOptions, log=print) -> Path:
         return opts.lr * min((s + 1) / opts.warmup, math.sqrt(opts.warmup / (s + 1)))
 
     log_path = out / "log.jsonl"
+    end_id = tok.token_id("<|im_end|>")
     last_save, t0, seen_frames = time.time(), time.time(), 0
     avg: dict[str, float] = {}
     while step < opts.steps:
@@ -466,8 +489,10 @@ def train(opts: TrainOptions, log=print) -> Path:
                 model.eval()
                 ckpt = export_checkpoint(model, out / "checkpoint")
                 w, hyps = evaluate(ckpt, held_feats, held_refs)
+                gain = audio_gain(model, held_feats, [tok.encode(TARGET_PREFIX + r) + [end_id] for r in held_refs],
+                                  (prefix, suffix), len(target_prefix))
                 rec = {"step": step, "time_s": round(time.time() - t0, 1), **{k: round(v, 4) for k, v in avg.items()},
-                       "heldout_wer": round(w, 4), "example": hyps[0]}
+                       "heldout_wer": round(w, 4), "audio_gain": round(gain, 4), "example": hyps[0]}
                 with log_path.open("a") as f:
                     f.write(json.dumps(rec) + "\n")
                 log(f"eval step {step}: held-out WER {w:.3f} | ref {held_refs[0]!r} | hyp {hyps[0]!r}")
