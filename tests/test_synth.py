@@ -123,6 +123,62 @@ def test_subset_vocabulary_loss_is_the_full_vocabulary_loss(tmp_path):
     assert math.isclose(ce, total / n, rel_tol=1e-4)
 
 
+def test_probed_attention_is_the_heads_real_attention():
+    """The weights the guided-attention loss steers are the ones the head uses: weights @ values
+    equals the layer's SDPA output for that head."""
+    from harken.cloud.model.decoder import precompute_rope, rope_inv_freq
+    from harken.cloud.synth import train as T
+
+    cfg = T.synth_en_config()
+    model = T.Trainee(cfg, T.Vocab(list(range(100)), 151936), 10, seed=1).eval()
+    x = torch.randn(2, 40, cfg.text.hidden_size)
+    with torch.no_grad():
+        _, (w,) = model.decode_hidden(x, {2: [3]})
+        h = x
+        pos = torch.arange(40).expand(2, 40)
+        cos, sin = precompute_rope(pos, rope_inv_freq(cfg.text.head_dim, cfg.text.rope_theta, x.device))
+        for layer in model.layers[:2]:
+            h = layer(h, cos, sin)
+        attn = model.layers[2].self_attn
+        q, k, v = attn.project(model.layers[2].input_layernorm(h), cos, sin)
+        group = cfg.text.num_attention_heads // cfg.text.num_key_value_heads
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, 3][:, None], k[:, :, 3 // group][:, None], v[:, :, 3 // group][:, None], is_causal=True)[:, 0]
+    assert torch.allclose(w @ v[:, :, 3 // group], want, atol=1e-5)
+    assert torch.allclose(w.sum(-1), torch.ones(2, 40)) and (w.triu(1) == 0).all()
+
+
+def test_guided_attention_loss_prefers_the_diagonal():
+    """On the speech rows, attention on the diagonal scores lower than uniform attention, which
+    scores lower than attention on the wrong end."""
+    from harken.cloud.model.encoder import AudioEncoder
+    from harken.cloud.synth import train as T
+
+    enc = AudioEncoder(T.tiny_train_config().audio)
+    feats = torch.full((128, 400), -1.0)
+    feats[:, 100:300] = 0.5  # speech from 1 s to 3 s: audio rows 13..39 of 52
+    a0, a1 = T.speech_rows(feats, enc)
+    assert (a0, a1) == (enc.num_tokens(100), enc.num_tokens(300))
+    n_prefix, K, start, rows = 2, 6, 3, enc.num_tokens(400)
+    S = start + rows + 2 + n_prefix + K + 1
+    s = start + rows + 1  # the query that predicts the first target token
+    batch = T.Batch([feats], [[0] * (n_prefix + K + 1)], [[1]], n_prefix)
+
+    def attention(cols):
+        w = torch.zeros(1, S, S)
+        for k, c in enumerate(cols):
+            w[0, s + n_prefix + k, c] = 1.0
+        return w
+
+    centre = [start + round(a0 + (a1 - a0) * (k + 0.5) / K) for k in range(K)]
+    uniform = torch.zeros(1, S, S)
+    uniform[0, :, start:start + rows] = 1.0 / rows
+    wrong = [start + rows - 1 - (c - start) for c in centre]
+    losses = [T.guided_attention_loss([w], batch, [rows], start, [(0, s, n_prefix + K + 1)], enc).item()
+              for w in (attention(centre), uniform, attention(wrong))]
+    assert losses[0] < 0.1 and losses[0] < losses[1] < losses[2]
+
+
 def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
     """`harken train synth-en --tiny`: a few steps on a tiny corpus, resumed, gives a checkpoint in
     the official layout (harken and qwen-asr both load it; untrained vocabulary rows are zero)."""

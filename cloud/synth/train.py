@@ -126,14 +126,25 @@ class Trainee(nn.Module):
         self.phone_head = nn.Linear(cfg.audio.output_dim, 2 * (n_phones + 1))
         _init(self)
 
-    def decode_hidden(self, x: torch.Tensor) -> torch.Tensor:
+    def decode_hidden(self, x: torch.Tensor, probe: dict[int, list[int]] | None = None
+                      ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Final hidden states [B, S, hidden], and the attention weights [B, S, S] of each probed
+        (layer: query heads) head, in layer order."""
         B, S, _ = x.shape
         t = self.cfg.text
         pos = torch.arange(S, device=x.device).expand(B, S)
         cos, sin = precompute_rope(pos, rope_inv_freq(t.head_dim, t.rope_theta, x.device))
-        for layer in self.layers:
+        weights = []
+        for i, layer in enumerate(self.layers):
+            if probe and i in probe:
+                q, k, _ = layer.self_attn.project(layer.input_layernorm(x), cos, sin)  # [B, S, H, D]
+                group = t.num_attention_heads // t.num_key_value_heads
+                causal = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
+                for h in probe[i]:
+                    logit = q[:, :, h] @ k[:, :, h // group].transpose(1, 2) / math.sqrt(t.head_dim)
+                    weights.append(logit.masked_fill(~causal, float("-inf")).softmax(-1))
             x = layer(x, cos, sin)
-        return self.norm(x)
+        return self.norm(x), weights
 
 
 def _materialise(module: nn.Module) -> nn.Module:
@@ -169,6 +180,7 @@ class Batch:
     phones: list[list[int]]
     n_prefix: int  # tokens of `language English<asr_text>` at the start of every target
     corrupt: float = 0.0  # share of transcript input tokens replaced by random trained tokens
+    guide: float = 0.0  # weight of the guided-attention loss (0: not computed)
 
 
 def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]], aux: bool = True,
@@ -196,7 +208,8 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
         tgt_pos.append((b, len(prefix) + a.shape[0] + len(suffix) - 1, t_in.shape[0] + 1))
     S = max(s.shape[0] for s in seqs)
     x = torch.stack([F.pad(s, (0, 0, 0, S - s.shape[0])) for s in seqs])  # right pad: causal, harmless
-    h = model.decode_hidden(x)
+    guided = batch.guide > 0 and not roll_audio
+    h, attn = model.decode_hidden(x, guided_heads(len(model.layers)) if guided else None)
     rows = torch.cat([h[b, s:s + n] for b, s, n in tgt_pos])  # [Ntgt, hidden]
     logits = rows @ model.emb.t()  # [Ntgt, Vs]
     # the untrained rows are zero: V - Vs logits of exactly 0
@@ -206,6 +219,10 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
     ce = (lse - logits.gather(1, gold[:, None])[:, 0]).mean()
     if not aux:
         return {"ce": ce}
+    out = {"ce": ce}
+    if guided:
+        out["guide"] = guided_attention_loss(attn, batch, [a.shape[0] for a in audio], len(prefix), tgt_pos,
+                                             model.encoder)
 
     # CTC over Qwen tokens on the audio rows, output matrix = the tied embedding rows of the tokens
     # in this batch (+ a blank row): an auxiliary loss, so a batch-local softmax is enough
@@ -225,7 +242,50 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
     ctc_ph = F.ctc_loss(ph.log_softmax(-1), phones, 2 * out_lens,
                         torch.tensor([len(p) for p in batch.phones]), blank=0, zero_infinity=True,
                         reduction="mean")
-    return {"ce": ce, "ctc_tok": ctc_tok, "ctc_ph": ctc_ph}
+    return {**out, "ctc_tok": ctc_tok, "ctc_ph": ctc_ph}
+
+
+def guided_heads(n_layers: int) -> dict[int, list[int]]:
+    """(decoder layer: query heads) steered to the audio by the guided-attention loss: head 0 of
+    the second and third layers (of the last layer in a model with fewer than three)."""
+    return {1: [0], 2: [0]} if n_layers >= 3 else {n_layers - 1: [0]}
+
+
+def speech_rows(feats: torch.Tensor, encoder, drop: float = 0.4) -> tuple[int, int]:
+    """[first, last + 1) audio rows of the speech in an utterance: the frames whose mean log-mel
+    is within `drop` (normalised units, 40 dB each) of the loudest frame's."""
+    e = feats.float().mean(0)
+    loud = torch.nonzero(e > e.max() - drop)[:, 0]
+    a, b = int(loud[0]), int(loud[-1]) + 1
+    return encoder.num_tokens(a), max(encoder.num_tokens(b), encoder.num_tokens(a) + 1)
+
+
+def guided_attention_loss(attn: list[torch.Tensor], batch: Batch, audio_rows: list[int], audio_start: int,
+                          tgt_pos: list[tuple[int, int, int]], encoder) -> torch.Tensor:
+    """Steer the probed heads to the audio where each transcript token is spoken, assumed spread
+    evenly over the speech (a diagonal prior, as in guided attention for TTS): for the query that
+    predicts transcript token k of K, -log of its attention mass under a Gaussian window over the
+    audio rows centred at (k + 1/2) / K of the speech (width 10% of it, at least 1.5 rows). It only
+    gets alignment started; the content decides the rest."""
+    total, count = 0.0, 0
+    for b, (_, s, n) in enumerate(tgt_pos):
+        K = n - batch.n_prefix - 1  # transcript tokens, without the language prefix and <|im_end|>
+        if K <= 0:
+            continue
+        a0, a1 = speech_rows(batch.feats[b], encoder)
+        a1 = min(a1, audio_rows[b])
+        a0 = min(a0, a1 - 1)
+        dev = attn[0].device
+        j = torch.arange(audio_rows[b], device=dev, dtype=torch.float32)
+        centre = a0 + (a1 - a0) * (torch.arange(K, device=dev, dtype=torch.float32) + 0.5) / K
+        sigma = max(1.5, 0.1 * (a1 - a0))
+        window = torch.exp(-0.5 * ((j[None, :] - centre[:, None]) / sigma) ** 2)  # [K, rows]
+        q0 = s + batch.n_prefix  # the query that predicts transcript token 0
+        for w in attn:
+            mass = (w[b, q0:q0 + K, audio_start:audio_start + audio_rows[b]] * window).sum(-1)
+            total = total - torch.log(mass + 1e-6).sum()
+            count += K
+    return total / max(count, 1)
 
 
 def _corrupt(t: torch.Tensor, keep: int, p: float, n: int) -> torch.Tensor:
@@ -327,6 +387,8 @@ class TrainOptions:
     w_ctc_tok: float = 0.5
     w_ctc_ph: float = 0.5
     corrupt: float = 0.2
+    w_guide: float = 1.0  # guided attention (`guided_attention_loss`) while step < guide_steps
+    guide_steps: int = 12000
     tiny: bool = False
     max_shards: int | None = None
     device: str = "cpu"  # "cuda" when a GPU is lent: the same run in minutes
@@ -468,9 +530,11 @@ def train(opts: TrainOptions, log=print) -> Path:
             model.train()
             batch = Batch([torch.from_numpy(e.feats.astype(np.float32)).to(opts.device) for e in group],
                           [e.target for e in group], [e.phones for e in group], len(target_prefix),
-                          opts.corrupt)
+                          opts.corrupt, opts.w_guide if step < opts.guide_steps else 0.0)
             parts = losses(model, batch, (prefix, suffix))
             loss = parts["ce"] + opts.w_ctc_tok * parts["ctc_tok"] + opts.w_ctc_ph * parts["ctc_ph"]
+            if "guide" in parts:
+                loss = loss + batch.guide * parts["guide"]
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
             opt.zero_grad(set_to_none=True)
@@ -484,7 +548,8 @@ def train(opts: TrainOptions, log=print) -> Path:
             if step % 20 == 0:
                 el = time.time() - t0
                 log(f"step {step} ce {avg['ce']:.3f} ctc_tok {avg['ctc_tok']:.3f} ctc_ph {avg['ctc_ph']:.3f} "
-                    f"lr {lr_at(step):.2e} max_s {max_frames / 100:.0f} audio/s {seen_frames / 100 / el:.0f}")
+                    + (f"guide {avg['guide']:.3f} " if "guide" in parts else "")
+                    + f"lr {lr_at(step):.2e} max_s {max_frames / 100:.0f} audio/s {seen_frames / 100 / el:.0f}")
             if step % opts.eval_every == 0 or step == opts.steps:
                 model.eval()
                 ckpt = export_checkpoint(model, out / "checkpoint")
