@@ -232,6 +232,11 @@ class RunningServer:
     webrtc: object = None  # cloud.webrtc.WebRTCEndpoint when `http_port` was given
 
     @property
+    def engine(self):
+        """The engine serving every session (`cloud/scheduler.Engine`): counters for benchmarks."""
+        return self._scheduler.engine
+
+    @property
     def http_port(self) -> int | None:
         return self.webrtc.port if self.webrtc is not None else None
 

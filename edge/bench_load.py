@@ -25,6 +25,10 @@ Definitions (all in ms, over every stream's events):
   `p95_update_ms` <= `KEEP_UP_UPDATE_MS`, the server's default update interval (1 s of audio): the
   updates of a server that keeps up arrive before the next update's audio is in; one that falls
   behind queues them and the figure grows with the backlog.
+- `batching_gain` (`--self-serve`, N > 1): the in-process engine's compute for stream 0's audio
+  alone (a second run, one client) x N / its compute for the N streams at once (`engine_compute_s`:
+  the engine thread's CPU time in its ticks, GPU wall time on CUDA) — what batching saves per
+  second of audio served.
 - `drain_ms`: last piece handed over -> stream complete (its last final in). Not part of
   `realtime_ok`: it is dominated by the final pass over the segment open at the end, whose length
   is the model's business (the random tiny model never emits EOS, so its final passes run to the
@@ -41,7 +45,7 @@ import math
 import os
 import time
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -232,6 +236,18 @@ async def bench_load(options: LoadBenchOptions) -> dict:
     server = await _start_self_served(options)
     try:
         result = await run_load(server.address, options, sample)
+        engine = server.engine
+        batched_s = engine.compute_s
+        result["engine_compute_s"] = round(batched_s, 3)
+        if options.streams > 1:
+            # the same work one stream at a time: stream 0 alone, on the same server
+            before = engine.compute_s
+            await run_load(server.address, replace(options, streams=1), sample)
+            alone_s = engine.compute_s - before
+            result["engine_compute_alone_s"] = round(alone_s, 3)
+            result["batching_gain"] = round(alone_s * options.streams / batched_s, 3) if batched_s > 0 else None
+        else:
+            result["batching_gain"] = None
     finally:
         await server.stop(grace_s=2.0)
     result["server"] = "self-serve"

@@ -72,3 +72,7 @@ def test_self_served_load_reports_the_contract(capsys):
     if result["p50_update_ms"] is not None:
         assert 0 <= result["p50_update_ms"] <= result["p95_update_ms"]
     assert result["wall_s"] >= 3.0  # paced in real time
+    # the engine's compute, batched and for stream 0 alone (a second, one-client run)
+    assert result["engine_compute_s"] > 0 and result["engine_compute_alone_s"] > 0
+    assert result["batching_gain"] == pytest.approx(2 * result["engine_compute_alone_s"]
+                                                    / result["engine_compute_s"], rel=1e-2)

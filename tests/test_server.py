@@ -1065,7 +1065,7 @@ def test_a_session_failing_in_the_engine_gets_internal_while_the_others_carry_on
             bad, good = await asyncio.gather(
                 run_stream(server.address, [start_msg(codec=CODEC_NAME, context="fail here")] + msgs),
                 run_stream(server.address, [start_msg(codec=CODEC_NAME)] + msgs))
-            engine = server._scheduler.engine
+            engine = server.engine
             # a client that resumes the failed session is told the same, at once
             again = await run_stream(server.address, [start_msg(session_id=bad.ready.session_id,
                                                                 last_event_seq=0)])
