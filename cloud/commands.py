@@ -20,15 +20,6 @@ TINY_BANNER = ("harken: --model tiny is a tiny RANDOM checkpoint for tests and p
                "its output is meaningless")
 
 
-def peak_normalize(audio: np.ndarray) -> np.ndarray:
-    """As the official package does before its feature extractor: audio whose peak exceeds 1.0
-    (int-scaled or hot float input) is divided by its peak, then everything is clipped to [-1, 1]."""
-    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
-    if peak > 1.0:
-        audio = audio / peak
-    return np.clip(audio, -1.0, 1.0).astype(np.float32, copy=False)
-
-
 def transcribe_command(input_path: str, model: str, language: str | None = None, context: str = "",
                        as_json: bool = False, device: str | None = None, dtype: str | None = None,
                        max_pass_s: float | None = None, progress: bool | None = None,
@@ -41,7 +32,7 @@ def transcribe_command(input_path: str, model: str, language: str | None = None,
     (`DecodeLimits`: token budget and loop guard; `decode_limits=False` decodes as the official
     package does, up to 512 tokens with no loop guard). Progress goes to stderr when it is a terminal
     (or with `progress=True`)."""
-    from harken.edge.audio import MAX_PASS_SECONDS, load_audio, split_at_quiet_points
+    from harken.edge.audio import MAX_PASS_SECONDS, load_audio, peak_normalize, split_at_quiet_points
     from harken.edge.features import log_mel
 
     audio = peak_normalize(load_audio(input_path))  # before loading the model: bad input fails fast
@@ -114,7 +105,7 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
         raise HarkenError("--server is not available yet; without it the engine runs in-process (--model)")
     if bool(mic) == bool(input_path):
         raise HarkenError("give an input audio file or --mic (not both)")
-    from harken.edge.audio import load_audio, microphone_chunks
+    from harken.edge.audio import load_audio, microphone_chunks, peak_normalize
     from harken.edge.commands import LiveView
 
     if mic:

@@ -62,7 +62,7 @@ async def run_demo(input_path: str, model: str | None, realtime: bool = True, ou
     from harken.edge.audio import load_audio
     from harken.edge.commands import LiveView
     from harken.edge.transport import TranscriptionClient
-    from harken.shared.text import transcript_text
+    from harken.shared.text import TranscriptText
 
     audio = load_audio(input_path)  # first: a bad input fails before the model loads
     name, banner = choose_model(model)
@@ -76,13 +76,13 @@ async def run_demo(input_path: str, model: str | None, realtime: bool = True, ou
         print(f"harken demo: server on {server.address}, model {name}; streaming "
               f"{audio.size / SAMPLE_RATE:.1f} s of audio{' in real time' if realtime else ''}", file=out)
         client = TranscriptionClient(server.address)
-        view, events, texts = LiveView(out), [], {}
+        view, events, text = LiveView(out), [], TranscriptText()
         t0 = time.monotonic()
         async for event in client.stream(_paced(audio, realtime)):
             events.append(event)
-            texts[event.segment_id] = texts.get(event.segment_id, "") + event.committed_delta
+            segment_text = text.add(event)
             if event.is_final:
-                _final_line(out, view, event, texts[event.segment_id])
+                _final_line(out, view, event, segment_text)
             else:
                 view.show(event)
         view.close()
@@ -96,7 +96,7 @@ async def run_demo(input_path: str, model: str | None, realtime: bool = True, ou
     print(f"{segments} segments, {speech_s:.1f} s of speech sent as {s.frames_produced} feature frames in "
           f"{s.payload_bytes_produced} bytes ({kbps:.1f} kbps during speech; PCM16 is 256 kbps); "
           f"{len(events)} transcript events in {elapsed:.1f} s", file=out)
-    return transcript_text(texts)
+    return text.text
 
 
 def _final_line(out, view, event, text: str) -> None:

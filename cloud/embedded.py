@@ -64,8 +64,7 @@ def _drain(engine: Engine, sid: str) -> Iterator[TranscriptEvent]:
 def stream_file(path: str, model, options: SessionOptions = SessionOptions()) -> Iterator[TranscriptEvent]:
     """Stream an audio file (any format `load_audio` reads) through an in-process engine.
     `model` is a loaded `Qwen3ASR` or anything `Qwen3ASR.load` takes."""
-    from harken.cloud.commands import peak_normalize
-    from harken.edge.audio import load_audio
+    from harken.edge.audio import load_audio, peak_normalize
 
     audio = peak_normalize(load_audio(path))
     if isinstance(model, str):
@@ -78,9 +77,6 @@ def stream_file(path: str, model, options: SessionOptions = SessionOptions()) ->
 
 def transcript_text(events: list[TranscriptEvent]) -> str:
     """All committed text of a stream, segments in order (joined as `shared.text` says)."""
-    from harken.shared.text import transcript_text as join_segments
+    from harken.shared.text import events_text
 
-    segments: dict[int, str] = {}
-    for e in events:
-        segments[e.segment_id] = segments.get(e.segment_id, "") + e.committed_delta
-    return join_segments(segments)
+    return events_text(events)

@@ -52,6 +52,15 @@ def load_audio(path: str | Path) -> np.ndarray:
     return audio
 
 
+def peak_normalize(audio: np.ndarray) -> np.ndarray:
+    """The official package's rule before its feature extractor: audio whose peak exceeds 1.0 (hot
+    float input) is divided by its peak, then everything is clipped to [-1, 1]."""
+    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
+    if peak > 1.0:
+        audio = audio / peak
+    return np.clip(audio, -1.0, 1.0).astype(np.float32, copy=False)
+
+
 MAX_PASS_SECONDS = 1200.0  # the official package's longest single pass (MAX_ASR_INPUT_SECONDS)
 
 

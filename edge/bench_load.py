@@ -49,10 +49,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from harken.edge.audio import load_audio
+from harken.edge.audio import load_audio, peak_normalize
 from harken.edge.transport import (BufferOverflowError, ClientOptions, ServerRejectedError,
-                                   ServerUnavailableError, TranscriptionClient, TransportError,
-                                   peak_normalize)
+                                   ServerUnavailableError, TranscriptionClient, TransportError)
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import SAMPLE_RATE
 from harken.shared.transcript import TranscriptEvent

@@ -97,7 +97,8 @@ def stream_server_command(input_path: str | None, server: str, mic: bool = False
     import asyncio
     import os
 
-    from harken.edge.transport import ClientOptions, TranscriptionClient, audio_pieces, peak_normalize
+    from harken.edge.audio import peak_normalize
+    from harken.edge.transport import ClientOptions, TranscriptionClient, audio_pieces
 
     if mic:
         source = None  # opened on the event loop, so that Ctrl-C can end it cleanly
@@ -143,15 +144,15 @@ async def _microphone_until_interrupted():
 
 
 async def _print_stream(client, source, as_json: bool) -> int:
-    from harken.shared.text import transcript_text
+    from harken.shared.text import TranscriptText
 
     if source is None:
         source = _microphone_until_interrupted()
     view = LiveView(sys.stdout)
-    texts: dict[int, str] = {}
+    text = TranscriptText()
     try:
         async for event in client.stream(source):
-            texts[event.segment_id] = texts.get(event.segment_id, "") + event.committed_delta
+            text.add(event)
             if as_json:
                 print(json.dumps({"segment_id": event.segment_id, "committed_delta": event.committed_delta,
                                   "partial": event.partial, "stability": event.stability,
@@ -163,7 +164,7 @@ async def _print_stream(client, source, as_json: bool) -> int:
         if not as_json:
             view.close()
     if as_json:
-        print(json.dumps({"final": True, "text": transcript_text(texts)}, ensure_ascii=False))
+        print(json.dumps({"final": True, "text": text.text}, ensure_ascii=False))
     return 0
 
 

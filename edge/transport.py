@@ -49,7 +49,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from harken.edge.audio import load_audio
+from harken.edge.audio import load_audio, peak_normalize
 from harken.edge.feature_stream import FeaturePacket, FeatureStream
 from harken.edge.replay import PendingMessage, ReplayFilter, ResendBuffer, align_down
 from harken.proto import harken_pb2 as pb
@@ -57,7 +57,7 @@ from harken.proto import harken_pb2_grpc
 from harken.shared.codec import CODEC_NAME, DEFAULT_MODE
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
-from harken.shared.text import transcript_text
+from harken.shared.text import TranscriptText
 from harken.shared.transcript import TranscriptEvent
 
 log = logging.getLogger("harken.transport")
@@ -145,15 +145,6 @@ def file_pieces(path: str | Path, piece_ms: int = 100) -> list[np.ndarray]:
     """An audio file as 16 kHz mono float32 pieces of `piece_ms`: a ready `stream()` source.
     Peak-normalised as the embedded engine and the official package treat files."""
     return audio_pieces(peak_normalize(load_audio(path)), piece_ms)
-
-
-def peak_normalize(audio: np.ndarray) -> np.ndarray:
-    """Audio whose peak exceeds 1.0 (hot float input) divided by its peak, then clipped to [-1, 1]
-    (the official package's rule before its feature extractor; cloud/commands applies the same)."""
-    peak = float(np.max(np.abs(audio))) if audio.size else 0.0
-    if peak > 1.0:
-        audio = audio / peak
-    return np.clip(audio, -1.0, 1.0).astype(np.float32, copy=False)
 
 
 def audio_pieces(audio: np.ndarray, piece_ms: int = 100) -> list[np.ndarray]:
@@ -248,10 +239,10 @@ class TranscriptionClient:
     async def transcribe(self, source) -> str:
         """The whole transcript of `source`: the committed text of all segments, joined as the
         engine joins them (`shared/text.py`)."""
-        texts: dict[int, str] = {}
+        text = TranscriptText()
         async for e in self.stream(source):
-            texts[e.segment_id] = texts.get(e.segment_id, "") + e.committed_delta
-        return transcript_text(texts)
+            text.add(e)
+        return text.text
 
     # ---- the owner of one stream: a producer task, a connection task, events out via a queue ----
 

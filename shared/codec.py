@@ -50,7 +50,7 @@ import numpy as np
 from harken.shared.entropy import (N_CLASSES, BitReader, class_bit_costs, decode_symbols,
                                     encode_symbols, min_body_bits)
 from harken.shared.errors import CodecError
-from harken.shared.features_spec import DYNAMIC_RANGE_LOG10, N_FFT, N_MELS, SAMPLE_RATE
+from harken.shared.features_spec import DYNAMIC_RANGE_LOG10, N_FFT, N_MELS, SAMPLE_RATE, slaney_mel_filters
 
 MODES = ("hifi", "balanced", "low")
 CODEC_NAME = "harken-mel/1"  # proto `Start.codec` for payloads of this module, wire format v1
@@ -91,32 +91,6 @@ ERROR_BOUND_DB = {"hifi": 0.33, "balanced": 1.1, "low": 2.6}
 # ---------------------------------------------------------------- mel layout (basis / dependents)
 
 
-def _slaney_mel_filters() -> np.ndarray:
-    """[201, 128] slaney-normalised slaney-scale mel filters, 0..8000 Hz: the bank of the feature
-    contract (transformers' mel_filter_bank(201, 128, 0, 8000, 16000, "slaney", "slaney"))."""
-    def hz_to_mel(f):
-        f = np.asarray(f, dtype=np.float64)
-        lin = 3.0 * f / 200.0
-        log = 15.0 + 27.0 * np.log(np.maximum(f, 1e-10) / 1000.0) / np.log(6.4)
-        return np.where(f >= 1000.0, log, lin)
-
-    def mel_to_hz(m):
-        m = np.asarray(m, dtype=np.float64)
-        lin = 200.0 * m / 3.0
-        log = 1000.0 * np.exp(np.log(6.4) * (m - 15.0) / 27.0)
-        return np.where(m >= 15.0, log, lin)
-
-    n_freq = N_FFT // 2 + 1
-    fft_freqs = np.linspace(0, SAMPLE_RATE // 2, n_freq)
-    filter_freqs = mel_to_hz(np.linspace(hz_to_mel(0.0), hz_to_mel(8000.0), N_MELS + 2))
-    diff = np.diff(filter_freqs)
-    slopes = filter_freqs[None, :] - fft_freqs[:, None]  # [201, 130]
-    down = -slopes[:, :-2] / diff[:-1]
-    up = slopes[:, 2:] / diff[1:]
-    fb = np.maximum(0.0, np.minimum(down, up))  # [201, 128]
-    return fb * (2.0 / (filter_freqs[2:] - filter_freqs[:-2]))[None, :]
-
-
 @dataclass(frozen=True)
 class MelLayout:
     """Which mel bins are coded (basis) and which follow from them (dependents).
@@ -138,7 +112,7 @@ class MelLayout:
 @lru_cache(maxsize=1)
 def mel_layout() -> MelLayout:
     """Derived from the filter bank alone, so encoder and decoder agree by construction."""
-    fb = _slaney_mel_filters().T  # [128, 201]
+    fb = slaney_mel_filters().T  # [128, 201]
     support = [np.flatnonzero(fb[m] > 0) for m in range(N_MELS)]
     owner: dict[int, int] = {}  # FFT bin -> first mel bin that sees only it
     for m, s in enumerate(support):

@@ -10,6 +10,44 @@ LOG10_FLOOR = 1e-10  # log10(max(mel, 1e-10))
 DYNAMIC_RANGE_LOG10 = 8.0  # floor at (max - 8) in log10 units = 80 dB
 
 
+def _hz_to_mel_slaney(hz):
+    # Slaney: linear below 1 kHz (3 mels per 200 Hz), logarithmic above (27 steps per factor 6.4).
+    import numpy as np
+
+    hz = np.asarray(hz, dtype=np.float64)
+    f_sp, min_log_hz, logstep = 200.0 / 3.0, 1000.0, np.log(6.4) / 27.0
+    log = min_log_hz / f_sp + np.log(np.maximum(hz, min_log_hz) / min_log_hz) / logstep
+    return np.where(hz >= min_log_hz, log, hz / f_sp)
+
+
+def _mel_to_hz_slaney(mel):
+    import numpy as np
+
+    mel = np.asarray(mel, dtype=np.float64)
+    f_sp, min_log_hz, logstep = 200.0 / 3.0, 1000.0, np.log(6.4) / 27.0
+    min_log_mel = min_log_hz / f_sp
+    log = min_log_hz * np.exp(logstep * (np.maximum(mel, min_log_mel) - min_log_mel))
+    return np.where(mel >= min_log_mel, log, mel * f_sp)
+
+
+def slaney_mel_filters(n_freqs: int = N_FFT // 2 + 1, n_mels: int = N_MELS, f_min: float = 0.0,
+                       f_max: float = SAMPLE_RATE / 2, sample_rate: int = SAMPLE_RATE):
+    """[n_freqs, n_mels] float64 triangular filters on the Slaney mel scale with Slaney (area)
+    norm: the bank of the feature contract, as transformers' `mel_filter_bank(201, 128, 0, 8000,
+    16000, norm="slaney", mel_scale="slaney")` builds it — triangle corners at n_mels + 2 points
+    evenly spaced in mel, evaluated at the FFT bin centres. The edge's log-mel graph and the
+    codec's mel layout both use it."""
+    import numpy as np
+
+    fft_hz = np.linspace(0.0, sample_rate / 2, n_freqs)
+    hz_points = _mel_to_hz_slaney(np.linspace(_hz_to_mel_slaney(f_min), _hz_to_mel_slaney(f_max), n_mels + 2))
+    widths = np.diff(hz_points)
+    slopes = hz_points[None, :] - fft_hz[:, None]  # [n_freqs, n_mels + 2]
+    filters = np.maximum(0.0, np.minimum(-slopes[:, :-2] / widths[:-1], slopes[:, 2:] / widths[1:]))
+    # each filter has unit area, so wide high-frequency filters are not louder
+    return filters * (2.0 / (hz_points[2:] - hz_points[:-2]))[None, :]
+
+
 def samples_needed(frame: int) -> int:
     """Samples that must exist before frame `frame` is final (centred STFT, reflect pad 200).
     Frame 0 needs one more: its left reflection mirrors samples 1..200."""

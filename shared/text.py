@@ -25,3 +25,29 @@ def transcript_text(segment_texts: dict[int, str]) -> str:
 def _is_cjk(ch: str) -> bool:
     o = ord(ch)
     return 0x2E80 <= o <= 0x9FFF or 0xAC00 <= o <= 0xD7AF or 0xF900 <= o <= 0xFAFF or 0xFF00 <= o <= 0xFFEF
+
+
+class TranscriptText:
+    """A stream's committed text as its events arrive (anything with `segment_id` and
+    `committed_delta`): per segment, joined in segment order on demand."""
+
+    def __init__(self) -> None:
+        self.segments: dict[int, str] = {}
+
+    def add(self, event) -> str:
+        """Take one event's committed text; returns its segment's text so far."""
+        text = self.segments.get(event.segment_id, "") + event.committed_delta
+        self.segments[event.segment_id] = text
+        return text
+
+    @property
+    def text(self) -> str:
+        return transcript_text(self.segments)
+
+
+def events_text(events) -> str:
+    """All committed text of a list of events, segments in order."""
+    acc = TranscriptText()
+    for e in events:
+        acc.add(e)
+    return acc.text

@@ -96,10 +96,12 @@ def run_alone(engine, options, segments, piece_frames):
 
 
 def segment_texts(events) -> dict[int, str]:
-    texts: dict[int, str] = {}
+    from harken.shared.text import TranscriptText
+
+    acc = TranscriptText()
     for e in events:
-        texts[e.segment_id] = texts.get(e.segment_id, "") + e.committed_delta
-    return texts
+        acc.add(e)
+    return acc.segments
 
 
 def item_tokens(events) -> dict[int, list[tuple[int, ...]]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from harken.edge.bench import run_stream
 from harken.edge.bench_wire import IP_UDP_BYTES, RTP_PACKET_OVERHEAD, wire_comparison
-from harken.edge.transport import peak_normalize
+from harken.edge.audio import peak_normalize
 from signals import concat, silence, speech
 
 

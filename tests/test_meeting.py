@@ -22,16 +22,6 @@ LANGUAGE = "English"  # forced: the random tiny model then writes text
 
 
 @pytest.fixture(scope="module")
-def asr():
-    import torch
-
-    from harken.cloud.model.asr import Qwen3ASR
-
-    torch.set_num_threads(1)  # the test machine is shared: one thread is several times faster here
-    return Qwen3ASR.load("tiny")
-
-
-@pytest.fixture(scope="module")
 def tracks() -> dict[str, np.ndarray]:
     """Two participants taking turns: alice, bob, alice, bob (the pauses leave room for the other)."""
     alice = concat(silence(0.3), speech("Good morning everyone."), silence(3.2), speech("Yes, I agree."),

@@ -50,16 +50,6 @@ LANGUAGE = "English"
 
 
 @pytest.fixture(scope="module")
-def asr():
-    import torch
-
-    from harken.cloud.model.asr import Qwen3ASR
-
-    torch.set_num_threads(1)  # the test machine is shared: one thread is several times faster here
-    return Qwen3ASR.load("tiny")
-
-
-@pytest.fixture(scope="module")
 def audio() -> np.ndarray:
     """Two utterances with a pause: two VAD segments, the second one long enough to be cut into.
     On the PCM16 grid, so a thin client sends exactly these samples."""

@@ -31,24 +31,14 @@ from hypothesis import strategies as st
 from faults import CuttingProxy
 from harken.cloud.server import ServerOptions, start_server
 from harken.edge.replay import ReplayFilter
+from harken.edge.audio import peak_normalize
 from harken.edge.transport import (BufferOverflowError, ClientOptions, ServerRejectedError,
-                                   ServerUnavailableError, TranscriptEvent, TranscriptionClient, audio_pieces,
-                                   peak_normalize)
+                                   ServerUnavailableError, TranscriptEvent, TranscriptionClient, audio_pieces)
 from harken.shared.text import transcript_text
 from signals import concat, silence, speech, write_wav
 
 LANGUAGE = "English"  # forced: the random tiny model then writes text instead of a bare header
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def asr():
-    import torch
-
-    from harken.cloud.model.asr import Qwen3ASR
-
-    torch.set_num_threads(1)  # the test machine is shared: one thread is several times faster here
-    return Qwen3ASR.load("tiny")
 
 
 @pytest.fixture(scope="module")

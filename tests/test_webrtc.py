@@ -15,23 +15,14 @@ import numpy as np
 import pytest
 
 from harken.cloud.server import ServerOptions, start_server
-from harken.edge.transport import ClientOptions, ServerRejectedError, TranscriptionClient, peak_normalize
+from harken.edge.audio import peak_normalize
+from harken.edge.transport import ClientOptions, ServerRejectedError, TranscriptionClient
 from harken.edge.webrtc_transport import WebRTCTranscriptionClient
 from signals import concat, silence, speech
 
 LANGUAGE = "English"  # forced: the random tiny model then writes text
 KEY = "webrtc-test-key-1"
 TIMEOUT = 60
-
-
-@pytest.fixture(scope="module")
-def asr():
-    import torch
-
-    from harken.cloud.model.asr import Qwen3ASR
-
-    torch.set_num_threads(1)
-    return Qwen3ASR.load("tiny")
 
 
 @pytest.fixture(scope="module")

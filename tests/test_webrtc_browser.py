@@ -28,16 +28,6 @@ POLICY = CommitPolicy(update_interval_s=0.5, rollback_tokens=2, max_new_tokens_p
 TIMEOUT_MS = 30_000
 
 
-@pytest.fixture(scope="module")
-def asr():
-    import torch
-
-    from harken.cloud.model.asr import Qwen3ASR
-
-    torch.set_num_threads(1)
-    return Qwen3ASR.load("tiny")
-
-
 def _chromium_args(wav: Path) -> list[str]:
     # (playwright's launch() gives the browser a fresh profile directory of its own)
     return ["--no-sandbox", "--disable-gpu", "--use-fake-ui-for-media-stream",

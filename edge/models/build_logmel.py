@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from harken.shared.features_spec import HOP_LENGTH, LOG10_FLOOR, N_FFT, N_MELS, SAMPLE_RATE
+from harken.shared.features_spec import HOP_LENGTH, LOG10_FLOOR, N_FFT, N_MELS, SAMPLE_RATE, slaney_mel_filters
 
 N_FREQS = N_FFT // 2 + 1  # 201 one-sided frequency bins
 BLOCK = 80  # gcd(N_FFT, HOP_LENGTH): frames are 5 blocks long and start every 2 blocks
@@ -47,46 +47,6 @@ def dft_basis(n_fft: int = N_FFT) -> np.ndarray:
     return np.concatenate([np.cos(angle) * window, -np.sin(angle) * window], axis=0)
 
 
-def _hz_to_mel_slaney(hz: np.ndarray) -> np.ndarray:
-    # Slaney: linear below 1 kHz (3 bins per 200 Hz), logarithmic above (27 steps per factor 6.4).
-    hz = np.asarray(hz, dtype=np.float64)
-    f_sp = 200.0 / 3.0
-    min_log_hz = 1000.0
-    logstep = np.log(6.4) / 27.0
-    lin = hz / f_sp
-    log = min_log_hz / f_sp + np.log(np.maximum(hz, min_log_hz) / min_log_hz) / logstep
-    return np.where(hz >= min_log_hz, log, lin)
-
-
-def _mel_to_hz_slaney(mel: np.ndarray) -> np.ndarray:
-    mel = np.asarray(mel, dtype=np.float64)
-    f_sp = 200.0 / 3.0
-    min_log_hz = 1000.0
-    min_log_mel = min_log_hz / f_sp
-    logstep = np.log(6.4) / 27.0
-    lin = mel * f_sp
-    log = min_log_hz * np.exp(logstep * (np.maximum(mel, min_log_mel) - min_log_mel))
-    return np.where(mel >= min_log_mel, log, lin)
-
-
-def slaney_mel_filterbank(n_freqs: int = N_FREQS, n_mels: int = N_MELS, f_min: float = 0.0,
-                          f_max: float = SAMPLE_RATE / 2, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """[n_freqs, n_mels] float64 triangular filters on the Slaney mel scale, Slaney (area) norm.
-
-    Same construction as transformers' mel_filter_bank(..., norm="slaney", mel_scale="slaney"):
-    triangle corners at n_mels + 2 points evenly spaced in mel, evaluated at the FFT bin centres."""
-    fft_hz = np.linspace(0.0, sample_rate / 2, n_freqs)  # [n_freqs]
-    mel_points = np.linspace(_hz_to_mel_slaney(f_min), _hz_to_mel_slaney(f_max), n_mels + 2)
-    hz_points = _mel_to_hz_slaney(mel_points)  # [n_mels + 2]
-    widths = np.diff(hz_points)  # [n_mels + 1]
-    slopes = hz_points[None, :] - fft_hz[:, None]  # [n_freqs, n_mels + 2]
-    down = -slopes[:, :-2] / widths[:-1]
-    up = slopes[:, 2:] / widths[1:]
-    filters = np.maximum(0.0, np.minimum(down, up))  # [n_freqs, n_mels]
-    # Slaney norm: each filter has unit area, so wide high-frequency filters are not louder.
-    return filters * (2.0 / (hz_points[2:] - hz_points[:-2]))[None, :]
-
-
 class LogMel(torch.nn.Module):
     """padded [n_samples] float32 -> raw log10 mel [128, frames] float32, frames = (n - 400) // 160 + 1.
 
@@ -105,7 +65,7 @@ class LogMel(torch.nn.Module):
         # [400, 402]: columns are windowed cos (Re) then windowed -sin (Im) per frequency.
         self.register_buffer("dft", torch.from_numpy(dft_basis().T.copy()).to(torch.float32))
         # [201, 128]
-        self.register_buffer("mel", torch.from_numpy(slaney_mel_filterbank()).to(torch.float32))
+        self.register_buffer("mel", torch.from_numpy(slaney_mel_filters()).to(torch.float32))
 
     def forward(self, padded: torch.Tensor) -> torch.Tensor:
         n_frames = (padded.shape[0] - N_FFT) // HOP_LENGTH + 1
