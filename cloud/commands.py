@@ -118,7 +118,7 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     from harken.cloud.model.asr import Qwen3ASR
     from harken.cloud.model.checkpoint import TINY, TINY_UNTIED
     from harken.cloud.model.prompt import forced_language
-    from harken.cloud.scheduler import Engine, EngineConfig
+    from harken.cloud.engine import Engine, EngineConfig
     from harken.cloud.session import SessionOptions
 
     forced_language(language)

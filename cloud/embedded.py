@@ -15,7 +15,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from harken.cloud.scheduler import Engine, EngineConfig
+from harken.cloud.engine import Engine, EngineConfig
 from harken.cloud.session import SessionOptions, TranscriptEvent
 from harken.shared.features_spec import SAMPLE_RATE
 
@@ -33,7 +33,7 @@ def stream_pieces(pieces: Iterable[np.ndarray], engine: Engine,
                   options: SessionOptions = SessionOptions()) -> Iterator[TranscriptEvent]:
     """Stream pieces of 16 kHz mono float32 audio as they come (a file cut up, a microphone)
     through the edge pipeline and `engine`; after each piece the engine catches up."""
-    from harken.edge.feature_stream import FeatureStream
+    from harken.edge.pipeline import FeatureStream
 
     seed = options.resume.running_max_log10 if options.resume is not None else float("-inf")
     edge = FeatureStream(running_max_log10=seed)

@@ -33,7 +33,7 @@ from harken.cloud.auth import OPEN_ACCESS, ApiKeys, Caller
 from harken.cloud.commit import CommitPolicy
 from harken.cloud.errors import (EngineFailed, MalformedMessage, NotYourSession, SessionNotFound,
                                  ShuttingDown, Superseded, Unauthenticated)
-from harken.cloud.hosted import CLOSED_OK, Attachment, HostedSession, SessionLimits, SessionTable
+from harken.cloud.served_session import CLOSED_OK, Attachment, HostedSession, SessionLimits, SessionTable
 from harken.cloud.metrics import MetricsEndpoint, ServerMetrics, serve_metrics
 from harken.proto import harken_pb2, harken_pb2_grpc
 from harken.shared.errors import (CodecError, EngineOverloaded, HarkenError, StreamInputError,
@@ -280,7 +280,7 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
     from grpc_reflection.v1alpha import reflection
 
     from harken.cloud.model.asr import Qwen3ASR
-    from harken.cloud.scheduler import EngineConfig, Scheduler
+    from harken.cloud.engine import EngineConfig, Scheduler
 
     keys = ApiKeys.load(options.api_keys) if options.api_keys else None
     credentials = _tls_credentials(options)
@@ -377,7 +377,7 @@ def _metered_engine(asr, config, metrics: ServerMetrics, on_failure):
     """The engine, reporting each tick's batch size and the sessions waiting for the model, and
     calling `on_failure()` (from the engine's thread) when a tick raises: the Scheduler's task
     ends then, and without this every session would wait for events forever."""
-    from harken.cloud.scheduler import Engine
+    from harken.cloud.engine import Engine
 
     class MeteredEngine(Engine):
         def _plan(self, exclude, room):

@@ -1,6 +1,6 @@
 """One streaming session: segments in, transcript events out.
 
-API (driven by `harken.cloud.scheduler.Engine`, which owns the model and the KV cache):
+API (driven by `harken.cloud.engine.Engine`, which owns the model and the KV cache):
 
     session = Session(asr, SessionOptions(language=None, context="", policy=CommitPolicy()), slot)
     session.ingest(segment_id, first_frame, frames, segment_start, segment_end, running_max_log10)

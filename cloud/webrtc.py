@@ -207,7 +207,7 @@ class WebRTCEndpoint:
 
     async def _offer(self, request):
         from aiohttp import web
-        from aiortc import RTCPeerConnection, RTCSessionDescription
+        from aiortc import RTCPeerConnection
 
         auth = request.headers.get("Authorization")
         metadata = (("authorization", auth),) if auth else ()
@@ -220,11 +220,8 @@ class WebRTCEndpoint:
             return web.json_response({"code": "RESOURCE_EXHAUSTED", "message": "the server holds its maximum of "
                                       f"{self.max_peer_connections} WebRTC connections"}, status=429)
         try:
-            body = await request.json()
-            offer = RTCSessionDescription(sdp=str(body["sdp"]), type=str(body["type"]))
-            if offer.type != "offer":
-                raise ValueError("type must be 'offer'")
-        except (ValueError, KeyError, TypeError) as e:
+            offer = _parse_offer(await request.read())
+        except ValueError as e:
             return web.json_response({"code": "INVALID_ARGUMENT", "message": f"bad offer: {e}"}, status=400)
 
         pc = RTCPeerConnection()
@@ -349,3 +346,24 @@ async def start_webrtc(service, keys: ApiKeys | None, host: str, port: int) -> W
 
 
 __all__ = ["WebRTCEndpoint", "start_webrtc", "OFFER_PATH"]
+
+
+def _parse_offer(body: bytes):
+    """The request body -> an RTCSessionDescription of type "offer"; ValueError saying what is wrong."""
+    from aiortc import RTCSessionDescription
+
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError('the body is not JSON (expected {"sdp": "...", "type": "offer"})') from None
+    if not isinstance(doc, dict):
+        raise ValueError('the body must be a JSON object {"sdp": "...", "type": "offer"}')
+    missing = [k for k in ("sdp", "type") if k not in doc]
+    if missing:
+        raise ValueError(f"missing field{'s' if len(missing) > 1 else ''} {' and '.join(repr(k) for k in missing)}"
+                         ' (expected {"sdp": "...", "type": "offer"})')
+    if not isinstance(doc["sdp"], str) or not isinstance(doc["type"], str):
+        raise ValueError("'sdp' and 'type' must be strings")
+    if doc["type"] != "offer":
+        raise ValueError(f"'type' must be 'offer', not {doc['type']!r}")
+    return RTCSessionDescription(sdp=doc["sdp"], type="offer")

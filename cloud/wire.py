@@ -3,7 +3,7 @@
 Proto names stop here. Everything a message can get wrong on its own (sizes, counts, values,
 a payload the codec rejects) raises `MalformedMessage` or `CodecError` here, so nothing malformed
 gets further in; what depends on the session's state (order, gaps, ownership) is checked by
-`cloud/hosted.py`.
+`cloud/served_session.py`.
 """
 
 from __future__ import annotations

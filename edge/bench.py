@@ -18,7 +18,7 @@ import numpy as np
 
 from harken.edge.audio import load_audio
 from harken.edge.bench_wire import wire_comparison
-from harken.edge.feature_stream import FeaturePacket, FeatureStream
+from harken.edge.pipeline import FeaturePacket, FeatureStream
 from harken.edge.features import log_mel_raw
 from harken.edge.opus_reference import opus_round_trip
 from harken.shared.codec import MODES, decode_frames

@@ -19,7 +19,7 @@ import asyncio
 
 import numpy as np
 
-from harken.edge.feature_stream import FeaturePacket
+from harken.edge.pipeline import FeaturePacket
 
 IP_UDP_BYTES = 20 + 8
 RTP_PACKET_OVERHEAD = 12 + 16 + 10 + IP_UDP_BYTES  # RTP + header extensions + SRTP tag + UDP/IPv4

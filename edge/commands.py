@@ -53,7 +53,7 @@ def features_command(input_path: str, output_path: str) -> int:
 def demo_edge(input_path: str, mode: str = "balanced", piece_ms: int = 100) -> int:
     """Stream a file through the edge pipeline in `piece_ms` pieces and report each segment as its
     last packet leaves: what a connected agent would send, without a server."""
-    from harken.edge.feature_stream import FeatureStream
+    from harken.edge.pipeline import FeatureStream
 
     audio = load_audio(input_path)
     stream = FeatureStream(mode=mode)

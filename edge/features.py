@@ -111,15 +111,18 @@ class StreamingLogMel:
             self._left_padded = True
         return self._take(_frames_in(self._buffer.size))
 
-    def flush(self) -> np.ndarray:
+    def flush(self, short_ok: bool = False) -> np.ndarray:
         """End of input: pad the end as the reference does (reflect) and return the remaining
-        frames, so the stream's total is n_samples // 160 frames. Raises AudioError for inputs
-        the reference cannot take (200 samples or fewer)."""
+        frames, so the stream's total is n_samples // 160 frames. Inputs the reference cannot take
+        (200 samples or fewer) raise AudioError, or with `short_ok` give no frames (a live stream
+        that ends within 12.5 ms of its start holds no speech)."""
         if self.finished:
             raise RuntimeError("StreamingLogMel.flush called twice")
         self.finished = True
         if self.n_samples < MIN_SAMPLES:
             self._buffer = np.zeros(0, dtype=np.float32)
+            if short_ok:
+                return _empty_frames()
             raise AudioError(f"{self.n_samples} samples is too short for log-mel features: the "
                              f"reference's reflect padding needs at least {MIN_SAMPLES}")
         self._buffer = np.concatenate([self._buffer, _right_reflection(self._buffer)])

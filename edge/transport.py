@@ -50,7 +50,7 @@ import grpc
 import numpy as np
 
 from harken.edge.audio import load_audio, peak_normalize
-from harken.edge.feature_stream import FeaturePacket, FeatureStream
+from harken.edge.pipeline import FeaturePacket, FeatureStream
 from harken.edge.replay import PendingMessage, ReplayFilter, ResendBuffer, align_down
 from harken.proto import harken_pb2 as pb
 from harken.proto import harken_pb2_grpc

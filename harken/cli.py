@@ -55,7 +55,7 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("input", help="audio file (WAV/FLAC/OGG, any rate, width, channels)")
     s.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' (default {DEFAULT_MODEL})")
-    s.add_argument("--language", help="force the language (e.g. English); default: detect")
+    s.add_argument("--language", help="force the language (a name or code: English, en, en-US); default: detect")
     s.add_argument("--context", default="", help="context text for the system turn (hot words, topic)")
     s.add_argument("--json", action="store_true",
                    help='print {"text", "language", "token_ids"} (and "pieces" for a file cut in pieces)')
@@ -112,7 +112,7 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--set", dest="held_set", default="held-out",
                    help="held-out (default) or a JSONL file of recipes")
     s.add_argument("-n", type=int, help="only the first N utterances")
-    s.add_argument("--language", help="force the language (e.g. English)")
+    s.add_argument("--language", help="force the language (a name or code: English, en, en-US)")
     s.add_argument("--json", action="store_true", help='print {"wer", "n_words", "wer_by_source", ...}')
     s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
@@ -134,7 +134,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="give up when --server stays unreachable this long (default 120)")
     s.add_argument("--model", default=DEFAULT_MODEL,
                    help=f"checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' (default {DEFAULT_MODEL})")
-    s.add_argument("--language", help="force the language (e.g. English); default: detect")
+    s.add_argument("--language", help="force the language (a name or code: English, en, en-US); default: detect")
     s.add_argument("--context", default="", help="context text for the system turn (hot words, topic)")
     s.add_argument("--json", action="store_true",
                    help='one JSON event per line, then {"final": true, "text": ...}')
@@ -206,7 +206,7 @@ def _build_parser() -> argparse.ArgumentParser:
                         "integrate (default 600; 0 = always full)")
     b.add_argument("--repeats", type=int, default=1,
                    help="repeat every measured run, the fastest counts (default 1)")
-    b.add_argument("--language", help="force the language on every side (e.g. English); default: detect")
+    b.add_argument("--language", help="force the language on every side (a name or code: English, en); default: detect")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")

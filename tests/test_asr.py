@@ -172,6 +172,23 @@ def test_language_names_normalised_and_validated():
         forced_language("Klingon")
 
 
+@pytest.mark.parametrize("tag,name", [("en", "English"), ("en-US", "English"), ("EN_gb", "English"),
+                                      ("zh", "Chinese"), ("zh-Hans-CN", "Chinese"), ("cmn", "Chinese"),
+                                      ("yue", "Cantonese"), ("zh-yue", "Cantonese"), ("pt-BR", "Portuguese"),
+                                      ("fil", "Filipino"), ("tl", "Filipino"), ("el", "Greek")])
+def test_language_codes_and_bcp47_tags_name_their_language(tag, name):
+    assert forced_language(tag) == name
+
+
+def test_every_supported_language_has_a_code_and_unknown_ones_list_them():
+    from harken.cloud.model.prompt import LANGUAGE_CODES
+
+    assert set(LANGUAGE_CODES.values()) == set(SUPPORTED_LANGUAGES)
+    for bad in ("xx", "en-", "Klingon", "tlh"):
+        with pytest.raises(ModelError, match=r"English \(en\)"):
+            forced_language(bad)
+
+
 @pytest.mark.parametrize("language", [None, "English", "Chinese"])
 def test_prompt_ids_match_official_processor(pair, language):
     _, off, asr = pair

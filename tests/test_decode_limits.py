@@ -12,7 +12,7 @@ from harken.cloud.commit import CommitPolicy
 from harken.cloud.model.asr import Qwen3ASR
 from harken.cloud.model.decode_limits import DecodeLimits, loop_cut
 from harken.cloud.model.tiny import make_tiny_model
-from harken.cloud.scheduler import Engine, EngineConfig
+from harken.cloud.engine import Engine, EngineConfig
 from harken.cloud.session import SessionOptions
 from streaming import item_tokens, make_segments, run_alone
 

@@ -61,7 +61,7 @@ def audio() -> np.ndarray:
 @pytest.fixture(scope="module")
 def packets(audio):
     """The edge's feature packets for `audio`, pushed in 100 ms pieces (as the embedded engine does)."""
-    from harken.edge.feature_stream import FeatureStream
+    from harken.edge.pipeline import FeatureStream
 
     fs = FeatureStream()
     out = []
@@ -74,7 +74,7 @@ def packets(audio):
 def reference(asr, audio):
     """The in-process engine's events for `audio` (cloud/embedded.py)."""
     from harken.cloud.embedded import stream_audio
-    from harken.cloud.scheduler import Engine, EngineConfig
+    from harken.cloud.engine import Engine, EngineConfig
     from harken.cloud.session import SessionOptions
 
     engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=POLICY))
@@ -234,6 +234,18 @@ def test_thin_client_audio_gets_the_same_transcript(asr, audio, reference):
     assert out.code == grpc.StatusCode.OK, out.details
     assert transcript_of(out.events) == transcript_of(reference)
     assert out.acks[-1].seq == len(audio_msgs(audio))
+
+
+def test_thin_client_with_a_few_samples_ends_ok_with_no_text(asr):
+    """Fewer samples than one log-mel frame needs (201) is valid input: no events, a clean OK."""
+    async def main():
+        async with serving(asr) as server:
+            return [await run_stream(server.address, [start_msg()] + audio_msgs(np.full(n, 0.2, np.float32))
+                                     + [END]) for n in (1, 150, 200)]
+
+    for out in asyncio.run(main()):
+        assert out.code == grpc.StatusCode.OK, out.details
+        assert out.transcripts == [] and out.acks[-1].seq == 1
 
 
 def test_thin_client_at_48k_is_resampled(asr, audio):

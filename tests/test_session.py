@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from harken.cloud.commit import CommitPolicy, ItemText, compose_context, join_texts
 from harken.cloud.model.prompt import collapse_repeats
-from harken.cloud.scheduler import Engine, EngineConfig, slot_tokens
+from harken.cloud.engine import Engine, EngineConfig, slot_tokens
 from harken.cloud.session import SessionOptions
 from harken.shared.errors import StreamInputError, StreamOrderError
 from streaming import (floored_frames, item_tokens, make_segments, packets, run_alone, segment_texts,

@@ -54,7 +54,7 @@ def audio() -> np.ndarray:
 def reference(asr, audio) -> list[TranscriptEvent]:
     """The in-process engine's events for `audio` (cloud/embedded.py), as client events."""
     from harken.cloud.embedded import stream_audio
-    from harken.cloud.scheduler import Engine, EngineConfig
+    from harken.cloud.engine import Engine, EngineConfig
     from harken.cloud.session import SessionOptions
 
     engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1))

@@ -229,7 +229,7 @@ def test_signaling_rejects_bad_offers_in_words_and_serves_the_page(asr, keys_fil
             async with aiohttp.ClientSession() as http:
                 for name, body in (("not json", b"{"), ("no sdp", b'{"type": "offer"}'),
                                    ("an answer", b'{"type": "answer", "sdp": "v=0"}'),
-                                   ("garbage sdp", b'{"type": "offer", "sdp": "hello"}')):
+                                   ("garbage sdp", b'{"type": "offer", "sdp": "hello"}'), ("a list", b"[1]")):
                     async with http.post(url + "/v1/webrtc/offer", data=body, headers=auth) as r:
                         out[name] = (r.status, await r.json())
                 async with http.get(url + "/") as r:
@@ -241,8 +241,13 @@ def test_signaling_rejects_bad_offers_in_words_and_serves_the_page(asr, keys_fil
         return out
 
     out = asyncio.run(asyncio.wait_for(main(), TIMEOUT))
-    for name in ("not json", "no sdp", "an answer", "garbage sdp"):
+    for name in ("not json", "no sdp", "an answer", "garbage sdp", "a list"):
         status, body = out[name]
         assert status == 400 and body["code"] == "INVALID_ARGUMENT" and body["message"].startswith("bad offer"), name
+    # the message says what is wrong, not a bare key name
+    assert "not JSON" in out["not json"][1]["message"]
+    assert out["no sdp"][1]["message"].startswith("bad offer: missing field 'sdp'")
+    assert "'type' must be 'offer', not 'answer'" in out["an answer"][1]["message"]
+    assert "JSON object" in out["a list"][1]["message"]
     assert out["page"][0] == 200 and "<title>harken" in out["page"][1]
     assert out["js"][0] == 200 and "RTCPeerConnection" in out["js"][1]

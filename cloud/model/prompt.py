@@ -30,11 +30,30 @@ REPEAT_THRESHOLD = 20  # runs longer than this many repeats collapse to one copy
 MAX_PATTERN_CHARS = 20  # longest repeated pattern looked for
 
 
+# ISO 639-1 (or 639-3 where there is no two-letter code) of each supported language: a BCP-47
+# tag's primary subtag ("en" of "en-US") names the language too
+LANGUAGE_CODES = {
+    "zh": "Chinese", "en": "English", "yue": "Cantonese", "ar": "Arabic", "de": "German", "fr": "French",
+    "es": "Spanish", "pt": "Portuguese", "id": "Indonesian", "it": "Italian", "ko": "Korean", "ru": "Russian",
+    "th": "Thai", "vi": "Vietnamese", "ja": "Japanese", "tr": "Turkish", "hi": "Hindi", "ms": "Malay",
+    "nl": "Dutch", "sv": "Swedish", "da": "Danish", "fi": "Finnish", "pl": "Polish", "cs": "Czech",
+    "fil": "Filipino", "tl": "Filipino", "fa": "Persian", "el": "Greek", "ro": "Romanian", "hu": "Hungarian",
+    "mk": "Macedonian", "cmn": "Chinese",
+}
+
+
 def normalize_language(language: str) -> str:
-    """'eNGLISH ' -> 'English': first letter upper, the rest lower (the official canonical form)."""
+    """'eNGLISH ' -> 'English' (the official canonical form: first letter upper, the rest lower);
+    an ISO 639 code or BCP-47 tag of a supported language -> its name ('en', 'en-US', 'zh-Hans-CN',
+    'zh-yue' -> 'English', 'English', 'Chinese', 'Cantonese')."""
     s = str(language).strip()
     if not s:
         raise ModelError("language is empty")
+    tag = s.replace("_", "-").lower().split("-")
+    if tag[0] == "zh" and "yue" in tag[1:]:
+        return "Cantonese"
+    if tag[0] in LANGUAGE_CODES and (len(tag) == 1 or all(t.isalnum() and len(t) <= 8 for t in tag[1:])):
+        return LANGUAGE_CODES[tag[0]]
     return s[:1].upper() + s[1:].lower()
 
 
@@ -44,7 +63,9 @@ def forced_language(language: str | None) -> str | None:
         return None
     name = normalize_language(language)
     if name not in SUPPORTED_LANGUAGES:
-        raise ModelError(f"unsupported language {language!r}; supported: {', '.join(SUPPORTED_LANGUAGES)}")
+        codes = {v: k for k, v in reversed(list(LANGUAGE_CODES.items()))}
+        raise ModelError(f"unsupported language {language!r}; supported (name or code): "
+                         + ", ".join(f"{n} ({codes[n]})" for n in SUPPORTED_LANGUAGES))
     return name
 
 

@@ -100,7 +100,7 @@ class FeatureStream:
     def flush(self) -> list[FeaturePacket]:
         """End of stream: the remaining frames and the close of any open segment."""
         t0 = time.perf_counter()
-        frames = self.mel.flush()
+        frames = self.mel.flush(short_ok=True)  # a stream too short for one frame holds no speech
         t1 = time.perf_counter()
         events = self.vad.flush()
         t2 = time.perf_counter()

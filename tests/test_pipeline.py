@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from harken.edge.feature_stream import FeatureStream
+from harken.edge.pipeline import FeatureStream
 from harken.edge.features import log_mel_raw
 from harken.edge.vad import VadOptions, get_speech_timestamps
 from harken.shared.codec import decode_frames
@@ -91,6 +91,12 @@ def test_packets_do_not_depend_on_piece_sizes(audio):
 def test_silence_sends_nothing():
     _, packets = _run(silence(5.0), [1600] * 50)
     assert packets == []
+
+
+@pytest.mark.parametrize("n", [0, 1, 200, 201])
+def test_a_stream_too_short_for_one_frame_ends_cleanly_with_nothing(n):
+    fs = FeatureStream()
+    assert fs.push(np.full(n, 0.3, np.float32)) + fs.flush() == []
 
 
 def test_running_max_is_carried_and_can_seed_a_new_stream(audio):

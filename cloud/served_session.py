@@ -560,7 +560,7 @@ class AudioFrontEnd:
     `FeaturesIn` packets, exactly what a Features client would send. Runs in the executor."""
 
     def __init__(self, sample_rate: int, running_max_log10: float, first_segment_id: int):
-        from harken.edge.feature_stream import FeatureStream
+        from harken.edge.pipeline import FeatureStream
         from harken.shared.features_spec import SAMPLE_RATE
 
         self.sample_rate = sample_rate

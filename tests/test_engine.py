@@ -1,4 +1,4 @@
-"""cloud/scheduler.py: N sessions batched through one Engine give exactly the events of N separate
+"""cloud/engine.py: N sessions batched through one Engine give exactly the events of N separate
 runs; fairness; admission control; the asyncio Scheduler; the embedded engine and `harken stream`."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from harken.cloud.commit import CommitPolicy
 from harken.cloud.embedded import stream_audio, transcript_text
-from harken.cloud.scheduler import Engine, EngineConfig, Scheduler, TickFailed
+from harken.cloud.engine import Engine, EngineConfig, Scheduler, TickFailed
 from harken.cloud.session import SessionOptions
 from harken.shared.errors import EngineOverloaded
 from harken.shared.text import transcript_text as transcript_of
@@ -231,7 +231,7 @@ def test_a_failing_session_does_not_affect_the_others(asr):
 def test_a_failed_tick_is_retried_with_the_same_result(asr, monkeypatch):
     """The model failing mid-tick (a fault in one decode step) leaves every session as it was before
     that tick: the retry produces exactly the events of an undisturbed run."""
-    import harken.cloud.scheduler as scheduler_module
+    import harken.cloud.engine as scheduler_module
 
     work = workloads(3)
     alone = alone_runs(asr, 3)
