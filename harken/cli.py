@@ -92,6 +92,9 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--phrases", type=int, default=20000,
                    help="short phrases (1-6 words of a training text) beside the utterances: where the "
                         "decoder first learns to find words in the audio (default 20000, ~8 h)")
+    s.add_argument("--texts", type=int, default=40000,
+                   help="training texts without audio, as espeak-ng phonemes: the decoder reads them from "
+                        "phoneme-embedding rows and learns words no utterance has spoken (default 40000)")
     s.add_argument("--corpus", help="corpus directory (default OUTDIR/corpus)")
     s.add_argument("--steps", type=int, default=20000, help="optimiser steps (default 20000)")
     s.add_argument("--batch-frames", type=int, default=4000, help="feature frames per step (default 4000 = 40 s)")
@@ -296,7 +299,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         from harken.cloud.synth.commands import train_command
 
         return train_command(args.out, utterances=args.utterances, corpus_dir=args.corpus, steps=args.steps,
-                             phrases=args.phrases,
+                             phrases=args.phrases, texts=args.texts,
                              threads=args.threads, workers=args.workers, seed=args.seed, tiny=args.tiny,
                              eval_every=args.eval_every, eval_n=args.eval_n, batch_frames=args.batch_frames,
                              device=args.device)

@@ -179,6 +179,47 @@ def test_guided_attention_loss_prefers_the_diagonal():
     assert losses[0] < 0.1 and losses[0] < losses[1] < losses[2]
 
 
+def test_texts_without_audio_are_training_texts_with_their_phonemes(tmp_path, monkeypatch, split):
+    monkeypatch.setattr(corpus, "TEXT_LINES", 2)
+    paths = corpus.build_text_phonemes(tmp_path, 3)
+    assert [p.name for p in paths] == ["text-00000.jsonl", "text-00001.jsonl"]
+    lines = [json.loads(x) for p in paths for x in p.read_text().splitlines()]
+    assert len(lines) == 3
+    train, held = split
+    train_text = "\n".join(" ".join(group) for group in train.values())
+    for d in lines:
+        assert d["text"] in train_text and d["phonemes"] == speech.phonemes(d["text"], d["accent"])
+    before = paths[0].stat().st_mtime_ns
+    corpus.build_text_phonemes(tmp_path, 3)  # resumes: finished files are kept
+    assert paths[0].stat().st_mtime_ns == before
+
+
+def test_pseudo_rows_spell_the_phonemes_in_order():
+    """Rows from text: two CTC slots a row, each phoneme one spike, blanks around; a row is the sum
+    of its slots' embeddings, exactly as the match term builds the encoder's target."""
+    import random
+
+    from harken.cloud.synth import train as T
+
+    model = T.Trainee(T.tiny_train_config(), T.Vocab(list(range(50)), 151936), 12, seed=0)
+    phones, words = [3, 5, 5, 7, 1, 12], [0, 3]
+    (rows,) = T.pseudo_rows(model, [phones], [words], random.Random(4))
+    E = model.ph_emb.weight.detach()
+    # recover the slots: each row is E[a] + E[b]; find the pair
+    pairs = torch.cdist(rows.detach(), (E[:, None] + E[None, :]).reshape(-1, E.shape[1]))
+    best = pairs.argmin(-1)
+    slots = torch.stack([best // E.shape[0], best % E.shape[0]], -1).tolist()  # [rows, 2], order within a row unknown
+    i = 0
+    for row in slots:
+        heard = sorted(p for p in row if p)
+        assert heard == sorted(phones[i:i + len(heard)])  # the phonemes in order, row by row
+        i += len(heard)
+    assert i == len(phones)
+    assert slots[0] == [0, 0] and slots[-1] == [0, 0]  # silence before and after
+    (again,) = T.pseudo_rows(model, [phones], [words], random.Random(4))
+    assert torch.equal(rows, again)
+
+
 def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
     """`harken train synth-en --tiny`: a few steps on a tiny corpus, resumed, gives a checkpoint in
     the official layout (harken and qwen-asr both load it; untrained vocabulary rows are zero)."""
@@ -187,7 +228,7 @@ def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
     from harken.cloud.model.asr import Qwen3ASR
 
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6", "--phrases", "3",
+    cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6", "--phrases", "3", "--texts", "5",
            "--steps", "2", "--eval-every", "2", "--eval-n", "2", "--threads", "1", "--workers", "1", "--batch-frames", "3000"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]

@@ -11,7 +11,7 @@ from harken.shared.errors import HarkenError
 
 
 def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = None, steps: int = 20000,
-                  phrases: int = 20000,
+                  phrases: int = 20000, texts: int = 40000,
                   threads: int = 2, workers: int = 2, seed: int = 0, tiny: bool = False,
                   eval_every: int = 400, eval_n: int = 40, batch_frames: int = 4000,
                   device: str = "cpu") -> int:
@@ -34,6 +34,8 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
     print(f"corpus: {phrases} phrases in {cdir}", file=sys.stderr)
     corpus.build(cdir, phrases, seed=seed, workers=workers, progress=progress, kind="phrase")
     corpus.build(cdir, utterances, seed=seed, workers=workers, progress=progress)
+    print(f"corpus: {texts} texts without audio (espeak-ng phonemes only) in {cdir}", file=sys.stderr)
+    corpus.build_text_phonemes(cdir, texts, seed=seed, progress=progress)
     opts = TrainOptions(corpus=cdir, out=outdir, steps=steps, threads=threads, seed=seed, tiny=tiny,
                         eval_every=eval_every, eval_n=eval_n, batch_frames=batch_frames,
                         device=device)

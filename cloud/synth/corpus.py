@@ -81,6 +81,33 @@ def plan_phrase(seed: int, i: int) -> Utterance:
 
 
 PLANNERS = {"train": plan, "phrase": plan_phrase}
+TEXT_LINES = 1000  # lines per `text-NNNNN.jsonl` file
+
+
+def build_text_phonemes(out: str | Path, n: int, seed: int = 0, progress=None) -> list[Path]:
+    """Text without audio: `n` training texts (picked as utterances are) with espeak-ng's phonemes
+    in a random English accent, in files `text-NNNNN.jsonl` of `TEXT_LINES` lines (resuming:
+    finished files are kept). They teach the decoder words no utterance has spoken yet."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for k in range(-(-n // TEXT_LINES)):
+        path = out / f"text-{k:05d}.jsonl"
+        paths.append(path)
+        if path.exists():
+            continue
+        lines = []
+        for i in range(k * TEXT_LINES, min(n, (k + 1) * TEXT_LINES)):
+            r = random.Random(f"synth-en:{seed}:text:{i}")
+            source, sentence = _pick_text(r, _split_sources(seed)[0])
+            accent = r.choice(speech.ESPEAK_ACCENTS)
+            lines.append(json.dumps({"text": sentence, "source": source, "accent": accent,
+                                     "phonemes": speech.phonemes(sentence, accent)}, ensure_ascii=False))
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+        progress and progress(path)
+    return paths
 
 
 def held_out_recipes(seed: int = 0, n: int = 300) -> list[Utterance]:

@@ -124,6 +124,9 @@ class Trainee(nn.Module):
         self.emb = nn.Parameter(torch.randn(len(vocab), cfg.text.hidden_size) * 0.02)
         self.blank = nn.Parameter(torch.zeros(cfg.text.hidden_size))  # token-CTC blank row
         self.phone_head = nn.Linear(cfg.audio.output_dim, 2 * (n_phones + 1))
+        # text without audio: "audio rows" made of phoneme embeddings (`pseudo_rows`), which the
+        # encoder's output is also pulled towards (`losses`, "match")
+        self.ph_emb = nn.Embedding(n_phones + 1, cfg.audio.output_dim)
         _init(self)
 
     def decode_hidden(self, x: torch.Tensor, probe: dict[int, list[int]] | None = None
@@ -184,11 +187,14 @@ class Batch:
 
 
 def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]], aux: bool = True,
-           roll_audio: bool = False) -> dict[str, torch.Tensor]:
-    """Cross-entropy of the transcript tokens (exact full-vocabulary value) and (`aux`) the two CTCs.
-    `roll_audio`: each transcript gets the next utterance's audio (how much the decoder listens)."""
+           roll_audio: bool = False, rows: list[torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Cross-entropy of the transcript tokens (exact full-vocabulary value) and (`aux`) the two CTCs
+    and the match of the encoder's rows to its phonemes' embeddings. `roll_audio`: each transcript
+    gets the next utterance's audio (how much the decoder listens). `rows`: audio rows given
+    (text without audio, `pseudo_rows`): the cross-entropy alone."""
     cfg, vocab = model.cfg, model.vocab
-    audio = model.encoder.encode_items(batch.feats)  # [N_i, hidden] each
+    text_only = rows is not None
+    audio = rows if text_only else model.encoder.encode_items(batch.feats)  # [N_i, hidden] each
     if roll_audio:
         audio = audio[1:] + audio[:1]
     prefix, suffix = prompt_ids
@@ -208,7 +214,7 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
         tgt_pos.append((b, len(prefix) + a.shape[0] + len(suffix) - 1, t_in.shape[0] + 1))
     S = max(s.shape[0] for s in seqs)
     x = torch.stack([F.pad(s, (0, 0, 0, S - s.shape[0])) for s in seqs])  # right pad: causal, harmless
-    guided = batch.guide > 0 and not roll_audio
+    guided = batch.guide > 0 and not roll_audio and not text_only
     h, attn = model.decode_hidden(x, guided_heads(len(model.layers)) if guided else None)
     rows = torch.cat([h[b, s:s + n] for b, s, n in tgt_pos])  # [Ntgt, hidden]
     logits = rows @ model.emb.t()  # [Ntgt, Vs]
@@ -217,7 +223,7 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
     lse = torch.logaddexp(torch.logsumexp(logits, -1), torch.full_like(logits[:, 0], extra))
     gold = torch.cat(subs)
     ce = (lse - logits.gather(1, gold[:, None])[:, 0]).mean()
-    if not aux:
+    if not aux or text_only:
         return {"ce": ce}
     out = {"ce": ce}
     if guided:
@@ -242,7 +248,55 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
     ctc_ph = F.ctc_loss(ph.log_softmax(-1), phones, 2 * out_lens,
                         torch.tensor([len(p) for p in batch.phones]), blank=0, zero_infinity=True,
                         reduction="mean")
-    return {**out, "ctc_tok": ctc_tok, "ctc_ph": ctc_ph}
+    # match: each encoder row towards the embeddings of the phonemes its two slots hear (posterior-
+    # weighted, fixed), the rows `pseudo_rows` builds from text
+    with torch.no_grad():
+        target = (ph.softmax(-1) @ model.ph_emb.weight).view(T, 2, B, -1).sum(1)  # [T, B, hidden]
+    valid = (torch.arange(T, device=dev)[:, None] < out_lens.to(dev)[None, :]).float()
+    match = (((A - target) ** 2).mean(-1) * valid).sum() / valid.sum()
+    return {**out, "ctc_tok": ctc_tok, "ctc_ph": ctc_ph, "match": match}
+
+
+def pseudo_rows(model: Trainee, phones: list[list[int]], words: list[list[int]], rng: random.Random
+                ) -> list[torch.Tensor]:
+    """Audio rows made from text: each phoneme a spike in one CTC slot with 0-3 blank slots after
+    it (a random speaking rate per utterance), 1-2 more blanks between words, 2-12 before and
+    after; a row is the sum of its two slots' phoneme embeddings, as the match term makes the
+    encoder's rows. `words[i]`: the index of the first phoneme of each word."""
+    out = []
+    for ph, starts in zip(phones, words):
+        rate = rng.uniform(0.6, 1.5)
+        slots = [0] * rng.randint(2, 12)
+        word_starts = set(starts)
+        for i, p in enumerate(ph):
+            if i in word_starts and i:
+                slots += [0] * rng.randint(0, 2)
+            slots.append(p)
+            slots += [0] * min(3, int(rng.expovariate(1.0) * rate + 0.5))
+        slots += [0] * rng.randint(2, 12)
+        if len(slots) % 2:
+            slots.append(0)
+        ids = torch.tensor(slots, device=model.ph_emb.weight.device).view(-1, 2)
+        out.append(model.ph_emb(ids).sum(1))
+    return out
+
+
+@torch.no_grad()
+def init_phone_embeddings(model: Trainee, examples: list[Example], n: int = 200) -> None:
+    """ph_emb[p] := half the mean encoder row where a slot's most likely phoneme is p (so that the
+    match term starts near where the encoder already is)."""
+    dim = model.ph_emb.weight.shape[1]
+    total = torch.zeros(model.ph_emb.num_embeddings, dim)
+    count = torch.zeros(model.ph_emb.num_embeddings)
+    dev = model.ph_emb.weight.device
+    for e in examples[:n]:
+        a = model.encoder.encode_items([torch.from_numpy(e.feats.astype(np.float32)).to(dev)])[0]
+        best = model.phone_head(a).view(a.shape[0], 2, -1).argmax(-1)  # [rows, 2]
+        for slot in range(2):
+            total.index_add_(0, best[:, slot].cpu(), a.cpu() / 2)
+            count.index_add_(0, best[:, slot].cpu(), torch.ones(a.shape[0]))
+    seen = count > 0
+    model.ph_emb.weight[seen.to(dev)] = (total[seen] / count[seen, None]).to(dev)
 
 
 def guided_heads(n_layers: int) -> dict[int, list[int]]:
@@ -388,6 +442,9 @@ class TrainOptions:
     w_ctc_ph: float = 0.5
     corrupt: float = 0.2
     w_guide: float = 1.0  # guided attention (`guided_attention_loss`) while step < guide_steps
+    w_match: float = 0.1  # encoder rows towards their phonemes' embeddings
+    w_text: float = 1.0  # transcripts of text without audio, read from `pseudo_rows`
+    text_batch: int = 4  # texts without audio per step
     guide_steps: int = 12000
     tiny: bool = False
     max_shards: int | None = None
@@ -418,6 +475,40 @@ def load_examples(shards: list[Path], tok: Tokenizer, table: dict[str, int], voc
             out.append(Example(feats[:, offs[i]:offs[i + 1]], target,
                                [table[c] for c in m["phonemes"] if c in table], m["text"]))
     return out
+
+
+@dataclass
+class TextExample:
+    target: list[int]
+    phones: list[int]
+    words: list[int]  # index in `phones` of each word's first phoneme
+
+
+def load_texts(paths: list[Path], tok: Tokenizer, table: dict[str, int], vocab: Vocab) -> list[TextExample]:
+    """Texts without audio (`corpus.build_text_phonemes`) whose tokens are all trained rows."""
+    end = tok.token_id("<|im_end|>")
+    out = []
+    for path in paths:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            target = tok.encode(TARGET_PREFIX + d["text"]) + [end]
+            if (vocab.index[torch.tensor(target)] < 0).any():
+                continue
+            phones, words = [], []
+            for word in d["phonemes"].split():
+                ids = [table[c] for c in word if c in table]
+                if ids:
+                    words.append(len(phones))
+                    phones += ids
+            if phones:
+                out.append(TextExample(target, phones, words))
+    return out
+
+
+def text_files(opts: TrainOptions) -> list[Path]:
+    return sorted(opts.corpus.glob("text-*.jsonl"))
 
 
 def phone_table_of(shards: list[Path]) -> dict[str, int]:
@@ -479,15 +570,22 @@ def train(opts: TrainOptions, log=print) -> Path:
     model = Trainee(cfg, vocab, len(phone_chars), opts.seed).to(opts.device)
     torch.backends.cuda.matmul.allow_tf32 = True
     opt = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    step, rng = 0, random.Random(opts.seed)
+    step, rng, rewarm_from = 0, random.Random(opts.seed), None
     if saved:
         st = saved
         if st["vocab"] == vocab.ids.tolist():
-            model.load_state_dict({k: v.to(opts.device) for k, v in st["model"].items()})
-            opt.load_state_dict(st["opt"])
+            missing, _ = model.load_state_dict({k: v.to(opts.device) for k, v in st["model"].items()}, strict=False)
             step = st["step"]
             rng.setstate(st["rng"])
-            log(f"resumed at step {step}")
+            if missing:  # a state from before these parameters: warm start, a fresh optimiser
+                if "ph_emb.weight" in missing:
+                    init_phone_embeddings(model, examples)
+                rewarm_from = step
+                log(f"warm start at step {step} (new: {', '.join(missing)})")
+            else:
+                opt.load_state_dict(st["opt"])
+                rewarm_from = st.get("rewarm_from")
+                log(f"resumed at step {step}")
         else:
             log("state.pt does not match this corpus/vocabulary: starting over")
     n_params = sum(p.numel() for p in model.parameters())
@@ -506,14 +604,19 @@ def train(opts: TrainOptions, log=print) -> Path:
 
     def save():
         tmp = out / "state.pt.tmp"
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "rewarm_from": rewarm_from,
                     "rng": rng.getstate(), "vocab": vocab.ids.tolist(), "phones": sorted(table.items())}, tmp)
         os.replace(tmp, state_path)
 
     def lr_at(s: int) -> float:
-        return opts.lr * min((s + 1) / opts.warmup, math.sqrt(opts.warmup / (s + 1)))
+        lr = opts.lr * min((s + 1) / opts.warmup, math.sqrt(opts.warmup / (s + 1)))
+        if rewarm_from is not None:  # after a warm start: warm the fresh optimiser up again
+            lr *= min(1.0, (s - rewarm_from + 1) / opts.warmup)
+        return lr
 
     log_path = out / "log.jsonl"
+    texts: list[TextExample] = []
+    text_paths: list[Path] = []
     end_id = tok.token_id("<|im_end|>")
     last_save, t0, seen_frames = time.time(), time.time(), 0
     avg: dict[str, float] = {}
@@ -523,6 +626,11 @@ def train(opts: TrainOptions, log=print) -> Path:
             examples += load_examples(more, tok, table, vocab)
             shards += more
             log(f"{len(more)} new shards: {len(examples)} utterances")
+        new_texts = [p for p in text_files(opts) if p not in text_paths]
+        if new_texts:
+            texts += load_texts(new_texts, tok, table, vocab)
+            text_paths += new_texts
+            log(f"{len(new_texts)} new text files: {len(texts)} texts without audio")
         max_frames = int(500 + min(1.0, step / max(opts.ramp_steps, 1)) * 1600)
         for group in batches(examples, rng, opts.batch_frames, max_frames):
             if step >= opts.steps:
@@ -533,8 +641,15 @@ def train(opts: TrainOptions, log=print) -> Path:
                           opts.corrupt, opts.w_guide if step < opts.guide_steps else 0.0)
             parts = losses(model, batch, (prefix, suffix))
             loss = parts["ce"] + opts.w_ctc_tok * parts["ctc_tok"] + opts.w_ctc_ph * parts["ctc_ph"]
+            loss = loss + opts.w_match * parts["match"]
             if "guide" in parts:
                 loss = loss + batch.guide * parts["guide"]
+            if texts and opts.w_text > 0:
+                picked = [texts[rng.randrange(len(texts))] for _ in range(opts.text_batch)]
+                rows = pseudo_rows(model, [t.phones for t in picked], [t.words for t in picked], rng)
+                text_batch = Batch([], [t.target for t in picked], [], len(target_prefix), opts.corrupt)
+                parts["ce_text"] = losses(model, text_batch, (prefix, suffix), rows=rows)["ce"]
+                loss = loss + opts.w_text * parts["ce_text"]
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
             opt.zero_grad(set_to_none=True)
@@ -549,6 +664,8 @@ def train(opts: TrainOptions, log=print) -> Path:
                 el = time.time() - t0
                 log(f"step {step} ce {avg['ce']:.3f} ctc_tok {avg['ctc_tok']:.3f} ctc_ph {avg['ctc_ph']:.3f} "
                     + (f"guide {avg['guide']:.3f} " if "guide" in parts else "")
+                    + f"match {avg['match']:.3f} "
+                    + (f"ce_text {avg['ce_text']:.3f} " if "ce_text" in avg else "")
                     + f"lr {lr_at(step):.2e} max_s {max_frames / 100:.0f} audio/s {seen_frames / 100 / el:.0f}")
             if step % opts.eval_every == 0 or step == opts.steps:
                 model.eval()
