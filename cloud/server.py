@@ -145,10 +145,12 @@ class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
             await context.abort(code, message)
         finally:
             if attachment is not None:
+                # first, with no await before it: a handler cancelled again while it waits (a
+                # client that drops at once) must still give its attachment back
+                session.detach(attachment)
                 if attachment.reader is not None:
                     attachment.reader.cancel()
                     await asyncio.wait([attachment.reader])
-                session.detach(attachment)
 
     def _authenticate(self, context) -> Caller:
         if self.keys is None:
