@@ -105,6 +105,10 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="seed of the corpus and the model (default 0)")
     s.add_argument("--tiny", action="store_true", help="a tiny model (smoke tests)")
     s.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    s.add_argument("--init-from", metavar="STATE",
+                   help="a new run starts from another run's OUTDIR/state.pt: every weight whose shape fits, "
+                        "embedding rows by token id (ignored once OUTDIR/state.pt exists)")
+    s.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
 
     s = sub.add_parser("eval", help="word error rate of a model on the synth-en held-out set",
                        description="Synthesise each held-out utterance from its recipe, compute the edge's "
@@ -302,7 +306,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                              phrases=args.phrases, texts=args.texts,
                              threads=args.threads, workers=args.workers, seed=args.seed, tiny=args.tiny,
                              eval_every=args.eval_every, eval_n=args.eval_n, batch_frames=args.batch_frames,
-                             device=args.device)
+                             device=args.device, init_from=args.init_from, lr=args.lr)
     if args.command == "eval":
         from harken.cloud.synth.commands import eval_command
 

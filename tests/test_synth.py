@@ -252,3 +252,34 @@ def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
     official = dict(off.model.named_parameters())
     for name, value in w.items():
         assert torch.equal(official[name].detach(), torch.from_numpy(value)), name
+
+
+def test_pieces_spell_every_training_text_exactly_with_few_tokens(tmp_path, split):
+    """synth-en's output vocabulary: frequent tokens whole, rare ones as the fewest allowed pieces,
+    every piece a real Qwen token, and the pieces decode to exactly the text (so the official
+    tokenizer reads the model's output unchanged)."""
+    from harken.cloud.model.tiny import write_tokenizer_files
+    from harken.cloud.model.tokenizer import Tokenizer
+    from harken.cloud.synth.pieces import Pieces, choose
+
+    write_tokenizer_files(tmp_path, "real")
+    tok = Tokenizer.from_dir(tmp_path)
+    train, held = split
+    sentences = [s for group in train.values() for s in group][::20]
+    allowed = choose(tok, sentences, whole=300, parts=200)
+    assert allowed == choose(tok, sentences, whole=300, parts=200)  # deterministic
+    assert len(allowed) < 800
+    spell = Pieces(tok, allowed)
+    natural = spelled = 0
+    held_text = [s for group in held.values() for s in group][:300]
+    for s in sentences[:2000] + held_text + ["Galliano Harvey Wallbangers paid $12,929.50 at 11:20 am. Ünïcödé ✓"]:
+        ids = spell.encode(s)
+        assert set(ids) <= set(allowed)
+        assert tok.decode(ids) == s
+        natural += len(tok.encode(s))
+        spelled += len(ids)
+    assert spelled < 2 * natural  # (1.27x with the 1,700 pieces synth-en trains with)
+    assert spell.encode("the") == tok.encode("the")  # a frequent word stays one token
+    rare = tok.encode(" Wallbangers")
+    assert not set(rare) <= set(allowed) and len(spell.encode(" Wallbangers")) <= len(" Wallbangers")
+    assert spell.encode("<asr_text> the") == [tok.token_id("<asr_text>")] + tok.encode(" the")

@@ -88,6 +88,7 @@ class Tokenizer:
     def __init__(self, backend, added: list[AddedToken]):
         self._tk = backend
         self.added = {t.content: t for t in added}
+        self.added_ids = frozenset(t.id for t in added)
         # the backend renumbers added tokens that do not follow the vocabulary contiguously: a
         # checkpoint whose ids would shift is refused rather than silently misread
         for t in added:
@@ -138,6 +139,10 @@ class Tokenizer:
             return b"" if added.special else token.encode("utf-8")
         table = _unicode_to_bytes()
         return bytes(table[c] for c in token)
+
+    def encode_byte(self, byte: int) -> int | None:
+        """The id of the vocabulary token that is exactly one byte (None if there is none)."""
+        return self._tk.token_to_id(bytes_to_unicode()[byte])
 
     def token_id(self, token: str) -> int:
         """Id of a single (added or vocabulary) token; ModelError if the checkpoint lacks it."""

@@ -42,7 +42,8 @@ from harken.cloud.model.decoder import Qwen3Decoder, precompute_rope, rope_inv_f
 from harken.cloud.model.encoder import AudioEncoder
 from harken.cloud.model.prompt import build_prompt
 from harken.cloud.model.tokenizer import Tokenizer
-from harken.cloud.synth import corpus, text
+from harken.cloud.synth import corpus, pieces
+from harken.cloud.synth.pieces import Pieces
 
 TARGET_PREFIX = "language English<asr_text>"
 
@@ -148,6 +149,20 @@ class Trainee(nn.Module):
                     weights.append(logit.masked_fill(~causal, float("-inf")).softmax(-1))
             x = layer(x, cos, sin)
         return self.norm(x), weights
+
+
+@torch.no_grad()
+def warm_start(model: Trainee, state: dict) -> None:
+    """Every weight of another run's `state` whose shape fits; embedding rows by token id (rows
+    that run did not train keep their fresh initialisation)."""
+    old = state["model"]
+    own = model.state_dict()
+    model.load_state_dict({k: v for k, v in old.items() if k in own and k != "emb" and v.shape == own[k].shape},
+                          strict=False)
+    old_index = {t: i for i, t in enumerate(state["vocab"])}
+    for row, t in enumerate(model.vocab.ids.tolist()):
+        if t in old_index:
+            model.emb[row] = old["emb"][old_index[t]].to(model.emb.device)
 
 
 def _materialise(module: nn.Module) -> nn.Module:
@@ -449,6 +464,9 @@ class TrainOptions:
     tiny: bool = False
     max_shards: int | None = None
     device: str = "cpu"  # "cuda" when a GPU is lent: the same run in minutes
+    init_from: Path | None = None  # a new run starts from another run's state.pt (`warm_start`)
+    whole_tokens: int = 1000  # `pieces.choose`: the output vocabulary synth-en writes with
+    part_tokens: int = 600
 
 
 def corpus_shards(opts: TrainOptions) -> list[Path]:
@@ -459,17 +477,21 @@ def corpus_shards(opts: TrainOptions) -> list[Path]:
     return done("train-*.npz")[:opts.max_shards] + done("phrase-*.npz")
 
 
-def load_examples(shards: list[Path], tok: Tokenizer, table: dict[str, int], vocab: Vocab | None = None
-                  ) -> list[Example]:
+def target_ids(tok: Tokenizer, spell: Pieces, text: str) -> list[int]:
+    """`language English<asr_text>{text}<|im_end|>`, the text spelled with synth-en's pieces."""
+    return tok.encode(TARGET_PREFIX) + spell.encode(text) + [tok.token_id("<|im_end|>")]
+
+
+def load_examples(shards: list[Path], tok: Tokenizer, table: dict[str, int], spell: Pieces,
+                  vocab: Vocab | None = None) -> list[Example]:
     """The utterances of `shards`; phoneme symbols outside `table` are dropped, and (with `vocab`)
     utterances with a token outside it are skipped."""
-    end = tok.token_id("<|im_end|>")
     out = []
     for s in shards:
         feats, lengths, meta = corpus.load_shard(s)
         offs = np.concatenate([[0], np.cumsum(lengths)])
         for i, m in enumerate(meta):
-            target = tok.encode(TARGET_PREFIX + m["text"]) + [end]
+            target = target_ids(tok, spell, m["text"])
             if vocab is not None and (vocab.index[torch.tensor(target)] < 0).any():
                 continue
             out.append(Example(feats[:, offs[i]:offs[i + 1]], target,
@@ -484,16 +506,16 @@ class TextExample:
     words: list[int]  # index in `phones` of each word's first phoneme
 
 
-def load_texts(paths: list[Path], tok: Tokenizer, table: dict[str, int], vocab: Vocab) -> list[TextExample]:
+def load_texts(paths: list[Path], tok: Tokenizer, table: dict[str, int], spell: Pieces, vocab: Vocab
+               ) -> list[TextExample]:
     """Texts without audio (`corpus.build_text_phonemes`) whose tokens are all trained rows."""
-    end = tok.token_id("<|im_end|>")
     out = []
     for path in paths:
         for line in path.read_text(encoding="utf-8").splitlines():
             if not line.strip():
                 continue
             d = json.loads(line)
-            target = tok.encode(TARGET_PREFIX + d["text"]) + [end]
+            target = target_ids(tok, spell, d["text"])
             if (vocab.index[torch.tensor(target)] < 0).any():
                 continue
             phones, words = [], []
@@ -548,46 +570,45 @@ def train(opts: TrainOptions, log=print) -> Path:
         raise SystemExit(f"no corpus shards in {opts.corpus}")
     state_path = out / "state.pt"
     saved = torch.load(state_path, map_location="cpu", weights_only=False) if state_path.exists() else None
-    table = dict(saved["phones"]) if saved else phone_table_of(shards[:1])
+    init = (torch.load(opts.init_from, map_location="cpu", weights_only=False)
+            if saved is None and opts.init_from else None)
+    table = dict((saved or init)["phones"]) if (saved or init) else phone_table_of(shards[:1])
     phone_chars = sorted(table, key=table.get)
     prompt = build_prompt(tok, 1, "", None)
     prefix, suffix = prompt.ids[:prompt.audio_start], prompt.ids[prompt.audio_start + 1:]
     if saved:  # the run's own rows; utterances with a token outside them are skipped
         vocab = Vocab(saved["vocab"], cfg.text.vocab_size)
-        examples = load_examples(shards, tok, table, vocab)
     else:
-        # the trained rows: every training sentence's tokens, the prompt, both end tokens
-        examples = load_examples(shards, tok, table)
+        # the trained rows: the pieces of the training text, the prompt, both end tokens
         train_text = [s for group in corpus._split_sources(opts.seed)[0].values() for s in group]
         ids = set(prompt.ids) | {tok.token_id("<|im_end|>"), tok.token_id("<|endoftext|>")}
         ids.update(target_prefix)
-        for s in train_text:
-            ids.update(tok.encode(" " + s))
-            ids.update(tok.encode(s))
-        for e in examples:
-            ids.update(e.target)
+        ids.update(pieces.choose(tok, train_text, opts.whole_tokens, opts.part_tokens))
         vocab = Vocab(sorted(ids), cfg.text.vocab_size)
+    spell = Pieces(tok, [i for i in vocab.ids.tolist() if i not in tok.added_ids])
+    examples = load_examples(shards, tok, table, spell, vocab)
     model = Trainee(cfg, vocab, len(phone_chars), opts.seed).to(opts.device)
     torch.backends.cuda.matmul.allow_tf32 = True
     opt = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.98), weight_decay=0.01)
     step, rng, rewarm_from = 0, random.Random(opts.seed), None
     if saved:
         st = saved
-        if st["vocab"] == vocab.ids.tolist():
-            missing, _ = model.load_state_dict({k: v.to(opts.device) for k, v in st["model"].items()}, strict=False)
-            step = st["step"]
-            rng.setstate(st["rng"])
-            if missing:  # a state from before these parameters: warm start, a fresh optimiser
-                if "ph_emb.weight" in missing:
-                    init_phone_embeddings(model, examples)
-                rewarm_from = step
-                log(f"warm start at step {step} (new: {', '.join(missing)})")
-            else:
-                opt.load_state_dict(st["opt"])
-                rewarm_from = st.get("rewarm_from")
-                log(f"resumed at step {step}")
+        missing, _ = model.load_state_dict({k: v.to(opts.device) for k, v in st["model"].items()}, strict=False)
+        step = st["step"]
+        rng.setstate(st["rng"])
+        if missing:  # a state from before these parameters: warm start, a fresh optimiser
+            if "ph_emb.weight" in missing:
+                init_phone_embeddings(model, examples)
+            rewarm_from = step
+            log(f"warm start at step {step} (new: {', '.join(missing)})")
         else:
-            log("state.pt does not match this corpus/vocabulary: starting over")
+            opt.load_state_dict(st["opt"])
+            rewarm_from = st.get("rewarm_from")
+            log(f"resumed at step {step}")
+    elif init:
+        warm_start(model, init)
+        log(f"step 0: weights from {opts.init_from} (step {init['step']}), "
+            f"{len(vocab)} vocabulary rows mapped by token id")
     n_params = sum(p.numel() for p in model.parameters())
     log(f"{len(examples)} utterances, {sum(e.feats.shape[1] for e in examples) / 360000:.1f} h; "
         f"vocabulary {len(vocab)} rows; {len(phone_chars)} phonemes; {n_params / 1e6:.1f}M trained parameters")
@@ -617,18 +638,17 @@ def train(opts: TrainOptions, log=print) -> Path:
     log_path = out / "log.jsonl"
     texts: list[TextExample] = []
     text_paths: list[Path] = []
-    end_id = tok.token_id("<|im_end|>")
     last_save, t0, seen_frames = time.time(), time.time(), 0
     avg: dict[str, float] = {}
     while step < opts.steps:
         more = [p for p in corpus_shards(opts) if p not in shards]
         if more:  # the corpus build goes on beside training: take new shards each pass
-            examples += load_examples(more, tok, table, vocab)
+            examples += load_examples(more, tok, table, spell, vocab)
             shards += more
             log(f"{len(more)} new shards: {len(examples)} utterances")
         new_texts = [p for p in text_files(opts) if p not in text_paths]
         if new_texts:
-            texts += load_texts(new_texts, tok, table, vocab)
+            texts += load_texts(new_texts, tok, table, spell, vocab)
             text_paths += new_texts
             log(f"{len(new_texts)} new text files: {len(texts)} texts without audio")
         max_frames = int(500 + min(1.0, step / max(opts.ramp_steps, 1)) * 1600)
@@ -671,7 +691,7 @@ def train(opts: TrainOptions, log=print) -> Path:
                 model.eval()
                 ckpt = export_checkpoint(model, out / "checkpoint")
                 w, hyps = evaluate(ckpt, held_feats, held_refs)
-                gain = audio_gain(model, held_feats, [tok.encode(TARGET_PREFIX + r) + [end_id] for r in held_refs],
+                gain = audio_gain(model, held_feats, [target_ids(tok, spell, r) for r in held_refs],
                                   (prefix, suffix), len(target_prefix))
                 rec = {"step": step, "time_s": round(time.time() - t0, 1), **{k: round(v, 4) for k, v in avg.items()},
                        "heldout_wer": round(w, 4), "audio_gain": round(gain, 4), "example": hyps[0]}
