@@ -109,6 +109,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="a new run starts from another run's OUTDIR/state.pt: every weight whose shape fits, "
                         "embedding rows by token id (ignored once OUTDIR/state.pt exists)")
     s.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    s.add_argument("--lr-hold", type=int, default=100,
+                   help="steps the learning rate stays at its peak before it falls as 1/sqrt(step) (default "
+                        "100); a resumed run whose --lr or --lr-hold changed warms up to the new schedule")
 
     s = sub.add_parser("eval", help="word error rate of a model on the synth-en held-out set",
                        description="Synthesise each held-out utterance from its recipe, compute the edge's "
@@ -306,7 +309,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                              phrases=args.phrases, texts=args.texts,
                              threads=args.threads, workers=args.workers, seed=args.seed, tiny=args.tiny,
                              eval_every=args.eval_every, eval_n=args.eval_n, batch_frames=args.batch_frames,
-                             device=args.device, init_from=args.init_from, lr=args.lr)
+                             device=args.device, init_from=args.init_from, lr=args.lr,
+                             lr_hold=args.lr_hold)
     if args.command == "eval":
         from harken.cloud.synth.commands import eval_command
 

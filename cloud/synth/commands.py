@@ -14,7 +14,8 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
                   phrases: int = 20000, texts: int = 40000,
                   threads: int = 2, workers: int = 2, seed: int = 0, tiny: bool = False,
                   eval_every: int = 400, eval_n: int = 40, batch_frames: int = 4000,
-                  device: str = "cpu", init_from: str | None = None, lr: float = 2e-3) -> int:
+                  device: str = "cpu", init_from: str | None = None, lr: float = 2e-3,
+                  lr_hold: int = 100) -> int:
     """Build (or finish building) the corpus, then train (or resume training)."""
     from harken.cloud.synth import corpus
     from harken.cloud.synth.train import TrainOptions, train
@@ -38,7 +39,8 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
     corpus.build_text_phonemes(cdir, texts, seed=seed, progress=progress)
     opts = TrainOptions(corpus=cdir, out=outdir, steps=steps, threads=threads, seed=seed, tiny=tiny,
                         eval_every=eval_every, eval_n=eval_n, batch_frames=batch_frames,
-                        device=device, init_from=Path(init_from) if init_from else None, lr=lr)
+                        device=device, init_from=Path(init_from) if init_from else None, lr=lr,
+                        hold_steps=lr_hold)
     ckpt = train(opts, log=lambda s: print(s, file=sys.stderr, flush=True))
     print(json.dumps({"checkpoint": str(ckpt), "log": str(outdir / "log.jsonl"),
                       "curve": str(outdir / "curve.png")}))

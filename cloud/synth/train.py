@@ -447,6 +447,7 @@ class TrainOptions:
     batch_frames: int = 4000
     lr: float = 2e-3
     warmup: int = 100
+    hold_steps: int = 100  # the learning rate stays at its peak until here, then falls as 1/sqrt(step)
     ramp_steps: int = 1500  # longest utterance grows from 5 s to 20 s over these steps
     eval_every: int = 400
     eval_n: int = 40
@@ -604,6 +605,8 @@ def train(opts: TrainOptions, log=print) -> Path:
         else:
             opt.load_state_dict(st["opt"])
             rewarm_from = st.get("rewarm_from")
+            if st.get("schedule") != [opts.lr, opts.hold_steps]:  # a new schedule: warm up to it again
+                rewarm_from = step
             log(f"resumed at step {step}")
     elif init:
         warm_start(model, init)
@@ -626,11 +629,12 @@ def train(opts: TrainOptions, log=print) -> Path:
     def save():
         tmp = out / "state.pt.tmp"
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "rewarm_from": rewarm_from,
+                    "schedule": [opts.lr, opts.hold_steps],
                     "rng": rng.getstate(), "vocab": vocab.ids.tolist(), "phones": sorted(table.items())}, tmp)
         os.replace(tmp, state_path)
 
     def lr_at(s: int) -> float:
-        lr = opts.lr * min((s + 1) / opts.warmup, math.sqrt(opts.warmup / (s + 1)))
+        lr = opts.lr * min((s + 1) / opts.warmup, math.sqrt(max(opts.hold_steps, opts.warmup) / (s + 1)))
         if rewarm_from is not None:  # after a warm start: warm the fresh optimiser up again
             lr *= min(1.0, (s - rewarm_from + 1) / opts.warmup)
         return lr
