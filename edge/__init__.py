@@ -17,6 +17,7 @@ _SDK = {
     "ServerUnavailableError": "harken.edge.transport",
     "BufferOverflowError": "harken.edge.transport",
     "ServerRejectedError": "harken.edge.transport",
+    "TransportSecurityError": "harken.edge.transport",
     "file_pieces": "harken.edge.transport",
     "audio_pieces": "harken.edge.transport",
     "Meeting": "harken.edge.meeting",

@@ -19,6 +19,10 @@ those of `proto/harken.proto`:
   (acks, finals) is taken for dead (a network dropping packets without a reset) and resumed.
 - A final that comes before the segment's end (a server shutting down finalises open segments)
   does not lose the rest: it continues as a new segment, and later segment ids move up by one.
+- A TLS mismatch is not a network fault: a certificate the CA does not sign (or issued for another
+  name), a TLS client at a plaintext server, a plaintext client at a TLS server (asked of the port
+  once, before the first session, when the connection closes at once) fail the stream at once with
+  `TransportSecurityError`, never retried.
 - The buffer is bounded (`max_buffer_bytes`) and so is the time without a server
   (`max_offline_s`): past either the stream fails with a `TransportError` saying so, instead of
   growing or hanging.
@@ -82,6 +86,12 @@ class ServerUnavailableError(TransportError):
 
 class BufferOverflowError(TransportError):
     """More unacknowledged audio than `ClientOptions.max_buffer_bytes` piled up."""
+
+
+class TransportSecurityError(TransportError):
+    """A TLS mismatch between this client and the server: a certificate the given CA does not sign
+    (or issued for another name), a TLS client talking to a plaintext server or a plaintext client
+    talking to a TLS server. Retrying cannot fix it, so the stream fails at once."""
 
 
 class ServerRejectedError(TransportError):
@@ -369,6 +379,7 @@ class TranscriptionClient:
         o = self.options
         offline_since: float | None = None
         failures = 0
+        probed = False  # the one TLS probe of a plaintext client (see below) is done
         while True:
             try:
                 finished = await self._attempt(state, out)
@@ -393,6 +404,19 @@ class TranscriptionClient:
                 busy = e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and self.stats.sessions_opened > 0
                 if e.code() not in RETRYABLE_CODES and not busy:
                     raise ServerRejectedError(e.code().name, e.details() or "") from e
+                mismatch = _tls_mismatch(e, self.target, tls=self._credentials is not None)
+                if mismatch is None and self._credentials is None and e.code() == grpc.StatusCode.UNAVAILABLE \
+                        and not probed and self.stats.sessions_opened == 0 and _closed_at_once(e):
+                    # a plaintext client's handshake with a TLS server fails as a bare "Socket
+                    # closed": before the stream's first session, ask the port once whether it
+                    # speaks TLS (a closed socket is a network fault, too, then retried as ever)
+                    probed = True
+                    if await _speaks_tls(self.target, min(o.connect_timeout_s, 5.0)):
+                        mismatch = (f"the server at {self.target} speaks TLS and this client connects in "
+                                    f"plaintext: give the server's CA certificate (--tls-ca FILE; tls= in the SDK)")
+                if mismatch is not None:
+                    raise TransportSecurityError(
+                        mismatch + (self._not_transcribed(state) if state.buffer.entries else "")) from e
                 failure = f"{e.code().name}: {e.details()}"
             except (asyncio.TimeoutError, _NoReady, _Silent) as e:
                 failure = str(e) or "no Ready in time"
@@ -405,15 +429,18 @@ class TranscriptionClient:
             offline_since = now if offline_since is None else offline_since
             offline_s = now - offline_since
             if offline_s >= o.max_offline_s:
-                pending = sum(e.frames for e in state.buffer.entries)
                 raise ServerUnavailableError(
                     f"server {self.target} unreachable for {offline_s:.1f} s (max_offline_s="
-                    f"{o.max_offline_s:g}); last error: {failure}; {pending} feature frames "
-                    f"({len(state.buffer.entries)} messages) were not transcribed")
+                    f"{o.max_offline_s:g}); last error: {failure}" + self._not_transcribed(state))
             delay = min(o.backoff_max_s, o.backoff_initial_s * o.backoff_multiplier ** failures)
             delay *= 0.5 + 0.5 * self._rng.random()  # jitter: clients cut off together retry apart
             failures += 1
             await asyncio.sleep(min(delay, o.max_offline_s - offline_s))
+
+    @staticmethod
+    def _not_transcribed(state: _StreamState) -> str:
+        pending = sum(e.frames for e in state.buffer.entries)
+        return f"; {pending} feature frames ({len(state.buffer.entries)} messages) were not transcribed"
 
     def _prepare_replacement(self, state: _StreamState) -> None:
         """The server lost the session: open a new one seeded with the last final's seed and
@@ -651,6 +678,71 @@ async def _raise_status(call) -> None:
     if code == grpc.StatusCode.OK:
         return
     raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+# BoringSSL's verdicts in a failed handshake that no retry can change (gRPC puts them in the
+# UNAVAILABLE status's details): what each means, in words. A connection that breaks during the
+# handshake (a network fault) reads SSL_ERROR_SYSCALL, "Socket closed" or a reset, and is retried.
+_TLS_VERDICTS = (
+    ("CERTIFICATE_VERIFY_FAILED", "the server's certificate is not signed by the CA certificate given "
+                                  "(--tls-ca), or has expired"),
+    ("Hostname Verification Check failed", "the server's certificate is not issued for the name "
+                                           "connected to"),
+    ("WRONG_VERSION_NUMBER", "the server does not speak TLS (a plaintext server?): connect without "
+                             "--tls-ca (tls=None in the SDK), or to the server's TLS port"),
+    ("HTTP_REQUEST", "the server does not speak TLS"),
+    ("CERTIFICATE_REQUIRED", "the server wants a client certificate"),
+    ("TLSV1_ALERT", "the server refused the TLS handshake"),
+    ("SSLV3_ALERT", "the server refused the TLS handshake"),
+    ("NO_APPLICATION_PROTOCOL", "the server does not offer gRPC (HTTP/2) over TLS"),
+)
+
+
+def _tls_mismatch(e: grpc.aio.AioRpcError, target: str, tls: bool) -> str | None:
+    """A one-line explanation when `e` is a TLS handshake that failed for good, else None."""
+    if e.code() != grpc.StatusCode.UNAVAILABLE or not tls:
+        return None
+    details = e.details() or ""
+    if "SSL_ERROR_SSL" not in details and "Hostname Verification" not in details:
+        return None  # no handshake verdict: a connection that broke, retried as ever
+    for marker, meaning in _TLS_VERDICTS:
+        if marker in details:
+            reason = details[details.find(marker):].split(":", 2)
+            said = ":".join(reason[:2]).strip() if marker.isupper() else marker
+            return f"TLS handshake with {target} failed: {meaning} ({said})"
+    return None
+
+
+def _closed_at_once(e: grpc.aio.AioRpcError) -> bool:
+    """The connection was closed by the other end before gRPC could use it (what a TLS server does
+    to a plaintext client's HTTP/2 preface), not refused or timed out."""
+    details = e.details() or ""
+    return "Socket closed" in details or "Connection reset" in details or "End of TCP stream" in details
+
+
+async def _speaks_tls(target: str, timeout_s: float) -> bool:
+    """Whether `target` ("host:port") completes a TLS handshake (certificate not checked: only the
+    protocol is asked)."""
+    import ssl
+
+    host, sep, port = target.removeprefix("dns:///").removeprefix("ipv4:").removeprefix("ipv6:").rpartition(":")
+    if not sep or not port.isdigit():
+        return False
+    host = host.strip("[]")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols(["h2"])
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port), ssl=ctx), timeout_s)
+    except (OSError, ssl.SSLError, asyncio.TimeoutError, ValueError):
+        return False
+    writer.close()
+    try:
+        await asyncio.wait_for(writer.wait_closed(), 1.0)
+    except (OSError, ssl.SSLError, asyncio.TimeoutError):
+        pass
+    return True
 
 
 def _channel_credentials(tls: bool | str | Path | None) -> grpc.ChannelCredentials | None:

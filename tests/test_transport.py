@@ -33,7 +33,8 @@ from harken.cloud.server import ServerOptions, start_server
 from harken.edge.replay import ReplayFilter
 from harken.edge.audio import peak_normalize
 from harken.edge.transport import (BufferOverflowError, ClientOptions, ServerRejectedError,
-                                   ServerUnavailableError, TranscriptEvent, TranscriptionClient, audio_pieces)
+                                   ServerUnavailableError, TranscriptEvent, TranscriptionClient,
+                                   TransportSecurityError, audio_pieces)
 from harken.shared.text import transcript_text
 from signals import concat, silence, speech, write_wav
 
@@ -456,7 +457,7 @@ def tls_server_files(tmp_path) -> tuple[str, str, str]:
 
 def test_tls_and_api_keys(asr, audio, reference, tls_server_files):
     """TLS with a root certificate file and a bearer key: the reference transcript. A wrong key
-    is refused at once (no retries); plaintext to a TLS server never connects."""
+    is refused at once (no retries); plaintext to a TLS server fails at once (see below)."""
     cert, key, keys = tls_server_files
 
     async def main():
@@ -469,7 +470,7 @@ def test_tls_and_api_keys(asr, audio, reference, tls_server_files):
                 await collect(wrong, audio_pieces(audio))
             plain = TranscriptionClient(target, api_key="right-key", language=LANGUAGE,
                                         options=ClientOptions(max_offline_s=0.3))
-            with pytest.raises(ServerUnavailableError):
+            with pytest.raises(TransportSecurityError):
                 await collect(plain, audio_pieces(audio))
             return events, refused.value, wrong.stats
 
@@ -523,6 +524,89 @@ def test_cli_stream_server_errors_are_one_line(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "harken", "stream", *args], capture_output=True, text=True,
                               cwd=REPO, timeout=300, env={**os.environ, "HARKEN_API_KEY": ""})
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "harken stream: error:" in proc.stderr
+
+
+def test_tls_mismatches_fail_at_once_and_dropped_connections_are_still_retried(asr, audio, tmp_path):
+    """A wrong CA, a TLS client at a plaintext server and a plaintext client at a TLS server (real
+    harken servers, certificates made now) end the stream with `TransportSecurityError` on the first
+    attempt, though `max_offline_s` would allow retries; a server that closes every connection at
+    once (a network fault, not a mismatch) is still retried, by a plaintext and by a TLS client,
+    until `max_offline_s`."""
+    cert, key = _self_signed(tmp_path)
+    (tmp_path / "other").mkdir()
+    other_ca, _ = _self_signed(tmp_path / "other")
+    options = ClientOptions(max_offline_s=5.0)  # before the fix: ServerUnavailableError after 5 s
+
+    async def refused(client: TranscriptionClient) -> tuple[TransportSecurityError, int]:
+        with pytest.raises(TransportSecurityError) as e:
+            await collect(client, audio_pieces(audio))
+        return e.value, client.stats.failed_attempts
+
+    async def closing_server() -> asyncio.Server:
+        async def close_at_once(reader, writer):
+            writer.close()
+        return await asyncio.start_server(close_at_once, "127.0.0.1", 0)
+
+    async def main():
+        async with serving(asr, tls_cert=cert, tls_key=key) as tls_server, serving(asr) as plain_server:
+            results = {
+                "wrong CA": await refused(TranscriptionClient(f"localhost:{tls_server.port}", tls=other_ca,
+                                                              language=LANGUAGE, options=options)),
+                "TLS client": await refused(TranscriptionClient(f"localhost:{plain_server.port}", tls=cert,
+                                                                language=LANGUAGE, options=options)),
+                "plaintext client": await refused(TranscriptionClient(f"localhost:{tls_server.port}",
+                                                                      language=LANGUAGE, options=options)),
+            }
+        closer = await closing_server()
+        port = closer.sockets[0].getsockname()[1]
+        retried = []
+        try:
+            for tls in (None, cert):
+                client = TranscriptionClient(f"localhost:{port}", tls=tls, language=LANGUAGE,
+                                             options=ClientOptions(max_offline_s=0.5))
+                with pytest.raises(ServerUnavailableError):
+                    await collect(client, audio_pieces(audio))
+                retried.append(client.stats)
+        finally:
+            closer.close()
+        return results, retried
+
+    results, retried = asyncio.run(main())
+    for case, (error, attempts) in results.items():
+        assert attempts == 0, (case, error)  # failed on the first attempt, never retried
+        assert "\n" not in str(error)
+    assert "CERTIFICATE_VERIFY_FAILED" in str(results["wrong CA"][0])
+    assert "does not speak TLS" in str(results["TLS client"][0])
+    assert "speaks TLS" in str(results["plaintext client"][0]) and "--tls-ca" in str(results["plaintext client"][0])
+    for stats in retried:
+        assert stats.failed_attempts >= 2 and stats.sessions_opened == 0, stats
+
+
+def test_cli_stream_tls_mismatch_is_one_line_and_exit_2(asr, audio, tmp_path):
+    """`harken stream --server` with a wrong CA, or with --tls-ca at a plaintext server: exit 2 and
+    exactly one line on stderr that names the TLS problem (before: ~90 handshake lines over
+    --max-offline-s of retries)."""
+    cert, key = _self_signed(tmp_path)
+    (tmp_path / "other").mkdir()
+    other_ca, _ = _self_signed(tmp_path / "other")
+    wav = write_wav(tmp_path / "in.wav", audio, subtype="FLOAT")
+
+    async def run(port: int, ca: str) -> tuple[int, str]:
+        env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "harken", "stream", str(wav), "--server", f"localhost:{port}", "--tls-ca", ca,
+            "--max-offline-s", "5", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            cwd=REPO, env={**env, "HARKEN_API_KEY": ""})
+        _, err = await proc.communicate()
+        return proc.returncode, err.decode()
+
+    async def main():
+        async with serving(asr, tls_cert=cert, tls_key=key) as tls_server, serving(asr) as plain_server:
+            return await run(tls_server.port, other_ca), await run(plain_server.port, cert)
+
+    for rc, err in asyncio.run(main()):
+        assert rc == 2 and err.count("\n") == 1, err
+        assert err.startswith("harken stream: error: TLS handshake with localhost:"), err
 
 
 def test_replay_filter_passes_only_what_extends_the_users_text():
