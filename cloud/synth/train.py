@@ -634,7 +634,7 @@ def train(opts: TrainOptions, log=print) -> Path:
         os.replace(tmp, state_path)
 
     def lr_at(s: int) -> float:
-        lr = opts.lr * min((s + 1) / opts.warmup, math.sqrt(max(opts.hold_steps, opts.warmup) / (s + 1)))
+        lr = opts.lr * min((s + 1) / opts.warmup, 1.0, math.sqrt(max(opts.hold_steps, opts.warmup) / (s + 1)))
         if rewarm_from is not None:  # after a warm start: warm the fresh optimiser up again
             lr *= min(1.0, (s - rewarm_from + 1) / opts.warmup)
         return lr
