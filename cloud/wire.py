@@ -18,6 +18,7 @@ from harken.cloud.errors import MalformedMessage, OutOfOrder
 from harken.proto import harken_pb2 as pb
 from harken.shared.codec import CODEC_NAME, MAX_FRAMES, decode_frames
 from harken.shared.features_spec import N_MELS
+from harken.shared.integrity import payload_crc32c
 from harken.shared.transcript import TranscriptEvent
 
 MAX_LANGUAGE_CHARS = 64
@@ -64,6 +65,7 @@ class FeaturesIn:
     segment_end: bool
     payload: bytes
     running_max_log10: float | None = None  # the edge's floor reference after these frames
+    payload_crc32c: int | None = None  # the sender's CRC32C of `payload`; None = not sent (unchecked)
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,8 @@ def _parse_features(f: pb.Features) -> FeaturesIn:
     return FeaturesIn(seq=int(f.seq), segment_id=int(f.segment_id), first_frame=int(f.first_frame),
                       frame_count=int(f.frame_count), segment_start=bool(f.segment_start),
                       segment_end=bool(f.segment_end), payload=bytes(f.payload),
-                      running_max_log10=running_max)
+                      running_max_log10=running_max,
+                      payload_crc32c=int(f.payload_crc32c) if f.HasField("payload_crc32c") else None)
 
 
 def _parse_audio(a: pb.Audio) -> AudioIn:
@@ -173,7 +176,12 @@ def _parse_audio(a: pb.Audio) -> AudioIn:
 
 def decode_features(f: FeaturesIn) -> np.ndarray:
     """The payload's frames [128, frame_count] float32. CodecError for a bad payload,
-    MalformedMessage when it disagrees with the message or holds non-finite values."""
+    MalformedMessage when it disagrees with the message (its CRC32C first: a corrupted payload is
+    never decoded) or holds non-finite values. A message without a checksum (a client older than
+    the field) is decoded unchecked."""
+    if f.payload_crc32c is not None and payload_crc32c(f.payload) != f.payload_crc32c:
+        raise MalformedMessage("features.payload_crc32c does not match the payload: it was corrupted "
+                               "on the way (CRC32C of the payload bytes)")
     frames = decode_frames(f.payload)
     if frames.shape != (N_MELS, f.frame_count):
         raise MalformedMessage(f"features.frame_count is {f.frame_count} but the payload holds "

@@ -42,15 +42,13 @@ def data_channel_wire(packets: list[FeaturePacket]) -> dict:
 async def _data_channel_wire(packets: list[FeaturePacket]) -> dict:
     from aiortc import RTCPeerConnection
 
+    from harken.edge.transport import features_message
     from harken.proto import harken_pb2 as pb
     from harken.shared.codec import CODEC_NAME
 
     messages = [pb.ClientMessage(start=pb.Start(codec=CODEC_NAME)).SerializeToString()]
     for seq, p in enumerate(packets, 1):
-        messages.append(pb.ClientMessage(features=pb.Features(
-            seq=seq, segment_id=p.segment_id, first_frame=p.first_frame, frame_count=p.frame_count,
-            segment_start=p.segment_start, segment_end=p.segment_end, payload=p.payload,
-            running_max_log10=p.running_max_log10)).SerializeToString())
+        messages.append(features_message(p, seq=seq).SerializeToString())  # as the client sends them
     messages.append(pb.ClientMessage(end=pb.End()).SerializeToString())
 
     client, server = RTCPeerConnection(), RTCPeerConnection()

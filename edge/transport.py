@@ -61,6 +61,7 @@ from harken.proto import harken_pb2_grpc
 from harken.shared.codec import CODEC_NAME, DEFAULT_MODE
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
+from harken.shared.integrity import payload_crc32c
 from harken.shared.text import TranscriptText
 from harken.shared.transcript import TranscriptEvent
 
@@ -149,6 +150,17 @@ class TransportStats:
     duplicate_events: int = 0  # transcript events dropped as already seen (event_seq replay)
     replayed_text_chars: int = 0  # committed text re-sent by a replacement session and dropped
     replay_mismatches: int = 0  # a replacement session's committed text disagreed with ours
+
+
+def features_message(p: FeaturePacket, seq: int = 0, segment_id: int | None = None,
+                     segment_start: bool | None = None) -> pb.ClientMessage:
+    """The `Features` message of one edge packet, its payload's CRC32C beside it (the server
+    rejects a payload that does not match). `segment_id`/`segment_start` override the packet's."""
+    return pb.ClientMessage(features=pb.Features(
+        seq=seq, segment_id=p.segment_id if segment_id is None else segment_id, first_frame=p.first_frame,
+        frame_count=p.frame_count, segment_start=p.segment_start if segment_start is None else segment_start,
+        segment_end=p.segment_end, payload=p.payload, running_max_log10=p.running_max_log10,
+        payload_crc32c=payload_crc32c(p.payload)))
 
 
 def file_pieces(path: str | Path, piece_ms: int = 100) -> list[np.ndarray]:
@@ -346,10 +358,7 @@ class TranscriptionClient:
             opens = p.segment_start or state.reopen_segment
             state.reopen_segment = False
             state.open_segment = None if p.segment_end else segment_id
-            msg = pb.ClientMessage(features=pb.Features(
-                segment_id=segment_id, first_frame=p.first_frame, frame_count=p.frame_count,
-                segment_start=opens, segment_end=p.segment_end, payload=p.payload,
-                running_max_log10=p.running_max_log10))
+            msg = features_message(p, segment_id=segment_id, segment_start=opens)
             entry = PendingMessage(0, segment_id, msg, len(p.payload), p.frame_count, first_frame=p.first_frame,
                                    segment_start_s=p.first_frame / FRAMES_PER_SECOND if opens else None)
             self.stats.frames_produced += p.frame_count

@@ -48,7 +48,7 @@ class SessionSeed(_message.Message):
     def __init__(self, present: _Optional[bool] = ..., running_max_log10: _Optional[float] = ..., context_tail: _Optional[str] = ..., next_segment_id: _Optional[int] = ...) -> None: ...
 
 class Features(_message.Message):
-    __slots__ = ("seq", "segment_id", "first_frame", "frame_count", "segment_start", "segment_end", "payload", "running_max_log10")
+    __slots__ = ("seq", "segment_id", "first_frame", "frame_count", "segment_start", "segment_end", "payload", "running_max_log10", "payload_crc32c")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_FRAME_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class Features(_message.Message):
     SEGMENT_END_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     RUNNING_MAX_LOG10_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_CRC32C_FIELD_NUMBER: _ClassVar[int]
     seq: int
     segment_id: int
     first_frame: int
@@ -65,7 +66,8 @@ class Features(_message.Message):
     segment_end: bool
     payload: bytes
     running_max_log10: float
-    def __init__(self, seq: _Optional[int] = ..., segment_id: _Optional[int] = ..., first_frame: _Optional[int] = ..., frame_count: _Optional[int] = ..., segment_start: _Optional[bool] = ..., segment_end: _Optional[bool] = ..., payload: _Optional[bytes] = ..., running_max_log10: _Optional[float] = ...) -> None: ...
+    payload_crc32c: int
+    def __init__(self, seq: _Optional[int] = ..., segment_id: _Optional[int] = ..., first_frame: _Optional[int] = ..., frame_count: _Optional[int] = ..., segment_start: _Optional[bool] = ..., segment_end: _Optional[bool] = ..., payload: _Optional[bytes] = ..., running_max_log10: _Optional[float] = ..., payload_crc32c: _Optional[int] = ...) -> None: ...
 
 class Audio(_message.Message):
     __slots__ = ("seq", "pcm16", "sample_rate")
