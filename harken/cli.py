@@ -175,6 +175,15 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
 
+    s = sub.add_parser("health", help="ask a server's gRPC health service (for container healthchecks)",
+                       description="Ask a harken server's grpc.health.v1 service; print its status. Exit "
+                                   "0 when SERVING, 1 otherwise (not serving, unreachable, no answer).")
+    s.add_argument("server", nargs="?", default="127.0.0.1:50051", help="HOST:PORT (default 127.0.0.1:50051)")
+    s.add_argument("--service", default="harken.v1.Transcription",
+                   help='service name to ask about (default harken.v1.Transcription; "" = the server)')
+    s.add_argument("--tls-ca", help="PEM root certificate: the server serves TLS")
+    s.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer (default 3)")
+
     s = sub.add_parser("bench", help="benchmarks; print JSON",
                        description="Benchmarks. Each prints one JSON object; ratios are measured side "
                                    "by side in one run.")
@@ -302,6 +311,10 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                                 http_port=args.http_port, max_sessions=args.max_sessions, max_sessions_per_key=args.max_sessions_per_key,
                                 grace_s=args.grace_s)
         return serve_command(args.model, options, device=args.device, dtype=args.dtype)
+    if args.command == "health":
+        from harken.cloud.health import health_command
+
+        return health_command(args.server, service=args.service, tls_ca=args.tls_ca, timeout_s=args.timeout)
     if args.command == "train":
         from harken.cloud.synth.commands import train_command
 
