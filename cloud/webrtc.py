@@ -12,6 +12,9 @@ incoming Opus track for browsers.
         client `Audio` messages (seq after the `Ready`'s resume point); the session's own front
         end resamples to 16 kHz and runs the edge's VAD + features, exactly as for gRPC `Audio`
     GET /  the browser page (cloud/web/)
+    GET /v1/config  what the page shows besides the transcript: the model served (`model`,
+        `model_kind`, `test_model`: a random test checkpoint whose words mean nothing, `model_note`)
+        and the languages a stream may be forced to (`languages`: [{name, code}])
 
 Each data channel runs `TranscriptionService.Stream` itself: the session table, the resume and
 replay rules, the error codes are the gRPC service's, not a second implementation. The channel
@@ -38,6 +41,7 @@ log = logging.getLogger("harken.webrtc")
 
 WEB_DIR = Path(__file__).parent / "web"
 OFFER_PATH = "/v1/webrtc/offer"
+CONFIG_PATH = "/v1/config"
 MAX_OFFER_BYTES = 64 << 10
 AUDIO_PIECE_S = 0.1  # track audio per `Audio` message
 SEND_HIGH_WATER = 1 << 20  # bytes queued on a channel before the stream waits for the network
@@ -179,6 +183,7 @@ class WebRTCEndpoint:
         app = web.Application(client_max_size=MAX_OFFER_BYTES)
         app.router.add_post(OFFER_PATH, self._offer)
         app.router.add_get("/", self._page)
+        app.router.add_get(CONFIG_PATH, self._config)
         app.router.add_static("/static/", WEB_DIR)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -204,6 +209,11 @@ class WebRTCEndpoint:
         from aiohttp import web
 
         return web.FileResponse(WEB_DIR / "index.html")
+
+    async def _config(self, request):
+        from aiohttp import web
+
+        return web.json_response(page_config(self.service))
 
     async def _offer(self, request):
         from aiohttp import web
@@ -345,7 +355,23 @@ async def start_webrtc(service, keys: ApiKeys | None, host: str, port: int) -> W
     return endpoint
 
 
-__all__ = ["WebRTCEndpoint", "start_webrtc", "OFFER_PATH"]
+__all__ = ["WebRTCEndpoint", "start_webrtc", "page_config", "OFFER_PATH", "CONFIG_PATH"]
+
+
+def page_config(service) -> dict:
+    """`GET /v1/config`: the served model (`Qwen3ASR.describe()` of the engine's model) and the
+    languages a stream can be forced to, by name and ISO 639 code."""
+    from harken.cloud.model.prompt import LANGUAGE_CODES, SUPPORTED_LANGUAGES
+
+    asr = getattr(getattr(getattr(getattr(service, "table", None), "scheduler", None), "engine", None), "asr", None)
+    describe = getattr(asr, "describe", None)
+    model = describe() if callable(describe) else {"model": "", "kind": "unknown", "test_model": False, "note": ""}
+    codes: dict[str, str] = {}
+    for code, name in LANGUAGE_CODES.items():
+        codes.setdefault(name, code)  # the first code prompt.LANGUAGE_CODES lists for it
+    return {"model": model["model"], "model_kind": model["kind"], "test_model": model["test_model"],
+            "model_note": model["note"],
+            "languages": [{"name": name, "code": codes.get(name, "")} for name in SUPPORTED_LANGUAGES]}
 
 
 def _parse_offer(body: bytes):

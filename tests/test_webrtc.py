@@ -251,3 +251,58 @@ def test_signaling_rejects_bad_offers_in_words_and_serves_the_page(asr, keys_fil
     assert "JSON object" in out["a list"][1]["message"]
     assert out["page"][0] == 200 and "<title>harken" in out["page"][1]
     assert out["js"][0] == 200 and "RTCPeerConnection" in out["js"][1]
+
+
+def test_the_page_says_which_model_runs_offers_a_language_hint_and_names_an_empty_result(asr):
+    """GET /v1/config reports the served model (the tiny random checkpoint: a test model, with a
+    note) and the languages by name and code; the page has the test-model banner, the language
+    hint selector filled from that list, and the message for a stream that ended without words
+    (what it does with them runs in test_webrtc_browser)."""
+    import aiohttp
+
+    async def main():
+        server = await start_server(asr, ServerOptions(port=0, http_port=0))
+        url = f"http://127.0.0.1:{server.http_port}"
+        try:
+            async with aiohttp.ClientSession() as http:
+                async with http.get(url + "/v1/config") as r:
+                    config = (r.status, await r.json())
+                async with http.get(url + "/") as r:
+                    page = await r.text()
+                async with http.get(url + "/static/app.js") as r:
+                    js = await r.text()
+        finally:
+            await server.stop()
+        return config, page, js
+
+    (status, config), page, js = asyncio.run(asyncio.wait_for(main(), TIMEOUT))
+    assert status == 200
+    assert config["model"] == "tiny" and config["model_kind"] == "tiny" and config["test_model"] is True
+    assert "meaningless" in config["model_note"]
+    assert len(config["languages"]) == 30
+    assert {"name": "English", "code": "en"} in config["languages"]
+    assert {"name": "Cantonese", "code": "yue"} in config["languages"]
+    assert '<div id="model-banner" role="status" hidden>' in page
+    assert '<select id="language"' in page and '<option value="">detect</option>' in page
+    assert '<div id="empty-result" role="status" hidden>Nothing was recognised' in page
+    assert 'fetch("/v1/config")' in js and "config.test_model" in js and "fillLanguages(" in js
+    assert 'setState("idle", "finished"); showEmptyResult();' in js
+
+
+def test_describe_tells_a_test_model_from_a_real_one(asr, tmp_path):
+    """The tiny checkpoint by name, or any checkpoint with the tiny preset's dims, is a test model;
+    other dims are a real Qwen3-ASR checkpoint, named by the directory it came from."""
+    from dataclasses import replace
+
+    from harken.cloud.model.asr import Qwen3ASR
+    from harken.cloud.model.config import Qwen3ASRConfig
+    from harken.cloud.model.tiny import make_tiny_model
+
+    assert asr.describe()["kind"] == "tiny" and asr.describe()["test_model"]
+    same_dims = make_tiny_model(tmp_path / "same", vocab="small")
+    other = Qwen3ASRConfig.tiny()
+    other_dims = make_tiny_model(tmp_path / "other", vocab="small",
+                                 cfg=replace(other, text=replace(other.text, num_hidden_layers=1)))
+    assert Qwen3ASR.load(str(same_dims)).describe()["test_model"] is True
+    real = Qwen3ASR.load(str(other_dims)).describe()
+    assert real == {"model": str(other_dims), "kind": "qwen3-asr", "test_model": False, "note": ""}

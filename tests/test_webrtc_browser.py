@@ -1,9 +1,11 @@
 """The browser page (cloud/web/) in a real Chromium: Debian's chromium, headless, driven by
 playwright, its fake microphone playing a generated speech WAV. The page asks for the microphone,
 connects over WebRTC (Opus track + data channel) to `harken serve`'s HTTP port, and shows the live
-transcript. Checked: a wrong key is refused in words; with the right key text appears (committed
-solid, partial grey), the connection state says live, Stop ends the stream cleanly; a screenshot
-is saved (`HARKEN_SCREENSHOT=path` copies it there as well, e.g. docs/webrtc.png).
+transcript. Checked: the page says the server runs a test model (the tiny one); a wrong key is
+refused in words; a stream without words (the tiny model with the language left to detect writes
+none) ends with the message saying so; with the English hint text appears (committed solid, partial
+grey), the connection state says live, Stop ends the stream cleanly, no empty-result message; a
+screenshot is saved (`HARKEN_SCREENSHOT=path` copies it there as well, e.g. docs/webrtc.png).
 
 `make test` installs chromium (apt); this test skips, loudly, only where it cannot be found.
 """
@@ -61,7 +63,8 @@ def test_browser_page_streams_the_microphone_and_shows_the_transcript(asr, tmp_p
                 try:
                     page = await browser.new_page(viewport={"width": 900, "height": 520})
                     await page.goto(f"http://127.0.0.1:{server.http_port}/")
-                    await page.fill("#language", "English")
+                    await page.wait_for_selector("#model-banner", state="visible", timeout=TIMEOUT_MS)
+                    banner = await page.inner_text("#model-banner")
 
                     await page.fill("#key", "wrong-key-123")
                     await page.click("#start")
@@ -70,6 +73,17 @@ def test_browser_page_streams_the_microphone_and_shows_the_transcript(asr, tmp_p
                     refused = await page.inner_text("#error")
 
                     await page.fill("#key", KEY)
+                    await page.select_option("#language", "")  # detect: the tiny model writes nothing
+                    await page.click("#start")
+                    await page.wait_for_function("document.body.dataset.state === 'live'", timeout=TIMEOUT_MS)
+                    await page.click("#stop")
+                    await page.wait_for_function("document.body.dataset.state === 'idle'", timeout=TIMEOUT_MS)
+                    empty = {"visible": await page.is_visible("#empty-result"),
+                             "text": await page.inner_text("#empty-result"),
+                             "committed": await page.eval_on_selector_all(
+                                 "#transcript .committed", "es => es.map(e => e.textContent).join('')")}
+
+                    await page.select_option("#language", "English")
                     await page.click("#start")
                     await page.wait_for_function(
                         "[...document.querySelectorAll('#transcript .committed')].some(e => e.textContent.trim())",
@@ -86,21 +100,25 @@ def test_browser_page_streams_the_microphone_and_shows_the_transcript(asr, tmp_p
                     await page.wait_for_function("document.body.dataset.state === 'idle'", timeout=TIMEOUT_MS)
                     final = {"state": await page.inner_text("#state"), "error": await page.inner_text("#error"),
                              "partials": await page.eval_on_selector_all(
-                                 "#transcript .partial", "es => es.map(e => e.textContent).join('')")}
+                                 "#transcript .partial", "es => es.map(e => e.textContent).join('')"),
+                             "empty_shown": await page.is_visible("#empty-result")}
                 finally:
                     await browser.close()
         finally:
             await server.stop()
-        return refused, live, final
+        return banner, refused, empty, live, final
 
-    refused, live, final = asyncio.run(main())
+    banner, refused, empty, live, final = asyncio.run(main())
+    assert "test model (tiny)" in banner and "meaningless" in banner
     assert "did not accept the API key" in refused and "UNAUTHENTICATED" in refused
+    assert empty["committed"].strip() == "" and empty["visible"] and "Nothing was recognised" in empty["text"]
     assert live["state"].strip() == "live: listening" and live["error"] == ""
     assert live["committed"].strip()
     committed_color, partial_color = live["colors"]
     assert committed_color == "rgb(17, 17, 17)" and partial_color == "rgb(153, 153, 153)"
     assert final["state"].strip() == "finished" and final["error"] == ""
     assert final["partials"] == ""  # every segment final after Stop: nothing left grey
+    assert not final["empty_shown"]
     assert shot.stat().st_size > 10_000
     if os.environ.get("HARKEN_SCREENSHOT"):
         shutil.copy(shot, os.environ["HARKEN_SCREENSHOT"])

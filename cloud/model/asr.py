@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harken.cloud.model.checkpoint import (DEFAULT_MODEL, Checkpoint, resolve_device,
-                                           resolve_dtype)
+from harken.cloud.model.checkpoint import (DEFAULT_MODEL, SYNTH_EN, TINY, TINY_UNTIED, Checkpoint,
+                                           resolve_device, resolve_dtype)
 from harken.cloud.model.config import Qwen3ASRConfig
 from harken.cloud.model.decode_limits import DecodeLimits
 from harken.cloud.model.decoder import Qwen3Decoder, greedy_decode, prefill
@@ -51,6 +51,7 @@ class Qwen3ASR:
         self.max_new_tokens = max_new_tokens
         self.eos_ids = (tokenizer.token_id(IM_END), tokenizer.token_id(ENDOFTEXT))
         self._cache: KVCache | None = None  # one slot, regrown only when a request needs more
+        self.source = ""  # what it was loaded from (`--model`: "tiny", a Hub id, a dir); "" if built here
 
     @classmethod
     def load(cls, model: str = DEFAULT_MODEL, dtype: str | torch.dtype | None = None,
@@ -74,7 +75,26 @@ class Qwen3ASR:
             decoder.load_official_state_dict(dec_sd)
         except (RuntimeError, ValueError) as e:
             raise ModelError(f"{ckpt.path}: weights do not fit the config ({str(e).splitlines()[0][:200]})") from e
-        return cls(cfg, encoder, decoder, tokenizer, max_new_tokens=max_new_tokens)
+        asr = cls(cfg, encoder, decoder, tokenizer, max_new_tokens=max_new_tokens)
+        asr.source = model
+        return asr
+
+    def describe(self) -> dict:
+        """Which model this is, for users: `{"model", "kind", "test_model", "note"}`. kind "tiny" /
+        "tiny-untied" (random weights, test_model true: a tiny checkpoint by name, or any checkpoint
+        with the tiny preset's dims, e.g. from `make-tiny-model`), "synth-en" or "qwen3-asr"."""
+        tiny = Qwen3ASRConfig.tiny()
+        t = self.config.text
+        tiny_dims = self.config.audio == tiny.audio and (t.hidden_size, t.num_hidden_layers, t.intermediate_size) == (
+            tiny.text.hidden_size, tiny.text.num_hidden_layers, tiny.text.intermediate_size)
+        if self.source in (TINY, TINY_UNTIED) or tiny_dims:
+            kind = self.source if self.source in (TINY, TINY_UNTIED) else TINY
+            return {"model": self.source or kind, "kind": kind, "test_model": True,
+                    "note": "a tiny checkpoint with random weights, for tests: its transcripts are meaningless"}
+        if self.source == SYNTH_EN:
+            return {"model": SYNTH_EN, "kind": SYNTH_EN, "test_model": False,
+                    "note": "harken's own small English model, trained on synthetic speech"}
+        return {"model": self.source, "kind": "qwen3-asr", "test_model": False, "note": ""}
 
     @property
     def device(self) -> torch.device:

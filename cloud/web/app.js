@@ -77,6 +77,51 @@ const ERRORS_IN_WORDS = {
 
 let pc = null, channel = null, micStream = null, segments = new Map(), ended = false;
 
+// the languages a stream can be forced to, when /v1/config cannot be read (the server's list wins)
+const FALLBACK_LANGUAGES = ["Chinese", "English", "Cantonese", "Arabic", "German", "French", "Spanish",
+  "Portuguese", "Indonesian", "Italian", "Korean", "Russian", "Thai", "Vietnamese", "Japanese", "Turkish",
+  "Hindi", "Malay", "Dutch", "Swedish", "Danish", "Finnish", "Polish", "Czech", "Filipino", "Persian",
+  "Greek", "Romanian", "Hungarian", "Macedonian"].map((name) => ({ name, code: "" }));
+
+function fillLanguages(languages) {
+  const select = $("language");
+  const wanted = localStorage.getItem("harken-language") || "";
+  select.length = 1;  // keep "detect"
+  for (const l of languages) {
+    const o = document.createElement("option");
+    o.value = l.name;
+    o.textContent = l.code ? `${l.name} (${l.code})` : l.name;
+    select.append(o);
+  }
+  select.value = [...select.options].some((o) => o.value === wanted) ? wanted : "";
+}
+
+// GET /v1/config: which model the server runs (a banner for a test model) and its languages
+async function loadConfig() {
+  let config = null;
+  try {
+    const r = await fetch("/v1/config");
+    if (r.ok) config = await r.json();
+  } catch (e) { /* an older server: no banner, the built-in language list */ }
+  fillLanguages(config && config.languages && config.languages.length ? config.languages : FALLBACK_LANGUAGES);
+  const banner = $("model-banner");
+  if (config && config.test_model) {
+    banner.textContent = `This server runs a test model (${config.model || config.model_kind}): ` +
+      `${config.model_note || "its transcripts are meaningless"}. Real transcripts need a real model ` +
+      "(harken serve --model Qwen/Qwen3-ASR-0.6B).";
+    banner.hidden = false;
+  } else {
+    banner.hidden = true;
+  }
+  document.body.dataset.model = config ? config.model_kind : "unknown";
+}
+
+// the stream ended well but no segment holds a word: say so instead of showing an empty box
+function showEmptyResult() {
+  const words = [...segments.values()].some((s) => (s.committed + s.partial).trim());
+  $("empty-result").hidden = words;
+}
+
 function setState(cls, text) {
   $("state").className = cls;
   $("state-text").textContent = text;
@@ -106,7 +151,7 @@ function onServerMessage(data) {
   if (typeof data === "string") {  // the stream's status, its last message
     const status = JSON.parse(data);
     ended = true;
-    if (status.status === "OK") setState("idle", "finished");
+    if (status.status === "OK") { setState("idle", "finished"); showEmptyResult(); }
     else showError((ERRORS_IN_WORDS[status.status] || "The server ended the stream.") +
                    ` (${status.status}: ${status.message})`);
     hangUp();
@@ -135,6 +180,7 @@ async function waitForIce(pc) {
 
 async function start() {
   showError("");
+  $("empty-result").hidden = true;
   segments = new Map();
   ended = false;
   render();
@@ -153,7 +199,7 @@ async function start() {
   for (const track of micStream.getAudioTracks()) pc.addTrack(track, micStream);
   channel = pc.createDataChannel("harken", { ordered: true });
   channel.binaryType = "arraybuffer";
-  channel.onopen = () => { channel.send(startMessage($("language").value.trim())); $("stop").disabled = false; };
+  channel.onopen = () => { channel.send(startMessage($("language").value)); $("stop").disabled = false; };
   channel.onmessage = (ev) => onServerMessage(ev.data);
   channel.onclose = () => { if (!ended) showError("The connection to the server was lost."); hangUp(); };
   pc.onconnectionstatechange = () => {
@@ -165,6 +211,7 @@ async function start() {
     await waitForIce(pc);
     const key = $("key").value.trim();
     localStorage.setItem("harken-key", key);
+    localStorage.setItem("harken-language", $("language").value);
     const headers = { "Content-Type": "application/json" };
     if (key) headers.Authorization = "Bearer " + key;
     const r = await fetch("/v1/webrtc/offer", { method: "POST", headers,
@@ -204,5 +251,6 @@ function hangUp() {
 }
 
 $("key").value = localStorage.getItem("harken-key") || "";
+loadConfig();
 $("start").onclick = start;
 $("stop").onclick = stop;
