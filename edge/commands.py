@@ -97,10 +97,6 @@ def stream_server_command(input_path: str | None, server: str, mic: bool = False
     import asyncio
     import os
 
-    if "grpc" not in sys.modules:
-        # gRPC's C core logs every failed TLS handshake on stderr; the client says what failed in
-        # one line of its own (GRPC_VERBOSITY set by the user wins; read when grpc is imported)
-        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     from harken.edge.audio import peak_normalize
     from harken.edge.transport import ClientOptions, TranscriptionClient, audio_pieces
 

@@ -4,6 +4,7 @@ edge commands run with only the `edge` extra installed (no torch on that path)."
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
@@ -251,6 +252,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
+    if args.command in ("stream", "health") and "grpc" not in sys.modules:
+        # gRPC's C core logs every failed TLS handshake on stderr; these commands say what failed in
+        # one line of their own. Read once, when grpc is first imported; a user's setting wins.
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     from harken.shared.errors import HarkenError
 
     try:
