@@ -1,16 +1,18 @@
-# Every target sets up .venv by itself: torch (CPU wheel, pinned) first, then harken with its extras.
+# Every target sets up .venv by itself: torch (CPU wheel, pinned) first, then harken with its extras,
+# installed editable as a plain .pth entry for the project root (compat mode; harken/edge, harken/cloud,
+# harken/shared and harken/proto are symlinks), which editors and type checkers follow.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: demo test test-gpu bench proto sysdeps venv clean
+.PHONY: demo test typecheck test-gpu bench proto sysdeps venv clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[edge,cloud,dev,train]'
+	$(PY) -m pip install -q -e '.[edge,cloud,dev,train]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -26,8 +28,13 @@ sysdeps:
 demo: $(STAMP)
 	$(VENV)/bin/harken demo
 
+# mypy first ([tool.mypy] in pyproject.toml: the whole tree), then the test suite.
 test: $(STAMP) sysdeps
+	$(PY) -m mypy
 	$(PY) -m pytest -q
+
+typecheck: $(STAMP)
+	$(PY) -m mypy
 
 test-gpu: $(STAMP) sysdeps
 	$(PY) -m pytest -q -m gpu || test $$? -eq 5
@@ -41,7 +48,7 @@ bench: $(STAMP) sysdeps
 	$(VENV)/bin/harken bench load --self-serve --model tiny --streams 4 --seconds 20 --json
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .mypy_cache
 
 # Regenerate the committed gRPC stubs (proto/harken_pb2*.py) from proto/harken.proto.
 proto: $(STAMP)

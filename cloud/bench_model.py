@@ -181,17 +181,18 @@ def bench_model(real_dims: bool = False, tiny_only: bool = False, device: str | 
         torch.set_num_threads(threads)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    models: dict[str, dict] = {}
     result = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "dtype": str(dt).removeprefix("torch."),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "models": {},
+        "models": models,
     }
     for plan in plans(dev, real_dims, tiny_only):
         torch.manual_seed(0)
         entry = {"encoder": bench_encoder(plan, dev, dt), "decoder": bench_decoder(plan, dev, dt)}
-        result["models"][plan.name] = entry
+        models[plan.name] = entry
     return result
 
 

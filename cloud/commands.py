@@ -111,6 +111,7 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     if mic:
         source = _until_interrupted(microphone_chunks(block_ms=100))
     else:
+        assert input_path is not None  # checked above
         audio = peak_normalize(load_audio(input_path))  # before loading the model: bad input fails fast
         source = (audio[i:i + 1600] for i in range(0, len(audio), 1600))  # 100 ms pieces
 

@@ -224,7 +224,8 @@ class Engine:
                 return []
             start = self._rotor % len(ids)
             order = ids[start:] + ids[:start]
-            planned, failed = [], []
+            planned: list[tuple[str, Session, Job]] = []
+            failed: list[tuple[str, Session, Exception]] = []
             for sid in order:
                 if len(planned) >= room:
                     break
@@ -242,8 +243,8 @@ class Engine:
             if planned:
                 # the next tick starts after the last session served: everyone gets a turn
                 self._rotor = (ids.index(planned[-1][0]) + 1) % len(ids)
-        for sid, s, e in failed:
-            self._fail(sid, s, e)
+        for sid, s, err in failed:
+            self._fail(sid, s, err)
         return planned
 
     def _start(self, planned: list[tuple[str, Session, Job]]) -> tuple[list[_Running], list]:
@@ -256,11 +257,13 @@ class Engine:
                                                       [r.item_start for *_, r in requests],
                                                       [r.stem for *_, r in requests], return_stems=True)
         broken: set[str] = set()
-        for (sid, s, job, r), o, st in zip(requests, outs, stems):
+        for (sid, s, job, req), o, st in zip(requests, outs, stems):
             if sid in broken:
                 continue
             try:
-                job.item.encoder.commit(r, o, st)
+                enc = job.item.encoder
+                assert enc is not None  # a planned item has started
+                enc.commit(req, o, st)
             except Exception as e:  # noqa: BLE001
                 broken.add(sid)
                 self._fail(sid, s, e)
@@ -272,13 +275,13 @@ class Engine:
                 events += self._finish(sid, s, job, [])
                 continue
             try:
-                e = s.prefill_embeds(job)
+                emb = s.prefill_embeds(job)
             except Exception as err:  # noqa: BLE001
                 self._fail(sid, s, err)
                 continue
             self.cache.truncate(s.state.slot, job.keep)
             slots.append(s.state.slot)
-            embeds.append(e)
+            embeds.append(emb)
             run.append(_Running(sid, s, job, s.state.slot, []))
         if not run:
             return [], events
@@ -328,7 +331,6 @@ class Engine:
             except Exception as e:  # noqa: BLE001
                 failed = e
             else:
-                failed = None
                 self._busy.discard(sid)
                 if sid in self._closing:
                     self._closing.discard(sid)
@@ -445,7 +447,8 @@ class Scheduler:
                 await self._task
             finally:
                 self._task = None
-                self._executor.shutdown(wait=True)
+                if self._executor is not None:  # set with the task
+                    self._executor.shutdown(wait=True)
                 self._executor = None
 
     def open_session(self, options: SessionOptions = SessionOptions()) -> tuple[str, asyncio.Queue]:

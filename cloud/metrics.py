@@ -9,7 +9,9 @@ arrival of the segment's end to its final event.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import start_http_server
@@ -53,8 +55,8 @@ class ServerMetrics:
 class MetricsEndpoint:
     """prometheus-client's HTTP server thread; `port` is the real one (for --metrics-port 0)."""
 
-    httpd: object
-    thread: object
+    httpd: WSGIServer
+    thread: threading.Thread
 
     @property
     def port(self) -> int:

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -37,6 +38,9 @@ from harken.cloud.errors import (MalformedMessage, NotYourSession, OutOfOrder, O
                                  SessionNotFound, ShuttingDown, Superseded)
 from harken.cloud.metrics import ServerMetrics
 from harken.cloud.wire import AudioIn, EndIn, FeaturesIn, FinalizeIn, Seed, StartRequest, TranscriptOut
+
+if TYPE_CHECKING:
+    from harken.cloud.commit import CommitPolicy
 
 log = logging.getLogger("harken.server")
 
@@ -51,7 +55,7 @@ class SessionLimits:
     grace_s: float = 60.0
     replay_tail: int = 512  # events of final segments kept behind the last one sent
     max_events_held: int = 20_000  # hard cap on the event log of one session
-    policy: object = None  # the sessions' CommitPolicy (None: the engine's default)
+    policy: CommitPolicy | None = None  # the sessions' commit policy (None: the engine's default)
 
 
 @dataclass
@@ -63,7 +67,7 @@ class Attachment:
     sent_event_seq: int
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     ack_due: bool = False
-    end: object = None
+    end: BaseException | str | None = None  # str: CLOSED_OK
     reader: asyncio.Task | None = None  # owned by the stream handler; cancelled by a newer attach
 
 

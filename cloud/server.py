@@ -25,6 +25,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -38,6 +39,12 @@ from harken.cloud.metrics import MetricsEndpoint, ServerMetrics, serve_metrics
 from harken.proto import harken_pb2, harken_pb2_grpc
 from harken.shared.errors import (CodecError, EngineOverloaded, HarkenError, StreamInputError,
                                   StreamOrderError, UnknownSession)
+
+if TYPE_CHECKING:
+    from grpc_health.v1 import health
+
+    from harken.cloud.engine import Engine, Scheduler
+    from harken.cloud.webrtc import WebRTCEndpoint
 
 log = logging.getLogger("harken.server")
 
@@ -145,6 +152,7 @@ class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
             await context.abort(code, message)
         finally:
             if attachment is not None:
+                assert session is not None  # the session it is attached to
                 # first, with no await before it: a handler cancelled again while it waits (a
                 # client that drops at once) must still give its attachment back
                 session.detach(attachment)
@@ -207,6 +215,7 @@ async def _outgoing(session: HostedSession, a: Attachment):
         if end is not None:
             if end == CLOSED_OK:
                 return
+            assert isinstance(end, BaseException)  # the only other end
             raise end
 
 
@@ -224,17 +233,17 @@ class RunningServer:
     metrics: ServerMetrics
     _grpc: grpc.aio.Server
     _table: SessionTable
-    _scheduler: object
+    _scheduler: Scheduler
     _executor: ThreadPoolExecutor
-    _health: object
+    _health: health.aio.HealthServicer
     _metrics_endpoint: MetricsEndpoint | None
     _options: ServerOptions
     _engine_watch: asyncio.Task
     _stopped: bool = False
-    webrtc: object = None  # cloud.webrtc.WebRTCEndpoint when `http_port` was given
+    webrtc: WebRTCEndpoint | None = None  # when `http_port` was given
 
     @property
-    def engine(self):
+    def engine(self) -> Engine:
         """The engine serving every session (`cloud/scheduler.Engine`): counters for benchmarks."""
         return self._scheduler.engine
 
@@ -359,7 +368,7 @@ def _service_handler(service: TranscriptionService) -> grpc.GenericRpcHandler:
 
 
 def _tls_credentials(options: ServerOptions):
-    if options.tls_cert is None:
+    if options.tls_cert is None or options.tls_key is None:  # both or neither (ServerOptions)
         return None
     try:
         with open(options.tls_key, "rb") as f:

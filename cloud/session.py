@@ -122,6 +122,7 @@ class AudioItem:
         """Slot positions that stay valid across updates: system turn + completed windows."""
         if not self.in_slot:
             return 0
+        assert self.encoder is not None  # set when the item starts, before it is in a slot
         return len(self.head_ids) + self.stable_windows * self.encoder.encoder.window_tokens
 
 
@@ -278,7 +279,9 @@ class Session:
 
     def queued_frames(self) -> int:
         """Frames received but not yet given to the encoder (the engine's admission measure)."""
-        return sum(max((it.length if it.closed else it.received) - it.consumed, 0) for it in self.state.items)
+        # an item's length is set when it closes
+        return sum(max((it.length if it.length is not None else it.received) - it.consumed, 0)
+                   for it in self.state.items)
 
     # -- scheduling --------------------------------------------------------------------------------
 
@@ -288,6 +291,7 @@ class Session:
         commit_limit = self.cut_frames if self.policy.intermediate_commits else 0
         nxt = item.boundary + step
         if item.closed:
+            assert item.length is not None  # set when the item closes
             if nxt < item.length and nxt <= commit_limit:
                 return nxt, False, True
             return item.length, True, True
@@ -315,10 +319,12 @@ class Session:
         if not item.started:
             self._start(item)
         self._feed(item, frames)
-        if item.encoder.frames == 0:  # an item without audio: the final pass has nothing to run
+        enc = item.encoder
+        assert enc is not None  # set by _start
+        if enc.frames == 0:  # an item without audio: the final pass has nothing to run
             return Job(item, True, 0, True, [], model_free=True)
-        requests = item.encoder.pending_windows()
-        if final and item.length is not None and item.encoder.frames > item.length:
+        requests = enc.pending_windows()
+        if final and item.length is not None and enc.frames > item.length:
             # a cut item: only its complete windows before the cut count
             requests = [r for r in requests if r.complete and r.end_frame <= item.length]
         # the item's tokens in all: bounded by the audio this pass covers, and by the slot
@@ -353,10 +359,12 @@ class Session:
     def _feed(self, item: AudioItem, frames: int) -> None:
         """Give the encoder the item's frames up to `frames` (from `pending`)."""
         need = frames - item.consumed
+        enc = item.encoder
+        assert enc is not None  # set by _start
         while need > 0 and item.pending:
             head = item.pending[0]
             take = min(need, head.shape[1])
-            item.encoder.append(torch.from_numpy(np.ascontiguousarray(head[:, :take])).to(
+            enc.append(torch.from_numpy(np.ascontiguousarray(head[:, :take])).to(
                 device=self.asr.device, dtype=self.asr.dtype))
             if take == head.shape[1]:
                 item.pending.pop(0)
@@ -371,6 +379,7 @@ class Session:
         `prefilled(job)` once the prefill has run (a failed tick leaves the item as it was)."""
         item = job.item
         enc = item.encoder
+        assert enc is not None  # the job's item has started
         embed = self.asr.decoder.embed
         dev = self.asr.device
         wt = enc.encoder.window_tokens
@@ -415,6 +424,7 @@ class Session:
         stab = _stability(hyp, item.previous, n)
         item.committed += hyp[:n]
         item.previous = hyp[n:]
+        assert item.text is not None  # set when the item starts
         view = item.text.update(hyp[:n], [] if job.final else hyp[n:], final=job.final)
         if view.language is not None:
             item.language = view.language

@@ -30,12 +30,17 @@ import logging
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from harken.cloud.auth import ApiKeys
 from harken.cloud.errors import Unauthenticated
 from harken.proto import harken_pb2 as pb
+
+if TYPE_CHECKING:
+    import grpc
+    from aiohttp import web
 
 log = logging.getLogger("harken.webrtc")
 
@@ -59,13 +64,13 @@ class _ChannelContext:
 
     def __init__(self, metadata):
         self._metadata = metadata
-        self.code = None
+        self.code: grpc.StatusCode | None = None
         self.details = ""
 
     def invocation_metadata(self):
         return self._metadata
 
-    async def abort(self, code, details: str = ""):
+    async def abort(self, code: grpc.StatusCode, details: str = ""):
         self.code, self.details = code, details
         raise _Aborted(details)
 
@@ -173,7 +178,7 @@ class WebRTCEndpoint:
         self.keys = keys
         self.max_peer_connections = max_peer_connections
         self.port: int | None = None
-        self._runner = None
+        self._runner: web.AppRunner | None = None
         self._pcs: set = set()
         self._tasks: set[asyncio.Task] = set()
 
@@ -189,8 +194,9 @@ class WebRTCEndpoint:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_address=True)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
-        return self.port
+        port = self._runner.addresses[0][1]  # the site's socket (the real port for port 0)
+        self.port = port
+        return port
 
     async def close(self) -> None:
         for t in list(self._tasks):
@@ -319,6 +325,7 @@ class WebRTCEndpoint:
                         feed.drain()
                     await _send(channel, msg.SerializeToString())
         except _Aborted:
+            assert context.code is not None  # abort() set it
             status = {"status": context.code.name, "message": context.details}
         if channel.readyState == "open":
             channel.send(json.dumps(status))

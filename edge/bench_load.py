@@ -229,6 +229,7 @@ def sample_audio() -> np.ndarray:
 async def bench_load(options: LoadBenchOptions) -> dict:
     sample = sample_audio()
     if not options.self_serve:
+        assert options.server is not None  # LoadBenchOptions: --server or --self-serve
         result = await run_load(options.server, options, sample)
         result["server"] = options.server
         return result

@@ -73,6 +73,7 @@ async def _data_channel_wire(packets: list[FeaturePacket]) -> dict:
         await asyncio.wait_for(opened.wait(), 10)
         await asyncio.sleep(0.2)  # let the handshake's last datagrams go: they are not counted
         counted = {"bytes": 0, "datagrams": 0}
+        assert client.sctp is not None  # the data channel is open
         ice = client.sctp.transport.transport._connection
         pair = ice._nominated[1]
         protocol = pair.protocol
@@ -83,14 +84,14 @@ async def _data_channel_wire(packets: list[FeaturePacket]) -> dict:
             counted["datagrams"] += 1
             await send_data(data, addr)
 
-        protocol.send_data = counting_send
+        setattr(protocol, "send_data", counting_send)  # count what goes out, then put it back
         try:
             for m in messages:
                 channel.send(m)
             await asyncio.wait_for(received.wait(), 30)
             await asyncio.sleep(0.3)  # the last SACKs
         finally:
-            protocol.send_data = send_data
+            setattr(protocol, "send_data", send_data)
     finally:
         await client.close()
         await server.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -108,9 +109,11 @@ def stream_server_command(input_path: str | None, server: str, mic: bool = False
         raise HarkenError("give an input audio file or --mic")
     if tls_ca and not Path(tls_ca).is_file():
         raise HarkenError(f"{tls_ca}: no such certificate file")
-    client_class = TranscriptionClient
+    client_class: Callable[..., TranscriptionClient] = TranscriptionClient
     if transport == "webrtc":
-        from harken.edge.webrtc_transport import WebRTCTranscriptionClient as client_class
+        from harken.edge.webrtc_transport import WebRTCTranscriptionClient
+
+        client_class = WebRTCTranscriptionClient
     client = client_class(server, api_key=api_key or os.environ.get("HARKEN_API_KEY") or None,
                                  tls=tls_ca, options=ClientOptions(language=language or "", context=context,
                                                                    max_offline_s=max_offline_s))

@@ -40,8 +40,8 @@ from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from harken.edge.transport import (ClientOptions, StreamProgress, TranscriptEvent, TranscriptionClient,
-                                   TransportStats)
+from harken.edge.transport import (AudioSource, ClientOptions, StreamProgress, TranscriptEvent,
+                                   TranscriptionClient, TransportStats)
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class MeetingLine:
 class _Track:
     index: int
     speaker: str
-    source: object
+    source: AudioSource
     bound_s: float = 0.0  # no line from this track will start before this any more
     client: TranscriptionClient | None = None
 
@@ -103,7 +103,7 @@ class Meeting:
     _tracks: list[_Track] = field(default_factory=list, init=False, repr=False)
     _started: bool = field(default=False, init=False, repr=False)
 
-    def add_track(self, speaker: str, source) -> None:
+    def add_track(self, speaker: str, source: AudioSource) -> None:
         """Add a participant: `speaker` labels its lines; `source` is anything
         `TranscriptionClient.stream` accepts. Add every track before iterating `lines()`."""
         if self._started:

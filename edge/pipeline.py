@@ -135,13 +135,14 @@ class FeatureStream:
         packets = []
         while self._segments:
             seg = self._segments[0]
-            limit = self._frames_computed if seg.end_frame is None else min(seg.end_frame, self._frames_computed)
-            closing = seg.end_frame is not None and (seg.end_frame <= self._frames_computed or final)
+            end_frame = seg.end_frame
+            limit = self._frames_computed if end_frame is None else min(end_frame, self._frames_computed)
             while limit - seg.next_frame >= self.packet_frames:
                 packets.append(self._packet(seg, seg.next_frame + self.packet_frames, end=False))
-            if not closing:
+            closing = end_frame is not None and (end_frame <= self._frames_computed or final)
+            if end_frame is None or not closing:
                 break
-            end = min(seg.end_frame, self._frames_computed)
+            end = min(end_frame, self._frames_computed)
             packets.append(self._packet(seg, end, end=True))
             self._segments.popleft()
         return packets

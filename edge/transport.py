@@ -45,10 +45,11 @@ import logging
 import math
 import random
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable
+from contextlib import AbstractAsyncContextManager, aclosing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, Literal, overload
 
 import grpc
 import numpy as np
@@ -163,6 +164,11 @@ def features_message(p: FeaturePacket, seq: int = 0, segment_id: int | None = No
         payload_crc32c=payload_crc32c(p.payload)))
 
 
+AudioSource = Iterable[np.ndarray] | AsyncIterable[np.ndarray] | np.ndarray | str | Path
+"""What `TranscriptionClient.stream` takes: 16 kHz mono float32 pieces (sync or async), an array
+or an audio file's path."""
+
+
 def file_pieces(path: str | Path, piece_ms: int = 100) -> list[np.ndarray]:
     """An audio file as 16 kHz mono float32 pieces of `piece_ms`: a ready `stream()` source.
     Peak-normalised as the embedded engine and the official package treat files."""
@@ -245,8 +251,16 @@ class TranscriptionClient:
         self._clock = clock
         self.stats = TransportStats()
 
-    async def stream(self, source: Iterable[np.ndarray] | AsyncIterable[np.ndarray] | np.ndarray | str | Path,
-                     progress: bool = False) -> AsyncIterator[TranscriptEvent]:
+    @overload
+    def stream(self, source: AudioSource,
+               progress: Literal[False] = False) -> AsyncGenerator[TranscriptEvent, None]: ...
+
+    @overload
+    def stream(self, source: AudioSource,
+               progress: bool) -> AsyncGenerator[TranscriptEvent | StreamProgress, None]: ...
+
+    async def stream(self, source: AudioSource,
+                     progress: bool = False) -> AsyncGenerator[TranscriptEvent | StreamProgress, None]:
         """Transcribe `source` (16 kHz mono float32 pieces, sync or async; an array; a file path):
         yield every transcript event, return once the server has sent the last final. With
         `progress`, `StreamProgress` items come in between, each after the events it accounts for.
@@ -268,7 +282,7 @@ class TranscriptionClient:
 
     # ---- the owner of one stream: a producer task, a connection task, events out via a queue ----
 
-    async def _run(self, source) -> AsyncIterator[TranscriptEvent | StreamProgress]:
+    async def _run(self, source) -> AsyncGenerator[TranscriptEvent | StreamProgress, None]:
         self.stats = TransportStats()
         state = _StreamState()
         out: asyncio.Queue = asyncio.Queue()
@@ -277,14 +291,21 @@ class TranscriptionClient:
         connection = asyncio.create_task(self._connect_loop(state, out), name="harken-client-connection")
         done_marker = object()
         connection.add_done_callback(lambda _: out.put_nowait(done_marker))
-        producer.add_done_callback(lambda t: t.cancelled() or t.exception() is None or out.put_nowait(done_marker))
+
+        def producer_done(t: asyncio.Task) -> None:
+            if not t.cancelled() and t.exception() is not None:
+                out.put_nowait(done_marker)
+
+        producer.add_done_callback(producer_done)
         try:
             while True:
                 item = await out.get()
                 if item is done_marker:
                     # a failed producer ends the stream with its error; a finished connection ends it
-                    if producer.done() and not producer.cancelled() and producer.exception() is not None:
-                        raise producer.exception()
+                    if producer.done() and not producer.cancelled():
+                        error = producer.exception()
+                        if error is not None:
+                            raise error
                     if connection.done():
                         while not out.empty():  # events queued before the connection finished
                             item = out.get_nowait()
@@ -516,11 +537,14 @@ class TranscriptionClient:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 call.cancel()
 
-    def _channel(self) -> grpc.aio.Channel:
+    def _channel(self) -> AbstractAsyncContextManager[Any]:
+        """A channel for the stub, entered per attempt: a grpc.aio.Channel (the WebRTC client's
+        stands in for one)."""
         # a fresh channel, and connection, per attempt: grpc's own reconnect backoff (up to
         # minutes) stays out of the way of ours, a restarted server is found at once, and a dead
         # connection is not shared into the next attempt (channels share subchannels by default)
-        options = [("grpc.max_receive_message_length", 16 << 20), ("grpc.use_local_subchannel_pool", 1)]
+        options: list[tuple[str, int | str]] = [("grpc.max_receive_message_length", 16 << 20),
+                                                ("grpc.use_local_subchannel_pool", 1)]
         if self._credentials is None:
             return grpc.aio.insecure_channel(self.target, options=options)
         if self.options.tls_server_name:

@@ -362,10 +362,12 @@ class SpeechSegmenter:
 
     def _pause_over(self, cur: int) -> None:
         s = self.state
-        length = cur - s.silence_start_sample
+        start = s.silence_start_sample
+        assert start is not None  # called in a pause
+        length = cur - start
         if length > self._limits.min_pause_at_max_speech and (
                 s.longest_pause is None or length > s.longest_pause.length_samples):
-            s.longest_pause = _Pause(s.silence_start_sample, length)
+            s.longest_pause = _Pause(start, length)
         s.silence_start_sample = None
 
     def _open(self, cur: int, events: list[SegmentEvent]) -> None:
@@ -400,6 +402,7 @@ class SpeechSegmenter:
         only if longer than min speech."""
         s = self.state
         end = s.silence_start_sample
+        assert end is not None  # called in a pause
         if s.confirmed or end - s.raw_start_sample > self._limits.min_speech:
             self._close(end, now, events)
         s.triggered, s.silence_start_sample, s.longest_pause = False, None, None
@@ -432,6 +435,7 @@ class SpeechSegmenter:
     def _emit_end(self, end_sample: int, now: int, events: list[SegmentEvent]) -> None:
         s = self.state
         pending = s.pending_end
+        assert pending is not None  # called with an end pending
         events.append(SegmentEnd(pending.segment_id, pending.start_sample, end_sample, now))
         s.last_end_sample = end_sample
         s.pending_end = None

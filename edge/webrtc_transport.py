@@ -19,11 +19,15 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
 
 from harken.edge.transport import ClientOptions, TranscriptionClient
+
+if TYPE_CHECKING:
+    from aiortc import RTCDataChannel, RTCPeerConnection
 
 OFFER_PATH = "/v1/webrtc/offer"
 CHANNEL_LABEL = "harken"
@@ -116,8 +120,8 @@ class PeerConnectionChannel:
         self.api_key = api_key
         self.connect_timeout_s = connect_timeout_s
         self.ssl = ssl
-        self.pc = None
-        self.channel = None
+        self.pc: RTCPeerConnection | None = None
+        self.channel: RTCDataChannel | None = None
 
     async def __aenter__(self) -> "PeerConnectionChannel":
         try:
@@ -274,13 +278,15 @@ async def stream_opus(url: str, source, api_key: str | None = None, language: st
     track = _pcm_track(_pieces_48k(source), speed)
     peer = PeerConnectionChannel(url, api_key, connect_timeout_s, tracks=(track,))
     async with peer:
-        call = DataChannelCall(peer.channel, pb.ServerMessage.FromString, pb.ClientMessage.SerializeToString)
+        channel = peer.channel
+        assert channel is not None  # open once entered
+        call = DataChannelCall(channel, pb.ServerMessage.FromString, pb.ClientMessage.SerializeToString)
         await call.write(pb.ClientMessage(start=pb.Start(language=language, context=context)))
 
         async def end_after_source():
             await track.source_done.wait()
             await asyncio.sleep(TRAILING_SILENCE_S / speed + 0.2)
-            peer.channel.send(json.dumps({"flush_audio": True}))
+            channel.send(json.dumps({"flush_audio": True}))
             await call.write(pb.ClientMessage(end=pb.End()))
 
         ender = asyncio.create_task(end_after_source())

@@ -129,7 +129,10 @@ def mel_layout() -> MelLayout:
             srcs.append((srcs[0][0], 0.0))
         dep.append(m)
         (a, ra), (b, rb) = srcs
-        src_a.append(a), src_b.append(b), r_a.append(ra), r_b.append(rb)
+        src_a.append(a)
+        src_b.append(b)
+        r_a.append(ra)
+        r_b.append(rb)
     basis = np.array([m for m in range(N_MELS) if m not in set(dep)])
     sink = np.zeros(N_MELS)
     for a, b, ra, rb in zip(src_a, src_b, r_a, r_b):
@@ -524,11 +527,13 @@ def decode_frames(payload: bytes) -> np.ndarray:
         if len(payload) != pos:
             raise CodecError("corrupt payload: bytes after an at-floor header")
         return np.repeat(header.floors[None, :], N_MELS, axis=0)
-    params = _MODE_PARAMS[header.mode]
+    mode = header.mode
+    assert mode is not None  # PacketHeader.parse: a payload with frames names its mode
+    params = _MODE_PARAMS[mode]
     layout = mel_layout()
     nb = len(layout.basis)
     lengths = [n for _, n in time_blocks(k)]
-    classes = _shifted(_block_prior(lengths, header.mode), header.shift)
+    classes = _shifted(_block_prior(lengths, mode), header.shift)
     if header.residual_class is not None:
         classes = np.concatenate([classes, np.full(len(layout.dependent) * k, header.residual_class)])
     body = payload[pos:]

@@ -67,7 +67,7 @@ class CodeTable:
 def _huffman_lengths(weights: list[int]) -> np.ndarray:
     """Code lengths of a Huffman code for integer weights (exact sums, ties broken by index)."""
     p = weights
-    heap = [(q, i, (i,)) for i, q in enumerate(p)]
+    heap: list[tuple[int, int, tuple[int, ...]]] = [(q, i, (i,)) for i, q in enumerate(p)]
     heapq.heapify(heap)
     lengths = np.zeros(len(p), dtype=np.int64)
     tie = len(p)

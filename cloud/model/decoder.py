@@ -73,7 +73,7 @@ def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     return out.reshape(B, Hq, S, D)
 
 
-_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": F.silu, "gelu": F.gelu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
 
 
 # --- modules (names follow the official `thinker.model.*` weights) ---------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from itertools import accumulate
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence, overload
 
 import torch
 import torch.nn.functional as F
@@ -178,6 +178,8 @@ class AudioEncoder(nn.Module):
     here too. Dropout fields are training-only and not modelled.
     """
 
+    positions: Tensor  # a buffer, declared for the type checker
+
     def __init__(self, cfg: AudioEncoderConfig):
         super().__init__()
         if cfg.chunks_per_window < 1:
@@ -245,6 +247,16 @@ class AudioEncoder(nn.Module):
 
     # -- public API --
 
+    @overload
+    def encode_windows(self, windows: Sequence[Tensor], item_start: Sequence[bool],
+                       stems: Sequence[Tensor | None] | None = None, *,
+                       return_stems: Literal[False] = False) -> list[Tensor]: ...
+
+    @overload
+    def encode_windows(self, windows: Sequence[Tensor], item_start: Sequence[bool],
+                       stems: Sequence[Tensor | None] | None = None, *,
+                       return_stems: Literal[True]) -> tuple[list[Tensor], list[Tensor]]: ...
+
     def encode_windows(self, windows: Sequence[Tensor], item_start: Sequence[bool],
                        stems: Sequence[Tensor | None] | None = None, *,
                        return_stems: bool = False) -> list[Tensor] | tuple[list[Tensor], list[Tensor]]:
@@ -304,13 +316,15 @@ class AudioEncoder(nn.Module):
         if any(cached):
             parts, c = [], 0
             for st, k, k0 in zip(stems, lay.chunk_counts, cached):
-                if k0:
+                if st is not None and k0:
                     parts.append(st.to(device=p.device, dtype=p.dtype))
                 if k > k0:
+                    assert fresh is not None  # the chunks not cached went through the stem
                     parts.append(fresh[c:c + k - k0])
                     c += k - k0
             embeds = torch.cat(parts)  # [C, tokens_per_chunk, d]
         else:
+            assert fresh is not None  # nothing was cached: every chunk went through the stem
             embeds = fresh
         x = embeds.reshape(-1, embeds.shape[-1])[to_device(lay.token_index)]  # [B, N, d]
         out = self.transformer(x, to_device(lay.key_mask))  # [B, N, out]
@@ -391,7 +405,7 @@ class IncrementalEncoder:
         self.window_frames = encoder.window_frames
         self._frames = 0  # frames appended so far
         self._buffer_start = 0  # item frame index of _buffer[:, 0]; a window boundary
-        self._buffer = None  # [mel, b]: features of windows not yet committed (active + completed-pending)
+        self._buffer: Tensor | None = None  # [mel, b]: features of windows not yet committed (active + completed-pending)
         self._completed: list[Tensor] = []  # outputs of committed complete windows
         self._active: Tensor | None = None  # output of the active window ...
         self._active_frames = 0  # ... computed from the item's first _active_frames frames
@@ -469,6 +483,7 @@ class IncrementalEncoder:
                                  f"(next is {len(self._completed)})")
             self._completed.append(output)
             self._stems.pop(request.index, None)  # its final output is cached: the stems are no use
+            assert self._buffer is not None  # holds the window until it is committed
             self._buffer = self._buffer[:, self.window_frames:]
             self._buffer_start += self.window_frames
             if self._buffer.shape[1] == 0:

@@ -93,8 +93,8 @@ def real_vocab() -> tuple[dict[str, int], list[tuple[str, str]]]:
     ranks: dict[bytes, int] = {}
     for line in text.splitlines():
         if line:
-            tok, rank = line.split()
-            ranks[base64.b64decode(tok)] = int(rank)
+            b64, rank_text = line.split()
+            ranks[base64.b64decode(b64)] = int(rank_text)
     b2u = bytes_to_unicode()
 
     def s(b: bytes) -> str:
@@ -120,6 +120,12 @@ system user assistant Hello world, this is a test of the tiny tokenizer. It's wh
 """
 
 
+def _merge_pair(m: str | list[str]) -> tuple[str, str]:
+    """A merge as tokenizers writes it: "left right" (older releases) or ["left", "right"]."""
+    left, right = m.split(" ") if isinstance(m, str) else m
+    return left, right
+
+
 def small_vocab(merges: int = 600) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """A small byte-level BPE trained here with `tokenizers`, then padded with unreachable
     placeholders up to id 151642 so the added tokens keep their real ids."""
@@ -132,7 +138,7 @@ def small_vocab(merges: int = 600) -> tuple[dict[str, int], list[tuple[str, str]
     tk.train_from_iterator([_SMALL_CORPUS], trainer=trainer)
     doc = json.loads(tk.to_str())
     vocab = dict(doc["model"]["vocab"])
-    learned = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in doc["model"]["merges"]]
+    learned = [_merge_pair(m) for m in doc["model"]["merges"]]
     # placeholders contain a character outside the byte alphabet: no input text can ever form them
     for i in range(len(vocab), FIRST_SPECIAL_ID):
         vocab[f"\u2400unused{i}"] = i

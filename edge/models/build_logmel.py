@@ -60,6 +60,9 @@ class LogMel(torch.nn.Module):
     a float64 DFT came no closer to it (max 6e-5 vs 6e-5 on normalised features) and ran 5x slower
     (onnxruntime has no float64 Conv; framing had to be a Gather)."""
 
+    dft: torch.Tensor  # buffers, declared for the type checker
+    mel: torch.Tensor
+
     def __init__(self):
         super().__init__()
         # [400, 402]: columns are windowed cos (Re) then windowed -sin (Im) per frequency.
