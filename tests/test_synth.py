@@ -283,3 +283,33 @@ def test_pieces_spell_every_training_text_exactly_with_few_tokens(tmp_path, spli
     rare = tok.encode(" Wallbangers")
     assert not set(rare) <= set(allowed) and len(spell.encode(" Wallbangers")) <= len(" Wallbangers")
     assert spell.encode("<asr_text> the") == [tok.token_id("<asr_text>")] + tok.encode(" the")
+
+
+def test_ctc_forced_alignment_finds_the_path_and_words_own_their_tokens(tmp_path):
+    """The guided-attention target: Viterbi CTC alignment recovers a planted path (a repeated label
+    needs its blank), and each transcript token belongs to the word of its first non-space byte."""
+    from harken.cloud.model.tiny import write_tokenizer_files
+    from harken.cloud.model.tokenizer import Tokenizer
+    from harken.cloud.synth import train as T
+
+    path = [0, 3, 3, 0, 5, 0, 5, 5, 0]  # labels 3, 5, 5 first emitted at frames 1, 4, 6
+    logp = np.full((len(path), 7), math.log(0.1 / 6))
+    logp[np.arange(len(path)), path] = math.log(0.9)
+    assert T.ctc_align(logp, [3, 5, 5]) == [1, 4, 6]
+    assert T.ctc_align(logp[:2], [3, 5, 5]) is None  # too few frames for three labels
+    write_tokenizer_files(tmp_path, "real")
+    tok = Tokenizer.from_dir(tmp_path)
+    table = {c: i + 1 for i, c in enumerate("abcdefghijklmnopqrstuvwxyzðəɪ")}
+    ids = tok.encode("Thorn, by  name.")
+    per_word, token_word = T.word_structure(tok, "Thorn, by  name.", "θɔːn baɪ neɪm", table, ids)
+    assert per_word == [1, 3, 4]  # phonemes outside the table are not counted
+    text_of = {}
+    for t, w in zip(ids, token_word):
+        text_of[w] = text_of.get(w, "") + tok.decode([t])
+    assert [text_of[w].strip() for w in range(3)] == ["Thorn,", "by", "name."]
+    assert T.word_structure(tok, "Room 428", "ɹuːm fɔː hʌndɹəd twɛnti eɪt", table, tok.encode("Room 428")) is None
+    # spans: two words, the second with two tokens sharing its rows
+    logp2 = np.full((12, 7), math.log(0.1 / 6))
+    logp2[np.arange(12), [0, 1, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]] = math.log(0.9)
+    centre, width = T.token_rows(logp2, [1, 2, 3], ([2, 1], [0, 1, 1]))
+    assert centre[0] == pytest.approx((0.5 + 4) / 2) and centre[1] < centre[2] and (width >= 1).all()

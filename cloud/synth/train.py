@@ -80,6 +80,8 @@ class Example:
     target: list[int]  # token ids: language English<asr_text>{text}<|im_end|>
     phones: list[int]  # phoneme ids (1-based; 0 is the CTC blank)
     text: str
+    words: tuple[list[int], list[int]] | None = None  # (phonemes of each word, word of each transcript
+    # token) when espeak-ng's words match the text's one to one (`word_structure`), else None
 
 
 class Vocab:
@@ -199,6 +201,7 @@ class Batch:
     n_prefix: int  # tokens of `language English<asr_text>` at the start of every target
     corrupt: float = 0.0  # share of transcript input tokens replaced by random trained tokens
     guide: float = 0.0  # weight of the guided-attention loss (0: not computed)
+    words: list[tuple[list[int], list[int]] | None] | None = None  # `Example.words` of each item
 
 
 def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]], aux: bool = True,
@@ -241,24 +244,29 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
     if not aux or text_only:
         return {"ce": ce}
     out = {"ce": ce}
+    # phoneme CTC, two slots per encoder token
+    out_lens = torch.tensor([a.shape[0] for a in audio])
+    A = torch.nn.utils.rnn.pad_sequence(audio)  # [T, B, hidden]
+    ph = model.phone_head(A)  # [T, B, 2 * P]
+    T, B, _ = ph.shape
+    ph = ph.view(T, B, 2, -1).permute(0, 2, 1, 3).reshape(2 * T, B, -1)
     if guided:
+        spans = None
+        if batch.words is not None:
+            logp = ph.detach().float().log_softmax(-1).cpu().numpy()
+            spans = [token_rows(logp[:2 * int(out_lens[b]), b], batch.phones[b], w) if w else None
+                     for b, w in enumerate(batch.words)]
         out["guide"] = guided_attention_loss(attn, batch, [a.shape[0] for a in audio], len(prefix), tgt_pos,
-                                             model.encoder)
+                                             model.encoder, spans)
 
     # CTC over Qwen tokens on the audio rows, output matrix = the tied embedding rows of the tokens
     # in this batch (+ a blank row): an auxiliary loss, so a batch-local softmax is enough
-    out_lens = torch.tensor([a.shape[0] for a in audio])
-    A = torch.nn.utils.rnn.pad_sequence(audio)  # [T, B, hidden]
     body = [t[batch.n_prefix:-1] for t in subs]  # the transcript alone
     local, inverse = torch.unique(torch.cat(body), return_inverse=True)
     tok_logits = A @ torch.cat([model.blank[None], model.emb[local]]).t()  # [T, B, 1 + n_local]
     ctc_tok = F.ctc_loss(tok_logits.log_softmax(-1), inverse + 1, out_lens,
                          torch.tensor([len(b) for b in body]), blank=0, zero_infinity=True,
                          reduction="mean")
-    # phoneme CTC, two slots per encoder token
-    ph = model.phone_head(A)  # [T, B, 2 * P]
-    T, B, _ = ph.shape
-    ph = ph.view(T, B, 2, -1).permute(0, 2, 1, 3).reshape(2 * T, B, -1)
     phones = torch.tensor([p for ps in batch.phones for p in ps], device=dev)
     ctc_ph = F.ctc_loss(ph.log_softmax(-1), phones, 2 * out_lens,
                         torch.tensor([len(p) for p in batch.phones]), blank=0, zero_infinity=True,
@@ -330,24 +338,32 @@ def speech_rows(feats: torch.Tensor, encoder, drop: float = 0.4) -> tuple[int, i
 
 
 def guided_attention_loss(attn: list[torch.Tensor], batch: Batch, audio_rows: list[int], audio_start: int,
-                          tgt_pos: list[tuple[int, int, int]], encoder) -> torch.Tensor:
+                          tgt_pos: list[tuple[int, int, int]], encoder,
+                          spans: list[tuple[np.ndarray, np.ndarray] | None] | None = None) -> torch.Tensor:
     """Steer the probed heads to the audio where each transcript token is spoken, assumed spread
     evenly over the speech (a diagonal prior, as in guided attention for TTS): for the query that
     predicts transcript token k of K, -log of its attention mass under a Gaussian window over the
     audio rows centred at (k + 1/2) / K of the speech (width 10% of it, at least 1.5 rows). It only
-    gets alignment started; the content decides the rest."""
+    gets alignment started; the content decides the rest.
+
+    `spans[b]` (when given): each transcript token's (centre, width) in audio rows from the phoneme
+    CTC's forced alignment (`token_rows`), a far sharper target than the diagonal."""
     total, count = 0.0, 0
     for b, (_, s, n) in enumerate(tgt_pos):
         K = n - batch.n_prefix - 1  # transcript tokens, without the language prefix and <|im_end|>
         if K <= 0:
             continue
-        a0, a1 = speech_rows(batch.feats[b], encoder)
-        a1 = min(a1, audio_rows[b])
-        a0 = min(a0, a1 - 1)
         dev = attn[0].device
         j = torch.arange(audio_rows[b], device=dev, dtype=torch.float32)
-        centre = a0 + (a1 - a0) * (torch.arange(K, device=dev, dtype=torch.float32) + 0.5) / K
-        sigma = max(1.5, 0.1 * (a1 - a0))
+        if spans is not None and spans[b] is not None and len(spans[b][0]) == K:
+            centre = torch.as_tensor(spans[b][0], device=dev, dtype=torch.float32)
+            sigma = torch.as_tensor(spans[b][1], device=dev, dtype=torch.float32)[:, None]
+        else:
+            a0, a1 = speech_rows(batch.feats[b], encoder)
+            a1 = min(a1, audio_rows[b])
+            a0 = min(a0, a1 - 1)
+            centre = a0 + (a1 - a0) * (torch.arange(K, device=dev, dtype=torch.float32) + 0.5) / K
+            sigma = max(1.5, 0.1 * (a1 - a0))
         window = torch.exp(-0.5 * ((j[None, :] - centre[:, None]) / sigma) ** 2)  # [K, rows]
         q0 = s + batch.n_prefix  # the query that predicts transcript token 0
         for w in attn:
@@ -355,6 +371,85 @@ def guided_attention_loss(attn: list[torch.Tensor], batch: Batch, audio_rows: li
             total = total - torch.log(mass + 1e-6).sum()
             count += K
     return total / max(count, 1)
+
+
+def ctc_align(logp: np.ndarray, target: list[int]) -> list[int] | None:
+    """CTC forced alignment (Viterbi, blank 0): the frame where each target label is first emitted
+    on the best path through `logp` [frames, classes] (log-probabilities); None if no path fits."""
+    T, L = logp.shape[0], len(target)
+    ext = np.zeros(2 * L + 1, dtype=np.int64)
+    ext[1::2] = target
+    S = len(ext)
+    emit = logp[:, ext]  # [T, S]
+    skip = np.zeros(S, dtype=bool)
+    skip[2:] = (ext[2:] != 0) & (ext[2:] != ext[:-2])
+    neg = -1e30
+    alpha = np.full(S, neg)
+    alpha[:2] = emit[0, :2]
+    back = np.zeros((T, S), dtype=np.int8)
+    for t in range(1, T):
+        cand = np.full((3, S), neg)
+        cand[0] = alpha
+        cand[1, 1:] = alpha[:-1]
+        cand[2, 2:] = np.where(skip[2:], alpha[:-2], neg)
+        back[t] = cand.argmax(0)
+        alpha = cand.max(0) + emit[t]
+    s = S - 1 if S == 1 or alpha[S - 1] >= alpha[S - 2] else S - 2
+    if alpha[s] < neg / 2:
+        return None
+    first: list[int | None] = [None] * L
+    for t in range(T - 1, -1, -1):
+        if s % 2:
+            first[s // 2] = t
+        s -= int(back[t, s])
+    return first if all(f is not None for f in first) else None  # type: ignore[return-value]
+
+
+def token_rows(logp: np.ndarray, phones: list[int], words: tuple[list[int], list[int]]
+               ) -> tuple[np.ndarray, np.ndarray] | None:
+    """(centre, width) in audio rows of each transcript token: the phoneme CTC (two slots a row) is
+    force-aligned to the utterance's phonemes; a word spans from its first phoneme's slot to the next
+    word's; a word's tokens share its span evenly."""
+    per_word, token_word = words
+    first = ctc_align(logp, phones)
+    if first is None or sum(per_word) != len(phones):
+        return None
+    starts = np.cumsum([0] + per_word)
+    bounds = [first[i] for i in starts[:-1]] + [first[-1] + 2]
+    centre, width = [], []
+    for w in range(len(per_word)):
+        toks = [k for k, tw in enumerate(token_word) if tw == w]
+        r0, r1 = bounds[w] / 2, max(bounds[w + 1], bounds[w] + 1) / 2
+        for i, _ in enumerate(toks):
+            centre.append(r0 + (r1 - r0) * (i + 0.5) / len(toks))
+            width.append(max(1.0, 0.5 * (r1 - r0) / len(toks)))
+    if len(centre) != len(token_word):
+        return None
+    return np.array(centre), np.array(width)
+
+
+def word_structure(tok: Tokenizer, text: str, phonemes: str, table: dict[str, int], transcript: list[int]
+                   ) -> tuple[list[int], list[int]] | None:
+    """(phonemes of each word, word of each transcript token) when espeak-ng's words and the text's
+    whitespace words match one to one (numbers and some contractions do not: None). A token belongs
+    to the word of its first non-space byte; a lone space to the next word."""
+    per_word = [sum(c in table for c in w) for w in phonemes.split()]
+    if len(per_word) != len(text.split()) or 0 in per_word:
+        return None
+    token_word, w, prev_space = [], -1, True
+    for t in transcript:
+        own = None
+        for ch in tok.token_bytes(t):
+            space = ch in b" \t\n"
+            if not space and prev_space:
+                w += 1
+            if not space and own is None:
+                own = w
+            prev_space = space
+        token_word.append(own if own is not None else w + 1)
+    if max(token_word, default=-1) != len(per_word) - 1:
+        return None
+    return per_word, token_word
 
 
 def _corrupt(t: torch.Tensor, keep: int, p: float, n: int) -> torch.Tensor:
@@ -488,6 +583,7 @@ def load_examples(shards: list[Path], tok: Tokenizer, table: dict[str, int], spe
     """The utterances of `shards`; phoneme symbols outside `table` are dropped, and (with `vocab`)
     utterances with a token outside it are skipped."""
     out = []
+    n_prefix = len(tok.encode(TARGET_PREFIX))
     for s in shards:
         feats, lengths, meta = corpus.load_shard(s)
         offs = np.concatenate([[0], np.cumsum(lengths)])
@@ -496,7 +592,8 @@ def load_examples(shards: list[Path], tok: Tokenizer, table: dict[str, int], spe
             if vocab is not None and (vocab.index[torch.tensor(target)] < 0).any():
                 continue
             out.append(Example(feats[:, offs[i]:offs[i + 1]], target,
-                               [table[c] for c in m["phonemes"] if c in table], m["text"]))
+                               [table[c] for c in m["phonemes"] if c in table], m["text"],
+                               word_structure(tok, m["text"], m["phonemes"], table, target[n_prefix:-1])))
     return out
 
 
@@ -662,7 +759,8 @@ def train(opts: TrainOptions, log=print) -> Path:
             model.train()
             batch = Batch([torch.from_numpy(e.feats.astype(np.float32)).to(opts.device) for e in group],
                           [e.target for e in group], [e.phones for e in group], len(target_prefix),
-                          opts.corrupt, opts.w_guide if step < opts.guide_steps else 0.0)
+                          opts.corrupt, opts.w_guide if step < opts.guide_steps else 0.0,
+                          [e.words for e in group])
             parts = losses(model, batch, (prefix, suffix))
             loss = parts["ce"] + opts.w_ctc_tok * parts["ctc_tok"] + opts.w_ctc_ph * parts["ctc_ph"]
             loss = loss + opts.w_match * parts["match"]
