@@ -37,6 +37,7 @@ import numpy as np
 from harken.cloud.auth import ApiKeys
 from harken.cloud.errors import Unauthenticated
 from harken.proto import harken_pb2 as pb
+from harken.shared.datachannel import send_when_drained
 
 if TYPE_CHECKING:
     import grpc
@@ -49,7 +50,6 @@ OFFER_PATH = "/v1/webrtc/offer"
 CONFIG_PATH = "/v1/config"
 MAX_OFFER_BYTES = 64 << 10
 AUDIO_PIECE_S = 0.1  # track audio per `Audio` message
-SEND_HIGH_WATER = 1 << 20  # bytes queued on a channel before the stream waits for the network
 STATUS_CLOSE_AFTER_S = 5.0  # the client closes the channel after the status; else the server does
 MAX_PENDING_AUDIO_S = 10.0  # track audio held before the stream's Ready; older pieces are dropped
 CONNECT_TIMEOUT_S = 30.0  # a peer connection that opens no data channel in this time is closed
@@ -323,21 +323,13 @@ class WebRTCEndpoint:
                     if msg.WhichOneof("kind") == "ready" and feed.requests is requests:
                         feed.next_seq = msg.ready.resume_after_seq + 1
                         feed.drain()
-                    await _send(channel, msg.SerializeToString())
+                    # waits while the channel's queue is long: a slow network backs up to the stream
+                    await send_when_drained(channel, msg.SerializeToString())
         except _Aborted:
             assert context.code is not None  # abort() set it
             status = {"status": context.code.name, "message": context.details}
         if channel.readyState == "open":
             channel.send(json.dumps(status))
-
-
-async def _send(channel, data: bytes) -> None:
-    """Send, waiting while the channel's queue is long (a slow network backs up to the stream)."""
-    while channel.bufferedAmount > SEND_HIGH_WATER and channel.readyState == "open":
-        await asyncio.sleep(0.01)
-    if channel.readyState != "open":
-        raise ConnectionError("the data channel closed")
-    channel.send(data)
 
 
 async def _pump_track(track, feed: _TrackFeed) -> None:

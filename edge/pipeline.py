@@ -28,21 +28,9 @@ from harken.edge.features import StreamingLogMel
 from harken.edge.vad import SegmentEnd, SegmentStart, StreamingVad, VadOptions
 from harken.shared.codec import DEFAULT_MODE, encode_frames
 from harken.shared.features_spec import DYNAMIC_RANGE_LOG10, HOP_LENGTH, N_MELS, RunningMaxFloor
+from harken.shared.protocol import FeaturePacket as FeaturePacket  # the packet, one type on both sides
 
 VAD_WINDOW_MS = 32
-
-
-@dataclass(frozen=True)
-class FeaturePacket:
-    """One `Features` message's worth: frames [first_frame, first_frame + frame_count) of a segment."""
-
-    segment_id: int
-    first_frame: int
-    frame_count: int
-    segment_start: bool
-    segment_end: bool
-    payload: bytes
-    running_max_log10: float  # the floor state after these frames (travels with final segments)
 
 
 @dataclass

@@ -1,35 +1,48 @@
 """What the client keeps so that nothing is lost: the messages to resend, and the filter that
 drops committed text a replacement session sends again.
 
-`ResendBuffer` holds every Features/Audio message not yet safe to forget, oldest first, with the
-seqs of the current session (contiguous; renumbered from 1 for a replacement session). Feature
-messages leave once their segment is final; thin-client audio once applied and behind the end of
-the last final segment. `ReplayFilter` turns a replacement session's events, which start its
-segments afresh, into what extends the user's text. Plain data, no I/O: edge/transport drives it.
+A `ResendBuffer` holds every Features/Audio message not yet safe to forget, oldest first, with the
+seqs of the current session (renumbered from 1 for a replacement session). What is safe to forget,
+and how a lost session is replayed, depends on what the messages carry:
+
+- `FeatureBuffer` (features from the edge's own VAD): a segment's packets leave once the segment
+  is final. A final that comes before the segment's end (a server shutting down finalises open
+  segments) splits the segment: the rest continues as the next one.
+- `AudioBuffer` (thin client: PCM16, the server segments it): audio leaves once applied and behind
+  the end of the last final segment; a replacement session gets the audio since that end, and its
+  times are shifted back by where that replay starts.
+
+`ReplayFilter` turns a replacement session's events, which start its segments afresh, into what
+extends the user's text. Plain data, no I/O and no proto: `edge/client_session.py` drives them.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from harken.edge.vad import WINDOW_SAMPLES
-from harken.proto import harken_pb2 as pb
+from harken.shared.codec import CODEC_NAME
 from harken.shared.features_spec import FRAMES_PER_SECOND, HOP_LENGTH, SAMPLE_RATE
+from harken.shared.protocol import Audio, FeaturePacket, Features
+
+log = logging.getLogger("harken.transport")
 
 # thin client: a replay starts on a multiple of the log-mel hop and the VAD window (2560 samples),
 # so the server's fresh front end sees the audio on the lost session's frame and window grid
 THIN_REPLAY_ALIGN = math.lcm(HOP_LENGTH, WINDOW_SAMPLES)
+THIN_REPLAY_MAX_S = 60  # thin client: audio kept for a replay after a server restart, at most
 
 
 @dataclass
 class PendingMessage:
-    """One Features/Audio message, kept until its segment is final (its seq is per session)."""
+    """One Features/Audio message, kept until it is safe to forget (its seq is per session)."""
 
     seq: int
     segment_id: int  # -1 for thin-client audio (the server segments it)
-    message: pb.ClientMessage  # seq filled in when written
+    body: FeaturePacket | bytes  # the packet as it goes on the wire, or PCM16 audio
     nbytes: int
     frames: int  # feature frames (0 for audio)
     first_frame: int = 0  # features: the first frame's index on the stream's timeline
@@ -38,14 +51,23 @@ class PendingMessage:
     segment_start_s: float | None = None  # the segment's start, on its first packet
     times_sent: int = 0
 
+    def message(self) -> Features | Audio:
+        """The message to write, with this entry's seq."""
+        if isinstance(self.body, FeaturePacket):
+            return Features(self.seq, self.body)
+        return Audio(self.seq, self.body, SAMPLE_RATE)
+
 
 @dataclass
 class ResendBuffer:
-    """The client's unfinished messages, oldest first, with contiguous seqs."""
+    """The client's unfinished messages, oldest first, with contiguous seqs. The subclasses say
+    what goes in, when it may leave and how a lost session is replayed."""
 
     entries: deque[PendingMessage] = field(default_factory=deque)
     next_seq: int = 1
     nbytes: int = 0
+
+    codec = ""  # `Start.codec` of a session carrying these messages
 
     def append(self, entry: PendingMessage) -> None:
         entry.seq = self.next_seq
@@ -60,14 +82,89 @@ class ResendBuffer:
         i = seq + 1 - self.entries[0].seq
         return self.entries[i] if 0 <= i < len(self.entries) else None
 
+    def renumber(self) -> None:
+        """A replacement session counts from 1 again."""
+        for i, e in enumerate(self.entries):
+            e.seq = i + 1
+        self.next_seq = len(self.entries) + 1
+
+    @property
+    def time_offset_s(self) -> float:
+        """Where the current session's time zero is on the stream's timeline."""
+        return 0.0
+
+    def add_packet(self, packet: FeaturePacket) -> PendingMessage:
+        raise TypeError(f"{type(self).__name__} takes no feature packets")
+
+    def add_audio(self, pcm16: bytes) -> PendingMessage:
+        raise TypeError(f"{type(self).__name__} takes no audio")
+
+    def on_final(self, segment_id: int, end_s: float | None, final_through: int, acked_seq: int) -> None:
+        """Segments up to `final_through` are final; `segment_id` just ended at `end_s` (None:
+        learnt from an ack, not from its final event)."""
+
+    def on_ack(self, acked_seq: int, last_final_segment: int) -> int | None:
+        """The server applied every seq <= `acked_seq`. Returns the segment through which the ack
+        makes segments final here, or None when acks say nothing about finals."""
+        return None
+
+    def on_session_lost(self) -> None:
+        """The next messages go to a replacement session, which counts from seq 1."""
+        self.renumber()
+
+
+@dataclass
+class FeatureBuffer(ResendBuffer):
+    """Feature packets of the edge's own segments; a segment's packets leave once it is final."""
+
+    segment_shift: int = 0  # wire segment id - edge segment id (segments the server ended early)
+    open_segment: int | None = None  # wire id of the segment the edge has not ended yet
+    reopen_segment: bool = False  # the open segment's next packet starts its continuation
+
+    codec = CODEC_NAME
+
+    def add_packet(self, packet: FeaturePacket) -> PendingMessage:
+        # segment ids on the wire run ahead of the edge's by one per segment the server ended
+        # early (see `split_segment`)
+        segment_id = packet.segment_id + self.segment_shift
+        opens = packet.segment_start or self.reopen_segment
+        self.reopen_segment = False
+        self.open_segment = None if packet.segment_end else segment_id
+        if (segment_id, opens) != (packet.segment_id, packet.segment_start):
+            packet = replace(packet, segment_id=segment_id, segment_start=opens)
+        entry = PendingMessage(0, segment_id, packet, len(packet.payload), packet.frame_count,
+                               first_frame=packet.first_frame,
+                               segment_start_s=packet.first_frame / FRAMES_PER_SECOND if opens else None)
+        self.append(entry)
+        return entry
+
+    def on_final(self, segment_id: int, end_s: float | None, final_through: int, acked_seq: int) -> None:
+        if end_s is not None:
+            self._split_open_segment(segment_id, round(end_s * FRAMES_PER_SECOND))
+        self.drop_segments_through(final_through)
+
+    def on_ack(self, acked_seq: int, last_final_segment: int) -> int | None:
+        # the server's finals come before its Ack on the stream, so they are with us
+        return last_final_segment
+
     def drop_segments_through(self, segment_id: int) -> None:
         while self.entries and 0 <= self.entries[0].segment_id <= segment_id:
             self.nbytes -= self.entries.popleft().nbytes
 
-    def drop_audio_before(self, seq: int, sample: int) -> None:
-        """Thin client: drop audio both applied (seq <= `seq`) and ending before `sample`."""
-        while self.entries and self.entries[0].seq <= seq and self.entries[0].end_sample <= sample:
-            self.nbytes -= self.entries.popleft().nbytes
+    def _split_open_segment(self, segment_id: int, end_frame: int) -> None:
+        """A final before the segment's end (a server shutting down finalises open segments):
+        the rest of the segment continues as a new one, so no frame is lost."""
+        still_open = self.open_segment == segment_id
+        split, continued = self.split_segment(segment_id, end_frame, still_open)
+        if not split:
+            return
+        log.info("segment %d ended early on the server (frame %d): the rest continues as segment %d",
+                 segment_id, end_frame, segment_id + 1)
+        self.segment_shift += 1
+        if self.open_segment is not None and self.open_segment >= segment_id:
+            self.open_segment += 1
+        if still_open and not continued:
+            self.reopen_segment = True  # the edge's next packet of it opens the continuation
 
     def split_segment(self, segment_id: int, end_frame: int, still_open: bool) -> tuple[bool, bool]:
         """The server finalised `segment_id` at `end_frame`. Normally that is the segment's end;
@@ -82,46 +179,91 @@ class ResendBuffer:
         continued = False
         kept: deque[PendingMessage] = deque()
         for e in self.entries:
-            f = e.message.features
+            assert isinstance(e.body, FeaturePacket)
             if e.segment_id == segment_id and e.first_frame >= end_frame:
                 if not continued and e.frames == 0:
                     self.nbytes -= e.nbytes  # a bare end of the segment the server ended already
                     continue
-                f.segment_start = not continued
                 if not continued:
                     e.segment_start_s = e.first_frame / FRAMES_PER_SECOND
+                e.segment_id = segment_id + 1
+                e.body = replace(e.body, segment_id=e.segment_id, segment_start=not continued)
                 continued = True
-                e.segment_id = f.segment_id = segment_id + 1
             elif e.segment_id > segment_id:
-                e.segment_id = f.segment_id = e.segment_id + 1
+                e.segment_id += 1
+                e.body = replace(e.body, segment_id=e.segment_id)
             kept.append(e)
         self.entries = kept
         return True, continued
 
+
+@dataclass
+class AudioBuffer(ResendBuffer):
+    """Thin client: PCM16 pieces; the server runs VAD + features on them and segments them. Kept:
+    what the server has not applied, and what a lost session had not finished (the audio since the
+    last final segment's end, at most the last `THIN_REPLAY_MAX_S`)."""
+
+    piece_samples: int = SAMPLE_RATE // 10  # a replay's audio per message
+    audio_position: int = 0  # samples enqueued so far
+    final_end_sample: int = 0  # where the last final segment ended
+    replay_offset_s: float = 0.0  # replacement-session times are relative to this
+
+    @property
+    def time_offset_s(self) -> float:
+        return self.replay_offset_s
+
+    def add_audio(self, pcm16: bytes) -> PendingMessage:
+        samples = len(pcm16) // 2
+        entry = PendingMessage(0, -1, pcm16, len(pcm16), 0, first_sample=self.audio_position,
+                               end_sample=self.audio_position + samples)
+        self.audio_position += samples
+        self.append(entry)
+        return entry
+
+    def on_final(self, segment_id: int, end_s: float | None, final_through: int, acked_seq: int) -> None:
+        if end_s is not None:
+            self.final_end_sample = max(self.final_end_sample,
+                                        int(round((end_s + self.replay_offset_s) * SAMPLE_RATE)))
+            self._trim(acked_seq)
+
+    def on_ack(self, acked_seq: int, last_final_segment: int) -> int | None:
+        self._trim(acked_seq)
+        return None
+
+    def on_session_lost(self) -> None:
+        """Replay from the end of the last final segment; the replacement session's times are
+        then relative to that point."""
+        start = self.realign_audio(self.final_end_sample, self.audio_position, self.piece_samples)
+        self.replay_offset_s = start / SAMPLE_RATE
+        log.info("thin client: replaying the audio from %.2f s", self.replay_offset_s)
+        self.renumber()
+
+    def _trim(self, acked_seq: int) -> None:
+        keep_from = align_down(max(self.final_end_sample, self.audio_position - THIN_REPLAY_MAX_S * SAMPLE_RATE))
+        self.drop_audio_before(acked_seq, keep_from)
+
+    def drop_audio_before(self, seq: int, sample: int) -> None:
+        """Drop audio both applied (seq <= `seq`) and ending before `sample`."""
+        while self.entries and self.entries[0].seq <= seq and self.entries[0].end_sample <= sample:
+            self.nbytes -= self.entries.popleft().nbytes
+
     def realign_audio(self, final_end_sample: int, audio_position: int, piece_samples: int) -> int:
-        """Thin client, for a replacement session: keep the audio from the last final segment's
-        end (on the replay grid) in fresh pieces of `piece_samples`, each counted as sent once.
-        Returns the sample the replay starts at (the new session's time zero)."""
+        """For a replacement session: keep the audio from the last final segment's end (on the
+        replay grid) in fresh pieces of `piece_samples`, each counted as sent once. Returns the
+        sample the replay starts at (the new session's time zero)."""
         if not self.entries:
             return audio_position
         base = self.entries[0].first_sample
         start = max(base, align_down(final_end_sample))
-        pcm16 = b"".join(e.message.audio.pcm16 for e in self.entries)[2 * (start - base):]
+        pcm16 = b"".join(e.body for e in self.entries if isinstance(e.body, bytes))[2 * (start - base):]
         self.entries.clear()
         self.nbytes = 0
         for i in range(0, len(pcm16), 2 * piece_samples):
             piece = pcm16[i:i + 2 * piece_samples]
-            msg = pb.ClientMessage(audio=pb.Audio(pcm16=piece, sample_rate=SAMPLE_RATE))
             first = start + i // 2
-            self.append(PendingMessage(0, -1, msg, len(piece), 0, first_sample=first,
+            self.append(PendingMessage(0, -1, piece, len(piece), 0, first_sample=first,
                                        end_sample=first + len(piece) // 2, times_sent=1))
         return start
-
-    def renumber(self) -> None:
-        """A replacement session counts from 1 again."""
-        for i, e in enumerate(self.entries):
-            e.seq = i + 1
-        self.next_seq = len(self.entries) + 1
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""The edge's WebRTC client: the gRPC client's streaming, buffering and resume logic
-(`edge/transport.py`) over an aiortc data channel instead of an HTTP/2 stream.
+"""The edge's WebRTC client: `TranscriptionClient`'s driver over an aiortc data channel instead
+of an HTTP/2 stream; the same `ClientSession` decides what to send, resend and show.
 
     WebRTCTranscriptionClient("http://host:8080", api_key=...)   same interface as
     TranscriptionClient: stream(source) -> TranscriptEvents, transcribe(source) -> text
@@ -9,7 +9,8 @@ endpoint, `cloud/webrtc.py`) with one reliable, ordered data channel: binary mes
 serialized `ClientMessage`/`ServerMessage` of the gRPC stream; text messages frame the call (the
 client's half-close, the server's status). A channel that closes without a status is a dropped
 connection (UNAVAILABLE): the client resumes the session on a new peer connection exactly as after
-a dropped gRPC stream.
+a dropped gRPC stream. Writes wait on the channel's `bufferedamountlow` event while its queue is
+long (`shared/datachannel.py`).
 
 No torch here: aiortc, aiohttp, protobuf, numpy.
 """
@@ -24,14 +25,19 @@ from typing import TYPE_CHECKING
 import grpc
 import numpy as np
 
-from harken.edge.transport import ClientOptions, TranscriptionClient
+from harken.edge import wire
+from harken.edge.client_session import ClientOptions
+from harken.edge.errors import ServerRejectedError
+from harken.edge.front_end import as_async_pieces
+from harken.edge.transport import TranscriptionClient
+from harken.shared.datachannel import send_when_drained
+from harken.shared.protocol import End, Start, Transcript
 
 if TYPE_CHECKING:
     from aiortc import RTCDataChannel, RTCPeerConnection
 
 OFFER_PATH = "/v1/webrtc/offer"
 CHANNEL_LABEL = "harken"
-SEND_HIGH_WATER = 1 << 20  # bytes queued on the channel before a write waits
 
 
 def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -77,11 +83,10 @@ class DataChannelCall:
     async def write(self, message) -> None:
         if self.channel.readyState != "open" or self._status is not None:
             raise _rpc_error(*(self._status or (grpc.StatusCode.UNAVAILABLE, "the data channel is closed")))
-        while self.channel.bufferedAmount > SEND_HIGH_WATER:
-            await asyncio.sleep(0.01)
-            if self.channel.readyState != "open":
-                raise _rpc_error(grpc.StatusCode.UNAVAILABLE, "the data channel closed")
-        self.channel.send(self._serialize(message))
+        try:
+            await send_when_drained(self.channel, self._serialize(message))
+        except ConnectionError:
+            raise _rpc_error(grpc.StatusCode.UNAVAILABLE, "the data channel closed") from None
 
     async def read(self):
         if self._eof:
@@ -253,10 +258,8 @@ async def _pieces_48k(source):
     """Any `stream()` source as float32 48 kHz pieces, then `None` forever (the end)."""
     import soxr
 
-    from harken.edge.transport import _as_async_pieces
-
     rs = soxr.ResampleStream(16_000, OPUS_RATE, 1, dtype="float32")
-    async for piece in _as_async_pieces(source):
+    async for piece in as_async_pieces(source):
         yield rs.resample_chunk(np.asarray(piece, np.float32).reshape(-1))
     yield rs.resample_chunk(np.zeros(0, np.float32), last=True)
     yield np.zeros(int(OPUS_RATE * TRAILING_SILENCE_S), np.float32)
@@ -271,7 +274,6 @@ async def stream_opus(url: str, source, api_key: str | None = None, language: st
     Live media: audio lost with a dropped connection is not resent (use the data channel client
     for that guarantee)."""
     from harken.proto import harken_pb2 as pb
-    from harken.shared.transcript import TranscriptEvent
 
     if "://" not in url:
         url = "http://" + url
@@ -281,25 +283,21 @@ async def stream_opus(url: str, source, api_key: str | None = None, language: st
         channel = peer.channel
         assert channel is not None  # open once entered
         call = DataChannelCall(channel, pb.ServerMessage.FromString, pb.ClientMessage.SerializeToString)
-        await call.write(pb.ClientMessage(start=pb.Start(language=language, context=context)))
+        await call.write(wire.client_message(Start(language=language, context=context)))
 
         async def end_after_source():
             await track.source_done.wait()
             await asyncio.sleep(TRAILING_SILENCE_S / speed + 0.2)
             channel.send(json.dumps({"flush_audio": True}))
-            await call.write(pb.ClientMessage(end=pb.End()))
+            await call.write(wire.client_message(End()))
 
         ender = asyncio.create_task(end_after_source())
         try:
             while (msg := await call.read()) is not grpc.aio.EOF:
-                if msg.WhichOneof("kind") == "transcript":
-                    t = msg.transcript
-                    yield TranscriptEvent(t.segment_id, t.committed_delta, t.partial, t.stability, t.start_s,
-                                          t.end_s, t.language, t.is_final)
+                if isinstance(reply := wire.server_message(msg), Transcript):
+                    yield reply.event
             code = await call.code()
             if code != grpc.StatusCode.OK:
-                from harken.edge.transport import ServerRejectedError
-
                 raise ServerRejectedError(code.name, await call.details())
         finally:
             ender.cancel()

@@ -1,0 +1,432 @@
+"""`ClientSession`: one client stream's whole state and lifecycle, sans-IO.
+
+No asyncio, no grpc, no proto: the network drivers (`edge/transport.py` over gRPC,
+`edge/webrtc_transport.py` over a WebRTC data channel) move shared/protocol messages between the
+network and this object, which says what to send and what the user sees:
+
+    session = ClientSession(options)
+    session.on_packets(packets, bound_s) / session.on_audio(pcm16)   # from a front end (edge/front_end.py)
+    session.end_input()                                             # the source is exhausted
+    call: write(session.start_message())
+          session.on_server_message(msg, now) -> [TranscriptEvent | StreamProgress]   (Ready first)
+          while (msg := session.next_message()) is not None: write(msg); session.sent(msg)
+          session.check_silence(now) -> reason to give the call up, or None
+          session.on_call_closed() -> True when the stream is done
+    session.on_disconnect(Disconnect(...), now) -> Retry(delay_s, new_session), or raises
+
+The session semantics (those of `proto/harken.proto`):
+
+- Every message not yet safe to forget stays in the resend buffer (`edge/replay.py`): feature
+  packets until their segment is final, thin-client audio until applied and behind the last final.
+- A dropped call is retried with jittered, capped exponential backoff. The retry resumes the same
+  session (`Start{session_id, last_event_seq}`); the server answers `Ready{resume_after_seq}`,
+  re-sends the transcript events lost in flight, and the client re-sends every message after
+  `resume_after_seq`: exactly those not applied.
+- NOT_FOUND on resume means the server lost the session (restart, expiry): a new session at once,
+  seeded with the `SessionSeed` of the last final event, fed every unfinished message from seq 1.
+  The replacement session re-sends committed text the user already has; the client keeps, per
+  segment, what it delivered and passes on only what extends it (`ReplayFilter`).
+- A call that carries nothing for `silence_timeout_s` while the server owes something (acks,
+  finals, the end) is taken for dead (a network dropping packets without a reset) and resumed.
+- A final that comes before the segment's end (a server shutting down finalises open segments)
+  does not lose the rest: it continues as a new segment, and later segment ids move up by one.
+- The buffer is bounded (`max_buffer_bytes`) and so is the time without a server
+  (`max_offline_s`): past either the stream fails with a `TransportError` saying so.
+
+Thin client (`ClientOptions(send_audio=True)`): PCM16 `Audio` messages, the server runs the edge
+pipeline. After the server lost the session the audio since the end of the last final segment (on
+the log-mel hop and VAD window grid) is replayed into a seeded session whose times are shifted back
+by the replay offset. The server's VAD then starts from a fresh state at that point, so the
+transcript is the uninterrupted one in practice (the tests see it identical), not by construction
+as in feature mode. What differs between the two modes lives in `edge/replay.py`'s buffers.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import random
+from dataclasses import dataclass, field, replace
+
+from harken.edge.errors import BufferOverflowError, ServerRejectedError, ServerUnavailableError, TransportSecurityError
+from harken.edge.replay import AudioBuffer, FeatureBuffer, PendingMessage, ReplayFilter, ResendBuffer
+from harken.shared.codec import DEFAULT_MODE
+from harken.shared.features_spec import SAMPLE_RATE
+from harken.shared.protocol import (Ack, ClientMessage, End, FeaturePacket, Ready, ServerMessage, SessionSeed, Start,
+                                    Transcript)
+from harken.shared.transcript import TranscriptEvent
+
+log = logging.getLogger("harken.transport")
+
+# Status codes after which the same request may succeed later: the connection, not the request,
+# was the problem. Everything else except NOT_FOUND (session lost -> replacement) is final.
+RETRYABLE_STATUS = frozenset({"UNAVAILABLE", "INTERNAL", "UNKNOWN", "CANCELLED", "DEADLINE_EXCEEDED", "ABORTED"})
+
+
+@dataclass
+class ClientOptions:
+    """How a `TranscriptionClient` streams, buffers and reconnects."""
+
+    language: str = ""  # force a language ("English"); "" = detect
+    context: str = ""  # context text for the model: hot words, names, topic
+    send_audio: bool = False  # thin client: PCM16 `Audio` messages, the server runs VAD + features
+    codec_mode: str = DEFAULT_MODE
+    packet_frames: int = 20  # frames per `Features` message (20 = 200 ms)
+    audio_piece_ms: int = 100  # thin client: audio per `Audio` message
+    max_offline_s: float = 120.0  # give up when the server stays away this long
+    max_buffer_bytes: int = 64 << 20  # bound on buffered, not yet final, payload bytes
+    connect_timeout_s: float = 10.0  # one attempt's wait for `Ready`
+    # a connection over which nothing arrives for this long while the server owes us something
+    # (acks, transcripts of unfinished segments, the end) is taken for dead and resumed: a network
+    # that drops packets without a reset would otherwise hang the stream
+    silence_timeout_s: float = 30.0
+    backoff_initial_s: float = 0.05
+    backoff_max_s: float = 2.0
+    backoff_multiplier: float = 2.0
+    tls_server_name: str | None = None  # TLS: check the certificate for this name, not the host's
+
+    def __post_init__(self):
+        if self.max_offline_s <= 0 or self.max_buffer_bytes <= 0:
+            raise ValueError("max_offline_s and max_buffer_bytes must be positive")
+        if self.backoff_initial_s <= 0 or self.backoff_max_s < self.backoff_initial_s:
+            raise ValueError("need 0 < backoff_initial_s <= backoff_max_s")
+
+
+@dataclass
+class TransportStats:
+    """What the client did to get the transcript through: read it after (or during) a stream."""
+
+    sessions_opened: int = 0  # 1 + replacement sessions after NOT_FOUND
+    resumes: int = 0  # reconnects that resumed the same session
+    failed_attempts: int = 0  # stream attempts that ended in a retryable error
+    last_failure: str = ""  # why the latest of them failed
+    messages_sent: int = 0  # Features/Audio messages written, resends included
+    messages_resent: int = 0
+    frames_sent: int = 0  # feature frames written, resends included
+    frames_resent: int = 0
+    frames_produced: int = 0  # feature frames the edge produced (each counted once)
+    payload_bytes_produced: int = 0  # codec payload bytes of those frames (each counted once)
+    duplicate_events: int = 0  # transcript events dropped as already seen (event_seq replay)
+    replayed_text_chars: int = 0  # committed text re-sent by a replacement session and dropped
+    replay_mismatches: int = 0  # a replacement session's committed text disagreed with ours
+
+
+@dataclass(frozen=True)
+class StreamProgress:
+    """In band with the events (`stream(..., progress=True)`): no final event with
+    start_s < `bound_s` will come from this stream any more (feature mode; the meeting merger
+    orders tracks with it)."""
+
+    bound_s: float
+
+
+class Lifecycle(enum.Enum):
+    """Where the stream is, from the first call to the end."""
+
+    IDLE = "idle"  # no call yet
+    CONNECTING = "connecting"  # Start written on a new call; the server's Ready is due
+    STREAMING = "streaming"  # Ready came: buffered messages go out as they come
+    DRAINING = "draining"  # all sent, End included (or the server holds ours): the finals and the close are due
+    RECONNECTING = "reconnecting"  # the call ended early: another follows (`on_disconnect` said when)
+    DONE = "done"  # the server closed the call after our End: every final is in
+    FAILED = "failed"  # no point in another call: the error was raised
+
+
+class InputState(enum.Enum):
+    """How far the input is, End included; END_SENT and END_HELD are per server session."""
+
+    OPEN = "open"  # the source is still producing
+    FINISHED = "finished"  # every message is buffered; End not yet sent in this session
+    END_SENT = "end_sent"  # End went out in this session (on this call or an earlier one)
+    END_HELD = "end_held"  # the server refused a repeated End: it holds ours, only the finals are due
+
+
+@dataclass(frozen=True)
+class Disconnect:
+    """Why a call ended before the stream was done, as the driver saw it."""
+
+    details: str  # in words
+    code: str | None = None  # the call's gRPC status code name; None: no status (no Ready, silence, ...)
+    tls_mismatch: str | None = None  # the driver's verdict: a TLS mismatch no retry can fix (one line)
+
+
+@dataclass(frozen=True)
+class Retry:
+    """What `on_disconnect` decided: the next call after `delay_s`; `new_session`: it opens a seeded
+    replacement session (the server lost ours) that gets every unfinished message from seq 1."""
+
+    delay_s: float
+    new_session: bool = False
+
+
+@dataclass
+class ClientSession:
+    """One stream's state, from the first `Start` to the last final (see the module docstring).
+    `target` names the server in error messages; `rng` jitters the backoff."""
+
+    options: ClientOptions = field(default_factory=ClientOptions)
+    target: str = "the server"
+    rng: random.Random = field(default_factory=random.Random)
+    lifecycle: Lifecycle = Lifecycle.IDLE
+    input: InputState = InputState.OPEN
+    stats: TransportStats = field(default_factory=TransportStats)
+    session_id: str = ""  # the server's session ("" until the first Ready, and after it lost ours)
+    seed: SessionSeed | None = None  # from the last final event: seeds a replacement session
+    last_event_seq: int = 0
+    last_final_segment: int = -1
+    sent_through: int = 0  # highest seq written on the current call
+    acked_seq: int = 0  # highest seq the current session acknowledged
+    last_heard: float = 0.0  # clock time of the server's latest message on the current call
+    new_segment_bound_s: float = 0.0  # features: where the next segment can start at the earliest
+    texts: ReplayFilter = field(default_factory=ReplayFilter)  # what the user has, per segment
+    buffer: ResendBuffer = field(init=False)
+    _offline_since: float | None = field(default=None, init=False, repr=False)
+    _failures: int = field(default=0, init=False, repr=False)  # failed calls since the last Ready
+    _connected_this_call: bool = field(default=False, init=False, repr=False)
+    _writing: PendingMessage | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        o = self.options
+        self.buffer = AudioBuffer(piece_samples=SAMPLE_RATE * o.audio_piece_ms // 1000) if o.send_audio \
+            else FeatureBuffer()
+
+    # ---- input: what the front end produces -------------------------------------------------
+
+    def on_packets(self, packets: list[FeaturePacket], new_segment_bound_s: float) -> StreamProgress:
+        """Feature mode: the edge pipeline's packets; `new_segment_bound_s`: no segment not yet
+        opened can start before this (inf at the end). Returns the stream's progress."""
+        self.new_segment_bound_s = max(self.new_segment_bound_s, new_segment_bound_s)
+        for p in packets:
+            self.buffer.add_packet(p)
+            self.stats.frames_produced += p.frame_count
+            self.stats.payload_bytes_produced += len(p.payload)
+            self._check_buffer()
+        return StreamProgress(self.bound_s())
+
+    def on_audio(self, pcm16: bytes) -> None:
+        """Thin client: one piece of little-endian PCM16 mono audio at 16 kHz."""
+        self.buffer.add_audio(pcm16)
+        self._check_buffer()
+
+    def end_input(self) -> None:
+        """The source is exhausted: End follows the last buffered message."""
+        if self.input is InputState.OPEN:
+            self.input = InputState.FINISHED
+
+    def bound_s(self) -> float:
+        """Lower bound on the start of any final event still to come (for the meeting merger)."""
+        # the buffer holds whole unfinished segments, oldest first: its head opens the oldest one
+        head = self.buffer.entries[0] if self.buffer.entries else None
+        if head is None or head.segment_start_s is None:
+            return self.new_segment_bound_s
+        return min(self.new_segment_bound_s, head.segment_start_s)
+
+    # ---- one call ---------------------------------------------------------------------------
+
+    def start_message(self) -> Start:
+        """The first message of a new call: a new session, a resume, or a seeded replacement."""
+        self.lifecycle = Lifecycle.CONNECTING
+        self._connected_this_call = False
+        o = self.options
+        return Start(language=o.language, context=o.context, codec=self.buffer.codec, session_id=self.session_id,
+                     last_event_seq=self.last_event_seq if self.session_id else 0,
+                     seed=None if self.session_id else self.seed)
+
+    def on_server_message(self, msg: ServerMessage | None, now: float) -> list[TranscriptEvent | StreamProgress]:
+        """A message from the server (None: an empty one) at clock time `now`; returns what the
+        user sees, in order. The first message of a call must be `Ready`."""
+        self.last_heard = now
+        if self.lifecycle is Lifecycle.CONNECTING:
+            if not isinstance(msg, Ready):
+                got = type(msg).__name__.lower() if msg is not None else None
+                raise self._fail(ServerRejectedError("PROTOCOL", f"expected Ready, got {got}"))
+            self._on_ready(msg)
+            return []
+        if isinstance(msg, Transcript):
+            return self._on_transcript(msg)
+        if isinstance(msg, Ack):
+            return self._on_ack(msg)
+        return []  # an Error: the call's status follows with the same code, and is handled there
+
+    def next_message(self) -> ClientMessage | None:
+        """The next message to write on the call (then call `sent` with it), or None: nothing to
+        send now (more input will come), or nothing more on this call (`lifecycle` is DRAINING:
+        half-close it)."""
+        if self.lifecycle is not Lifecycle.STREAMING:
+            return None
+        self._writing = self.buffer.after(self.sent_through)
+        if self._writing is not None:
+            return self._writing.message()
+        if self.input in (InputState.FINISHED, InputState.END_SENT):
+            return End()
+        return None
+
+    def sent(self, msg: ClientMessage) -> None:
+        """`msg`, from `next_message`, is written."""
+        if isinstance(msg, End):
+            self.input = InputState.END_SENT
+            self.lifecycle = Lifecycle.DRAINING
+            return
+        entry, self._writing = self._writing, None
+        assert entry is not None and entry.seq == getattr(msg, "seq", None), "sent() takes next_message()'s message"
+        self.sent_through = entry.seq
+        self.stats.messages_sent += 1
+        self.stats.frames_sent += entry.frames
+        if entry.times_sent:
+            self.stats.messages_resent += 1
+            self.stats.frames_resent += entry.frames
+        entry.times_sent += 1
+        self._drain_if_all_sent()
+
+    def check_silence(self, now: float) -> str | None:
+        """Why the call should be given up (the server owes us something, an ack, finals or the
+        end, and has sent nothing for `silence_timeout_s`), or None."""
+        end_written = self.lifecycle is Lifecycle.DRAINING and self.input is InputState.END_SENT
+        owed = self.sent_through > self.acked_seq or end_written or bool(self.buffer.entries)
+        quiet_s = now - self.last_heard
+        if owed and quiet_s > self.options.silence_timeout_s:
+            return f"nothing from the server for {quiet_s:.1f} s"
+        return None
+
+    def on_call_closed(self) -> bool:
+        """The server closed the call with OK. True: after our End, so every final is in (DONE);
+        False: before it (a server shutting down): resume, or replay into a new session."""
+        if self.lifecycle is Lifecycle.DRAINING or self.input is InputState.END_HELD:
+            self.lifecycle = Lifecycle.DONE
+            return True
+        return False
+
+    def on_disconnect(self, failure: Disconnect, now: float) -> Retry:
+        """The call ended before the stream was done (at clock time `now`). Returns when to make
+        the next one; raises the stream's error when another cannot help: a status retrying cannot
+        fix, a TLS mismatch, a server away for longer than `max_offline_s`."""
+        o, code = self.options, failure.code
+        if code == "NOT_FOUND" and self.session_id:
+            # a replacement session at once, not after a backoff: the server is evidently up
+            log.info("session %s… lost on the server (%s): replaying %d messages into a new one",
+                     self.session_id[:6], failure.details, len(self.buffer.entries))
+            self._prepare_replacement()
+            self.lifecycle = Lifecycle.RECONNECTING
+            return Retry(0.0, new_session=True)
+        if code == "FAILED_PRECONDITION" and self.input is InputState.END_SENT:
+            # our End reached the server on an earlier call, and this server refuses a second
+            # one: resume once more without it and wait for the finals
+            self.input = InputState.END_HELD
+            self.lifecycle = Lifecycle.RECONNECTING
+            return Retry(0.0)
+        # admission control refuses a new stream at once; mid-stream (a replacement session after
+        # a restart) the work already sent is worth waiting for, within max_offline_s
+        busy = code == "RESOURCE_EXHAUSTED" and self.stats.sessions_opened > 0
+        if code is not None and code not in RETRYABLE_STATUS and not busy:
+            raise self._fail(ServerRejectedError(code, failure.details))
+        if failure.tls_mismatch is not None:
+            raise self._fail(TransportSecurityError(
+                failure.tls_mismatch + (self.not_transcribed() if self.buffer.entries else "")))
+        reason = f"{code}: {failure.details}" if code else failure.details
+        log.info("stream to %s broke (%s); session %s…", self.target, reason, self.session_id[:6])
+        if self._connected_this_call:
+            self._offline_since, self._failures = None, 0
+        self.stats.failed_attempts += 1
+        self.stats.last_failure = reason
+        if self._offline_since is None:
+            self._offline_since = now
+        offline_s = now - self._offline_since
+        if offline_s >= o.max_offline_s:
+            raise self._fail(ServerUnavailableError(
+                f"server {self.target} unreachable for {offline_s:.1f} s (max_offline_s="
+                f"{o.max_offline_s:g}); last error: {reason}" + self.not_transcribed()))
+        delay = min(o.backoff_max_s, o.backoff_initial_s * o.backoff_multiplier ** self._failures)
+        delay *= 0.5 + 0.5 * self.rng.random()  # jitter: clients cut off together retry apart
+        self._failures += 1
+        self.lifecycle = Lifecycle.RECONNECTING
+        return Retry(min(delay, o.max_offline_s - offline_s))
+
+    def not_transcribed(self) -> str:
+        """What an error message adds: what is still in the buffer."""
+        pending = sum(e.frames for e in self.buffer.entries)
+        return f"; {pending} feature frames ({len(self.buffer.entries)} messages) were not transcribed"
+
+    # ---- inside ---------------------------------------------------------------------------
+
+    def _on_ready(self, ready: Ready) -> None:
+        if not self.session_id:
+            self.stats.sessions_opened += 1
+        else:
+            self.stats.resumes += 1
+        self.session_id = ready.session_id
+        if ready.resume_after_seq >= self.buffer.next_seq:
+            raise self._fail(ServerRejectedError("PROTOCOL", f"server applied seq {ready.resume_after_seq}, "
+                                                              f"but only {self.buffer.next_seq - 1} were sent"))
+        self.sent_through = self.acked_seq = ready.resume_after_seq
+        self._connected_this_call = True
+        self.lifecycle = Lifecycle.STREAMING
+        self._drain_if_all_sent()
+
+    def _drain_if_all_sent(self) -> None:
+        """The server holds our End: once the rest is out, only its finals are due."""
+        if self.input is InputState.END_HELD and self.buffer.after(self.sent_through) is None:
+            self.lifecycle = Lifecycle.DRAINING
+
+    def _on_transcript(self, t: Transcript) -> list[TranscriptEvent | StreamProgress]:
+        if t.event_seq and t.event_seq <= self.last_event_seq:
+            self.stats.duplicate_events += 1
+            return []
+        self.last_event_seq = max(self.last_event_seq, t.event_seq)
+        out: list[TranscriptEvent | StreamProgress] = []
+        event = self._visible(t.event)
+        if event is not None:
+            out.append(event)
+        if t.event.is_final:
+            if t.seed is not None:
+                self.seed = t.seed
+            self._segment_final(t.event.segment_id, t.event.end_s)
+            out.append(StreamProgress(self.bound_s()))
+        return out
+
+    def _on_ack(self, ack: Ack) -> list[TranscriptEvent | StreamProgress]:
+        self.acked_seq = max(self.acked_seq, ack.seq)
+        final_through = self.buffer.on_ack(self.acked_seq, ack.last_final_segment)
+        if final_through is not None and final_through > self.last_final_segment:
+            self._segment_final(final_through, None)
+            return [StreamProgress(self.bound_s())]
+        return []
+
+    def _segment_final(self, segment_id: int, end_s: float | None) -> None:
+        self.last_final_segment = max(self.last_final_segment, segment_id)
+        self.texts.forget_through(self.last_final_segment)
+        self.buffer.on_final(segment_id, end_s, self.last_final_segment, self.acked_seq)
+
+    def _visible(self, e: TranscriptEvent) -> TranscriptEvent | None:
+        """The event as the user sees it (see `ReplayFilter`), or None when it shows nothing new."""
+        if e.segment_id <= self.last_final_segment:  # a replayed event of a segment the user has whole
+            self.stats.duplicate_events += 1
+            return None
+        visible = self.texts.filter(e.segment_id, e.committed_delta, e.partial, e.is_final)
+        self.stats.replayed_text_chars = self.texts.dropped_chars
+        self.stats.replay_mismatches = self.texts.mismatches
+        if visible is None:
+            return None
+        delta, partial = visible
+        offset = self.buffer.time_offset_s
+        return replace(e, committed_delta=delta, partial=partial, start_s=e.start_s + offset, end_s=e.end_s + offset)
+
+    def _prepare_replacement(self) -> None:
+        """The server lost the session: the next Start opens a new one, seeded with the last
+        final's seed, and every unfinished message is replayed from seq 1."""
+        self.session_id = ""
+        if self.input in (InputState.END_SENT, InputState.END_HELD):
+            self.input = InputState.FINISHED
+        self.last_event_seq = 0
+        self.acked_seq = 0
+        self.texts.new_session()
+        self.buffer.on_session_lost()
+
+    def _check_buffer(self) -> None:
+        if self.buffer.nbytes > self.options.max_buffer_bytes:
+            raise self._fail(BufferOverflowError(
+                f"{self.buffer.nbytes} bytes of audio not yet transcribed are buffered (limit "
+                f"{self.options.max_buffer_bytes}): the server at {self.target} is too slow or away"))
+
+    def _fail(self, error: Exception) -> Exception:
+        self.lifecycle = Lifecycle.FAILED
+        return error

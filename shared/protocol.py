@@ -1,0 +1,107 @@
+"""The session protocol's messages as plain data: `proto/harken.proto` (harken.v1) without proto.
+
+One type per concept, on both sides of the wire: a feature packet, the resume seed, the messages
+of one `Transcription/Stream` call. Proto names stay at the wire boundary (`edge/wire.py` for the
+client); everything inside works with these. The session semantics are documented in the proto.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harken.shared.transcript import TranscriptEvent
+
+
+@dataclass(frozen=True)
+class FeaturePacket:
+    """One `Features` message's worth: frames [first_frame, first_frame + frame_count) of a segment."""
+
+    segment_id: int
+    first_frame: int
+    frame_count: int
+    segment_start: bool
+    segment_end: bool
+    payload: bytes  # one self-contained codec payload (shared/codec.py)
+    running_max_log10: float  # the floor state after these frames (travels with final segments)
+
+
+@dataclass(frozen=True)
+class SessionSeed:
+    """The little state a session carries from one segment to the next (on every final event), so
+    that a replacement session continues exactly where a lost one was."""
+
+    running_max_log10: float
+    context_tail: str
+    next_segment_id: int
+
+
+# ---- client -> server ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Start:
+    """The first message of every call: a new session, a resume (`session_id`, `last_event_seq`)
+    or a seeded replacement session (`seed`)."""
+
+    language: str = ""  # "" = detect
+    context: str = ""
+    codec: str = ""  # the Features payloads' codec; "" when sending Audio
+    session_id: str = ""  # "" = a new session
+    last_event_seq: int = 0  # on resume: the highest event_seq received
+    seed: SessionSeed | None = None
+
+
+@dataclass(frozen=True)
+class Features:
+    seq: int  # per session, contiguous from 1
+    packet: FeaturePacket
+
+
+@dataclass(frozen=True)
+class Audio:
+    """Thin clients: little-endian PCM16 mono; the server runs VAD + features on it."""
+
+    seq: int
+    pcm16: bytes
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class End:
+    """No more input: the server finalises, sends the last finals, closes the call with OK."""
+
+
+ClientMessage = Start | Features | Audio | End
+
+
+# ---- server -> client ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Ready:
+    session_id: str
+    resume_after_seq: int  # the highest seq applied: the client resends everything after it
+    last_final_segment: int = -1
+
+
+@dataclass(frozen=True)
+class Transcript:
+    event: TranscriptEvent
+    event_seq: int  # per session from 1, for replay after a resume
+    seed: SessionSeed | None = None  # on final events
+
+
+@dataclass(frozen=True)
+class Ack:
+    seq: int  # the highest client seq applied
+    last_final_segment: int = -1  # the highest segment id final (-1: none)
+
+
+@dataclass(frozen=True)
+class ServerError:
+    """The server's last message before it ends the call with the status `code` (a gRPC status
+    code name, e.g. "INVALID_ARGUMENT")."""
+
+    code: str
+    message: str
+
+
+ServerMessage = Ready | Transcript | Ack | ServerError

@@ -1,0 +1,72 @@
+"""edge/wire: the client's messages survive the wire as the server reads them (cloud/wire.py),
+and the server's proto messages arrive as the shared/protocol data the session works with."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from harken.cloud import wire as server_wire
+from harken.edge import wire
+from harken.proto import harken_pb2 as pb
+from harken.shared.codec import CODEC_NAME, encode_frames
+from harken.shared.integrity import payload_crc32c
+from harken.shared.protocol import (Ack, Audio, End, FeaturePacket, Features, Ready, ServerError, SessionSeed, Start,
+                                    Transcript)
+from harken.shared.transcript import TranscriptEvent
+
+
+def _as_server_reads_it(msg):
+    return server_wire.parse_client_message(server_wire.client_message_from_bytes(
+        wire.client_message(msg).SerializeToString()))
+
+
+def test_client_messages_as_the_server_reads_them():
+    frames = np.random.default_rng(0).normal(-0.5, 0.3, (128, 20)).astype(np.float32)
+    payload = encode_frames(frames)
+    p = FeaturePacket(3, 1200, 20, True, False, payload, running_max_log10=2.25)
+    got = _as_server_reads_it(Features(7, p))
+    assert got == server_wire.FeaturesIn(seq=7, segment_id=3, first_frame=1200, frame_count=20, segment_start=True,
+                                         segment_end=False, payload=payload, running_max_log10=2.25,
+                                         payload_crc32c=payload_crc32c(payload))
+
+    seed = SessionSeed(running_max_log10=-math.inf, context_tail="so far", next_segment_id=4)
+    got = _as_server_reads_it(Start(language="English", context="names", codec=CODEC_NAME, seed=seed))
+    assert got == server_wire.StartRequest(language="English", context="names", codec=CODEC_NAME, session_id="",
+                                           seed=server_wire.Seed(-math.inf, "so far", 4), last_event_seq=0)
+    got = _as_server_reads_it(Start(session_id="abc", last_event_seq=9))
+    assert got.session_id == "abc" and got.last_event_seq == 9 and got.seed is None and got.language is None
+
+    pcm = np.array([0, 1, -1, 32767, -32768], "<i2")
+    got = _as_server_reads_it(Audio(2, pcm.tobytes(), 16_000))
+    assert isinstance(got, server_wire.AudioIn) and got.seq == 2 and got.sample_rate == 16_000
+    np.testing.assert_array_equal(got.samples, pcm / 32768.0)
+    assert isinstance(_as_server_reads_it(End()), server_wire.EndIn)
+
+
+def test_server_messages_as_shared_data():
+    seed = pb.SessionSeed(present=True, running_max_log10=1.5, context_tail="tail", next_segment_id=2)
+    t = pb.Transcript(segment_id=1, committed_delta="Hi", partial=" there", stability=0.25, start_s=0.5, end_s=1.25,
+                      language="English", is_final=True, seed=seed, event_seq=11)
+    assert wire.server_message(pb.ServerMessage(transcript=t)) == Transcript(
+        TranscriptEvent(1, "Hi", " there", 0.25, 0.5, 1.25, "English", True), event_seq=11,
+        seed=SessionSeed(1.5, "tail", 2))
+    t.ClearField("seed")
+    no_seed = wire.server_message(pb.ServerMessage(transcript=t))
+    assert isinstance(no_seed, Transcript) and no_seed.seed is None
+    assert wire.server_message(pb.ServerMessage(ready=pb.Ready(session_id="s", resume_after_seq=4,
+                                                               last_final_segment=-1))) == Ready("s", 4, -1)
+    assert wire.server_message(pb.ServerMessage(ack=pb.Ack(seq=5, last_final_segment=0))) == Ack(5, 0)
+    assert wire.server_message(pb.ServerMessage(error=pb.Error(code="NOT_FOUND", message="gone"))) == \
+        ServerError("NOT_FOUND", "gone")
+    assert wire.server_message(pb.ServerMessage()) is None
+
+
+def test_a_seed_goes_back_as_it_came():
+    """The seed a final brings is the seed a replacement session's Start carries, bit for bit."""
+    sent = pb.SessionSeed(present=True, running_max_log10=np.float32(1.1), context_tail="x", next_segment_id=3)
+    event = pb.Transcript(segment_id=2, is_final=True, seed=sent, event_seq=1)
+    received = wire.server_message(pb.ServerMessage(transcript=event))
+    assert isinstance(received, Transcript) and received.seed is not None
+    assert wire.client_message(Start(seed=received.seed)).start.seed == sent
