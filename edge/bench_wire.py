@@ -39,6 +39,18 @@ def data_channel_wire(packets: list[FeaturePacket]) -> dict:
     return asyncio.run(_data_channel_wire(packets))
 
 
+async def open_loopback(client, server, channel, timeout_s: float = 10.0) -> None:
+    """Connect two aiortc peer connections on this machine (offer/answer in memory) and wait until
+    `channel`, created on `client`, is open."""
+    opened = asyncio.Event()
+    channel.on("open", opened.set)
+    await client.setLocalDescription(await client.createOffer())
+    await server.setRemoteDescription(client.localDescription)
+    await server.setLocalDescription(await server.createAnswer())
+    await client.setRemoteDescription(server.localDescription)
+    await asyncio.wait_for(opened.wait(), timeout_s)
+
+
 async def _data_channel_wire(packets: list[FeaturePacket]) -> dict:
     from aiortc import RTCPeerConnection
 
@@ -53,7 +65,6 @@ async def _data_channel_wire(packets: list[FeaturePacket]) -> dict:
 
     client, server = RTCPeerConnection(), RTCPeerConnection()
     got, received = [0], asyncio.Event()
-    opened = asyncio.Event()
 
     @server.on("datachannel")
     def on_channel(channel):
@@ -64,13 +75,8 @@ async def _data_channel_wire(packets: list[FeaturePacket]) -> dict:
                 received.set()
 
     channel = client.createDataChannel("harken", ordered=True)
-    channel.on("open", opened.set)
     try:
-        await client.setLocalDescription(await client.createOffer())
-        await server.setRemoteDescription(client.localDescription)
-        await server.setLocalDescription(await server.createAnswer())
-        await client.setRemoteDescription(server.localDescription)
-        await asyncio.wait_for(opened.wait(), 10)
+        await open_loopback(client, server, channel)
         await asyncio.sleep(0.2)  # let the handshake's last datagrams go: they are not counted
         counted = {"bytes": 0, "datagrams": 0}
         assert client.sctp is not None  # the data channel is open

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from harken.edge.bench_wire import open_loopback
 from harken.shared.datachannel import send_when_drained
 
 TIMEOUT = 60
@@ -22,20 +23,14 @@ async def channel_pair():
 
     client, server = RTCPeerConnection(), RTCPeerConnection()
     received: list[bytes] = []
-    opened = asyncio.Event()
 
     @server.on("datachannel")
     def on_channel(channel):
         channel.on("message", received.append)
 
     channel = client.createDataChannel("test", ordered=True)
-    channel.on("open", opened.set)
     try:
-        await client.setLocalDescription(await client.createOffer())
-        await server.setRemoteDescription(client.localDescription)
-        await server.setLocalDescription(await server.createAnswer())
-        await client.setRemoteDescription(server.localDescription)
-        await asyncio.wait_for(opened.wait(), 10)
+        await open_loopback(client, server, channel)
         yield channel, received, client
     finally:
         await client.close()
