@@ -451,8 +451,9 @@ class Scheduler:
                     self._executor.shutdown(wait=True)
                 self._executor = None
 
-    def open_session(self, options: SessionOptions = SessionOptions()) -> tuple[str, asyncio.Queue]:
-        sid = self.engine.open_session(options)
+    def open_session(self, options: SessionOptions = SessionOptions(), session_id: str | None = None
+                     ) -> tuple[str, asyncio.Queue]:
+        sid = self.engine.open_session(options, session_id)
         self.queues[sid] = asyncio.Queue()
         return sid, self.queues[sid]
 

@@ -22,6 +22,7 @@ ends, so a client that loses the connection just before the end can still resume
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import secrets
 import time
@@ -72,6 +73,30 @@ class Attachment:
 
 
 CLOSED_OK = "closed-ok"
+
+
+class Lifecycle(enum.Enum):
+    """Where a hosted session is in its life. Input is applied only while ACTIVE.
+
+        ACTIVE ──End / half-close / shutdown──> DRAINING ──every final in──> ENDED
+          │                                        │
+          └──────── closed (grace expiry, a protocol error, the engine failing) ──> CLOSED
+        any ──the engine took this session out (its own fault)──> FAILED
+
+    ENDED and FAILED sessions stay in the table until a stream has taken every event (or the grace
+    period ends), so a client that lost its connection at the very end can still resume for them.
+    """
+
+    ACTIVE = "active"
+    DRAINING = "draining"  # no more input; finals of the open segments pending
+    ENDED = "ended"  # every final is in the event log
+    FAILED = "failed"  # `failure` says why
+    CLOSED = "closed"  # dropped before its end: no engine session, no input
+
+    @property
+    def done(self) -> bool:
+        """No more events will be produced."""
+        return self in (Lifecycle.ENDED, Lifecycle.FAILED, Lifecycle.CLOSED)
 
 
 @dataclass
@@ -130,7 +155,7 @@ class HostedSession:
         """Opens the engine's session (EngineOverloaded / StreamInputError when it cannot)."""
         from harken.cloud.session import ResumeState, SessionOptions
 
-        self.session_id = session_id
+        self.session_id = session_id  # also the engine's id for it
         self.key_id = key_id
         self.start = start
         self.scheduler = scheduler
@@ -140,7 +165,7 @@ class HostedSession:
                                  start.seed.next_segment_id)
         policy = {} if limits.policy is None else {"policy": limits.policy}
         options = SessionOptions(language=start.language, context=start.context, resume=resume, **policy)
-        self.engine_sid, self._engine_events = scheduler.open_session(options)
+        _, self._engine_events = scheduler.open_session(options, session_id)
         self.limits = limits
         self.metrics = metrics
         self.executor = executor
@@ -155,10 +180,9 @@ class HostedSession:
         self.delivered_event_seq = 0  # highest event_seq handed to some stream
         self.attachment: Attachment | None = None
         self.detached_at: float | None = time.monotonic()
-        self.ending = False  # End received (or shutdown): no more input
-        self.ended_by_client = False
-        self.ended = False  # every final is in the event log: the session is done
-        self.failure: BaseException | None = None  # the engine took the session out with this
+        self.lifecycle = Lifecycle.ACTIVE
+        self.ended_by_client = False  # DRAINING / ENDED because the client said End (not shutdown)
+        self.failure: BaseException | None = None  # FAILED: the engine took the session out with this
         self._awaiting_final: set[int] = set()  # segments fed frames whose final has not come
         self._apply_lock = asyncio.Lock()
         self._msgs_since_ack = 0
@@ -194,7 +218,7 @@ class HostedSession:
             self.attachment = a
             self.detached_at = None
             self.metrics.streams.inc()
-            if self.ended:
+            if self.lifecycle in (Lifecycle.ENDED, Lifecycle.FAILED):
                 a.end = CLOSED_OK if self.failure is None else self.failure
             a.wake.set()  # replay what the client has not seen
             return a
@@ -231,9 +255,9 @@ class HostedSession:
         async with self._apply_lock:
             if isinstance(item, StartRequest):
                 raise OutOfOrder("start may only be the first message of a stream")
-            if self._engine_released and not self.ending:
+            if self.lifecycle is Lifecycle.CLOSED:
                 raise SessionNotFound("the session was closed: open a new session with the last seed")
-            if self.ending:
+            if self.lifecycle is not Lifecycle.ACTIVE:
                 if not self.ended_by_client:  # a live client still sending when the server stops
                     raise ShuttingDown(SHUTDOWN_MESSAGE)
                 # A client that resumes after its connection dropped between End and the last
@@ -305,7 +329,7 @@ class HostedSession:
         if f.segment_end:
             self._segment_ended_at[f.segment_id] = now
         if f.frame_count or f.segment_start or f.segment_end:
-            self.scheduler.ingest(self.engine_sid, f.segment_id, f.first_frame, frames, f.segment_start,
+            self.scheduler.ingest(self.session_id, f.segment_id, f.first_frame, frames, f.segment_start,
                                   f.segment_end, f.running_max_log10)
         if f.frame_count:
             self._awaiting_final.add(f.segment_id)
@@ -316,7 +340,7 @@ class HostedSession:
         if seg is None:
             return
         self._segment_ended_at[seg] = time.monotonic()
-        self.scheduler.finalize(self.engine_sid)
+        self.scheduler.finalize(self.session_id)
         if self.input_kind == "audio":
             self.order.closed_by_finalize = seg
         self.order.open_segment = None
@@ -328,13 +352,13 @@ class HostedSession:
             packets = await _run(self.executor, self.audio.flush)
             await self._feed_packets(packets)
         self._finalize()
-        self.ending = True
+        self.lifecycle = Lifecycle.DRAINING
         self.ended_by_client = by_client
         self._check_ended()
 
     async def close_input_for_shutdown(self) -> None:
         async with self._apply_lock:
-            if not self.ending:
+            if self.lifecycle is Lifecycle.ACTIVE:
                 await self._end(by_client=False)
 
     def _ack(self) -> None:
@@ -349,7 +373,7 @@ class HostedSession:
         """The engine's events -> the event log (with event_seq) -> the attached stream. An
         exception instead of an event: the engine took this session out (its own processing
         raised; the other sessions go on), and the session fails with it."""
-        while not self.ended:
+        while not self.lifecycle.done:
             item = await self._engine_events.get()
             if isinstance(item, BaseException):
                 await self._fail(item)
@@ -361,7 +385,7 @@ class HostedSession:
         """End the session with `error` (INTERNAL unless it is one of harken's own errors): the
         attached stream, and any stream that attaches later, gets it; the engine slot is freed."""
         self.failure = error
-        self.ending = self.ended = True
+        self.lifecycle = Lifecycle.FAILED
         if self.attachment is not None:
             self.attachment.end = error
             self.attachment.wake.set()
@@ -369,9 +393,9 @@ class HostedSession:
         self._on_ended(self)
 
     def _check_ended(self) -> None:
-        if self.ended or not self.ending or self._awaiting_final:
+        if self.lifecycle is not Lifecycle.DRAINING or self._awaiting_final:
             return
-        self.ended = True
+        self.lifecycle = Lifecycle.ENDED
         if self.attachment is not None:
             self.attachment.end = CLOSED_OK if self.ended_by_client else ShuttingDown(SHUTDOWN_MESSAGE)
             self.attachment.wake.set()
@@ -429,10 +453,12 @@ class HostedSession:
         if self._engine_released:
             return
         self._engine_released = True
+        if not self.lifecycle.done:
+            self.lifecycle = Lifecycle.CLOSED
         if self._pump is not asyncio.current_task():
             self._pump.cancel()
             await asyncio.wait([self._pump])
-        self.scheduler.close_session(self.engine_sid)
+        self.scheduler.close_session(self.session_id)
 
     async def close(self) -> None:
         """End the attached stream (if any) and release the engine's session. Idempotent."""
@@ -535,7 +561,7 @@ class SessionTable:
                 log.warning("finalise on shutdown failed", extra={"fields": {
                     "session": _short(s.session_id), "error": type(e).__name__}})
         deadline = time.monotonic() + timeout_s
-        while any(not s.ended or s.undelivered() for s in sessions) and time.monotonic() < deadline:
+        while any(not s.lifecycle.done or s.undelivered() for s in sessions) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
     async def fail_all(self, error: Exception) -> None:
