@@ -44,6 +44,7 @@ SERVICER_FUNCTIONS = ["harken.cloud.ray_app.add_transcription_servicer",
                       "harken.cloud.ray_app.add_health_servicer"]
 # Trailing metadata on every stream: which replica served it (for operators and the tests).
 REPLICA_METADATA = "harken-replica"
+LOCAL_OBJECT_STORE_BYTES = 256 << 20
 ROUTER = "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter"
 
 
@@ -281,13 +282,13 @@ def serve_ray_command(model: str, options: ServerOptions, scaling: Scaling, devi
                       dtype: str | None = None) -> int:
     """`harken serve --ray`: join the Ray cluster of $RAY_ADDRESS, or start a local one; serve
     until SIGINT/SIGTERM."""
-    for flag, value in (("--tls-cert", options.tls_cert), ("--http-port", options.http_port),
-                        ("--metrics-port", options.metrics_port)):
+    unavailable = {"--tls-cert": "Serve's gRPC proxy speaks plaintext: terminate TLS in front of it",
+                   "--metrics-port": "each replica's metrics go to Ray's Prometheus export",
+                   "--http-port": "WebRTC is served by `harken serve` without --ray only"}
+    for flag, value in (("--tls-cert", options.tls_cert), ("--metrics-port", options.metrics_port),
+                        ("--http-port", options.http_port)):
         if value is not None:
-            raise HarkenError(f"{flag} is not available with --ray: Serve's gRPC proxy speaks plaintext "
-                              "(terminate TLS in front of it) and each replica's metrics go to Ray's "
-                              "Prometheus export" if flag != "--http-port" else
-                              "--http-port (WebRTC) is not available with --ray yet")
+            raise HarkenError(f"{flag} is not available with --ray ({unavailable[flag]})")
     try:
         import ray
     except ImportError as e:
@@ -296,7 +297,10 @@ def serve_ray_command(model: str, options: ServerOptions, scaling: Scaling, devi
     keys = ApiKeys.load(options.api_keys) if options.api_keys else None
     if device and device.startswith("cuda") and scaling.replica_gpus == 0:
         scaling = replace(scaling, replica_gpus=1.0)
-    ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, logging_level=logging.WARNING)
+    address = os.environ.get("RAY_ADDRESS")
+    # a local cluster: harken moves only small messages through Ray, a small object store will do
+    ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
+             object_store_memory=None if address else LOCAL_OBJECT_STORE_BYTES)
     try:
         running = start_ray(model, options, scaling, keys, device, dtype)
         mode = (f"autoscaling {scaling.min_replicas}:{scaling.max_replicas}" if scaling.autoscaling

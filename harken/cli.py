@@ -175,6 +175,13 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="how long a disconnected session waits for its client to resume (default 60)")
     s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    s.add_argument("--ray", action="store_true",
+                   help="serve on Ray Serve (the cluster of $RAY_ADDRESS, else a local one): replicas of one "
+                        "engine each behind Serve's gRPC proxy on --port, sessions sticky to their replica "
+                        "(needs the scale extra)")
+    s.add_argument("--replicas", type=int, help="with --ray: this many replicas (default 1)")
+    s.add_argument("--autoscale", metavar="MIN:MAX",
+                   help="with --ray: between MIN and MAX replicas, following the sessions held")
 
     s = sub.add_parser("health", help="ask a server's gRPC health service (for container healthchecks)",
                        description="Ask a harken server's grpc.health.v1 service; print its status. Exit "
@@ -315,6 +322,15 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                                 api_keys=args.api_keys, metrics_port=args.metrics_port,
                                 http_port=args.http_port, max_sessions=args.max_sessions, max_sessions_per_key=args.max_sessions_per_key,
                                 grace_s=args.grace_s)
+        if args.ray:
+            from harken.cloud.ray_app import Scaling, serve_ray_command
+
+            scaling = Scaling.parse(args.replicas, args.autoscale)
+            return serve_ray_command(args.model, options, scaling, device=args.device, dtype=args.dtype)
+        if args.replicas is not None or args.autoscale is not None:
+            from harken.shared.errors import HarkenError
+
+            raise HarkenError("--replicas and --autoscale go with --ray")
         return serve_command(args.model, options, device=args.device, dtype=args.dtype)
     if args.command == "health":
         from harken.cloud.health import health_command

@@ -185,3 +185,33 @@ def test_killed_replica_loses_no_words(serving, audio, reference):
             assert stats.sessions_opened == 1 and stats.failed_attempts == 0, stats
     replayed = [stats for k, (_, stats) in by_key.items() if k in keys[victim]]
     assert any(s.sessions_opened == 2 for s in replayed), replayed
+
+
+def _context(reports: list[tuple[float, float, float]], current: int, lo: int = 1, hi: int = 4):
+    """Serve's AutoscalingContext with each replica's (sessions, slots, waiting) report."""
+    from ray.serve._private.common import DeploymentID, ReplicaID
+    from ray.serve.config import AutoscalingConfig, AutoscalingContext
+
+    dep = DeploymentID(name="TranscriptionReplica", app_name="harken")
+    replicas = [ReplicaID(unique_id=f"r{i}", deployment_id=dep) for i in range(len(reports))]
+    metrics = {name: {r: rep[j] for r, rep in zip(replicas, reports)}
+               for j, name in enumerate(("sessions", "slots", "waiting"))}
+    return AutoscalingContext(
+        deployment_id=dep, deployment_name=dep.name, app_name=dep.app_name, current_num_replicas=current,
+        target_num_replicas=current, running_replicas=replicas, total_num_requests=0.0, total_queued_requests=0.0,
+        aggregated_metrics=metrics, raw_metrics=None, capacity_adjusted_min_replicas=lo,
+        capacity_adjusted_max_replicas=hi, policy_state={}, last_scale_up_time=None, last_scale_down_time=None,
+        current_time=None, config=AutoscalingConfig(min_replicas=lo, max_replicas=hi))
+
+
+def test_autoscaling_policy_follows_sessions_held_over_slots():
+    """Sessions / (slots x 0.75), within the bounds; one more while every replica has sessions
+    waiting for the model; none reported yet: unchanged."""
+    from harken.cloud.ray_app import autoscaling_policy
+
+    assert autoscaling_policy(_context([(14, 16, 0), (14, 16, 0)], current=2))[0] == 3  # 28 / 12
+    assert autoscaling_policy(_context([(2, 16, 0), (1, 16, 0)], current=2))[0] == 1
+    assert autoscaling_policy(_context([(0, 16, 0)], current=1))[0] == 1
+    assert autoscaling_policy(_context([(16, 16, 0)] * 4, current=4))[0] == 4  # capped at max
+    assert autoscaling_policy(_context([(4, 16, 3), (4, 16, 1)], current=2))[0] == 3  # model saturated
+    assert autoscaling_policy(_context([(4, 16, 3), (4, 16, 0)], current=2))[0] == 1
