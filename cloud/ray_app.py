@@ -304,7 +304,7 @@ def serve_ray_command(model: str, options: ServerOptions, scaling: Scaling, devi
     try:
         running = start_ray(model, options, scaling, keys, device, dtype)
         mode = (f"autoscaling {scaling.min_replicas}:{scaling.max_replicas}" if scaling.autoscaling
-                else f"{scaling.min_replicas} replicas")
+                else f"{scaling.min_replicas} replica{'' if scaling.min_replicas == 1 else 's'}")
         print(f"harken: listening on grpc://{options.host}:{running.port} (Ray Serve, {mode})", flush=True)
         stop = asyncio.Event()
 
