@@ -291,7 +291,6 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
     from grpc_reflection.v1alpha import reflection
 
     from harken.cloud.model.asr import Qwen3ASR
-    from harken.cloud.engine import EngineConfig, Scheduler
 
     keys = ApiKeys.load(options.api_keys) if options.api_keys else None
     credentials = _tls_credentials(options)
@@ -308,18 +307,9 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
         raise HarkenError(f"cannot listen on {address} ({e})") from e
 
     loop = asyncio.get_running_loop()
-    metrics = ServerMetrics()
-    engine_failed = asyncio.Event()
-    engine = _metered_engine(asr, EngineConfig(max_sessions=options.max_sessions, max_batch=options.max_batch,
-                                               slot_policy=options.policy), metrics,
-                             on_failure=lambda: loop.call_soon_threadsafe(engine_failed.set))
-    scheduler = Scheduler(engine)
-    await scheduler.start()
-    executor = ThreadPoolExecutor(max_workers=options.decode_threads, thread_name_prefix="harken-decode")
-    limits = SessionLimits(max_sessions=options.max_sessions,
-                           max_sessions_per_key=options.max_sessions_per_key,
-                           grace_s=options.grace_s, replay_tail=options.replay_tail, policy=options.policy)
-    table = SessionTable(scheduler, limits, metrics, executor)
+    core = await start_core(asr, options)
+    metrics, engine_failed, scheduler, executor, table = (core.metrics, core.engine_failed, core.scheduler,
+                                                          core.executor, core.table)
     service = TranscriptionService(table, keys, metrics)
     server.add_generic_rpc_handlers([_service_handler(service)])
     health_servicer = health.aio.HealthServicer()
@@ -356,6 +346,50 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
                          tls=credentials is not None, host=options.host, metrics=metrics, _grpc=server,
                          _table=table, _scheduler=scheduler, _executor=executor, _health=health_servicer,
                          _metrics_endpoint=endpoint, _options=options, _engine_watch=watch, webrtc=webrtc)
+
+
+@dataclass
+class ServingCore:
+    """One engine and the sessions it serves: what a `harken serve` process holds, and what each
+    replica of the Ray Serve application holds (cloud/ray_app.py)."""
+
+    metrics: ServerMetrics
+    scheduler: Scheduler
+    executor: ThreadPoolExecutor
+    table: SessionTable
+    engine_failed: asyncio.Event  # set (on the core's loop) when an engine step raised
+
+    async def close(self, grace_s: float) -> None:
+        """Finalise every open segment (finals to the attached streams, up to `grace_s`), then
+        release the sessions, the engine and the decode threads."""
+        await self.table.finish_all(timeout_s=grace_s)
+        await self.table.close()
+        try:
+            await self.scheduler.stop()
+        except Exception:  # the engine failed earlier; that was logged when it happened
+            pass
+        self.executor.shutdown(wait=True)
+
+
+async def start_core(asr, options: ServerOptions) -> ServingCore:
+    """The engine (`asr`: a loaded `Qwen3ASR`) with its scheduler started, and an empty session
+    table, on the running event loop."""
+    from harken.cloud.engine import EngineConfig, Scheduler
+
+    loop = asyncio.get_running_loop()
+    metrics = ServerMetrics()
+    engine_failed = asyncio.Event()
+    engine = _metered_engine(asr, EngineConfig(max_sessions=options.max_sessions, max_batch=options.max_batch,
+                                               slot_policy=options.policy), metrics,
+                             on_failure=lambda: loop.call_soon_threadsafe(engine_failed.set))
+    scheduler = Scheduler(engine)
+    await scheduler.start()
+    executor = ThreadPoolExecutor(max_workers=options.decode_threads, thread_name_prefix="harken-decode")
+    limits = SessionLimits(max_sessions=options.max_sessions,
+                           max_sessions_per_key=options.max_sessions_per_key,
+                           grace_s=options.grace_s, replay_tail=options.replay_tail, policy=options.policy)
+    return ServingCore(metrics, scheduler, executor, SessionTable(scheduler, limits, metrics, executor),
+                       engine_failed)
 
 
 def _service_handler(service: TranscriptionService) -> grpc.GenericRpcHandler:
@@ -480,5 +514,5 @@ async def _serve(asr, options: ServerOptions) -> int:
     return 0
 
 
-__all__ = ["ServerOptions", "RunningServer", "start_server", "serve_command", "status_of", "STATUS_OF",
+__all__ = ["ServerOptions", "RunningServer", "ServingCore", "start_core", "start_server", "serve_command", "status_of", "STATUS_OF",
            "TranscriptionService"]

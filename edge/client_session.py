@@ -46,6 +46,7 @@ from __future__ import annotations
 import enum
 import logging
 import random
+import secrets
 from dataclasses import dataclass, field, replace
 
 from harken.edge.errors import BufferOverflowError, ServerRejectedError, ServerUnavailableError, TransportSecurityError
@@ -84,6 +85,9 @@ class ClientOptions:
     backoff_max_s: float = 2.0
     backoff_multiplier: float = 2.0
     tls_server_name: str | None = None  # TLS: check the certificate for this name, not the host's
+    # the stream's session-affinity key (`ClientSession.route_key`); "" = a random one per stream.
+    # Streams given the same key share a server behind a session-affine router.
+    route_key: str = ""
 
     def __post_init__(self):
         if self.max_offline_s <= 0 or self.max_buffer_bytes <= 0:
@@ -109,6 +113,7 @@ class TransportStats:
     duplicate_events: int = 0  # transcript events dropped as already seen (event_seq replay)
     replayed_text_chars: int = 0  # committed text re-sent by a replacement session and dropped
     replay_mismatches: int = 0  # a replacement session's committed text disagreed with ours
+    route_key: str = ""  # the stream's session-affinity key (`ClientSession.route_key`)
 
 
 @dataclass(frozen=True)
@@ -179,6 +184,11 @@ class ClientSession:
     last_heard: float = 0.0  # clock time of the server's latest message on the current call
     new_segment_bound_s: float = 0.0  # features: where the next segment can start at the earliest
     texts: ReplayFilter = field(default_factory=ReplayFilter)  # what the user has, per segment
+    # Sent as the `session_id` metadata of every call of this stream (resumes and replacement
+    # sessions too): a session-affine router in front of several servers (Ray Serve's
+    # ConsistentHashRouter, Envoy/Istio consistent hashing) then sends them all to the server that
+    # holds the session. Chosen here, not by the server, because the first call needs it too.
+    route_key: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     buffer: ResendBuffer = field(init=False)
     _offline_since: float | None = field(default=None, init=False, repr=False)
     _failures: int = field(default=0, init=False, repr=False)  # failed calls since the last Ready
@@ -186,6 +196,8 @@ class ClientSession:
     _writing: PendingMessage | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.route_key = self.options.route_key or self.route_key
+        self.stats.route_key = self.route_key
         o = self.options
         self.buffer = AudioBuffer(piece_samples=SAMPLE_RATE * o.audio_piece_ms // 1000) if o.send_audio \
             else FeatureBuffer()

@@ -46,6 +46,11 @@ __all__ = ["TranscriptionClient", "ClientOptions", "TransportStats", "StreamProg
            "ServerRejectedError", "AudioSource", "file_pieces", "audio_pieces", "features_message"]
 
 
+# The call metadata a session-affine router hashes (the key Ray Serve's gRPC proxy reads into its
+# request's session id); `harken serve` itself ignores it.
+ROUTE_METADATA = "session_id"
+
+
 class TranscriptionClient:
     """An asyncio client of a harken server.
 
@@ -184,7 +189,9 @@ class TranscriptionClient:
         """One call: Start/Ready, then send and receive until the server closes it. True when the
         whole stream is done (End sent, server closed with OK)."""
         async with self._channel() as channel:
-            metadata = (("authorization", f"Bearer {self.api_key}"),) if self.api_key else None
+            metadata = [(ROUTE_METADATA, session.route_key)]
+            if self.api_key:
+                metadata.append(("authorization", f"Bearer {self.api_key}"))
             call = harken_pb2_grpc.TranscriptionStub(channel).Stream(metadata=metadata)
             tasks: set[asyncio.Task] = set()
             try:

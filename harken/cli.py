@@ -175,6 +175,13 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="how long a disconnected session waits for its client to resume (default 60)")
     s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    s.add_argument("--ray", action="store_true",
+                   help="serve on Ray Serve (the cluster of $RAY_ADDRESS, else a local one): replicas of one "
+                        "engine each behind Serve's gRPC proxy on --port, sessions sticky to their replica "
+                        "(needs the scale extra)")
+    s.add_argument("--replicas", type=int, help="with --ray: this many replicas (default 1)")
+    s.add_argument("--autoscale", metavar="MIN:MAX",
+                   help="with --ray: between MIN and MAX replicas, following the sessions held")
 
     s = sub.add_parser("health", help="ask a server's gRPC health service (for container healthchecks)",
                        description="Ask a harken server's grpc.health.v1 service; print its status. Exit "
@@ -230,6 +237,15 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    b = bsub.add_parser("ray", help="Ray Serve on this machine: throughput with 2 replicas vs 1, the proxy's latency",
+                        description="Start a local Ray cluster; print ray_scaling (aggregate throughput with 2 "
+                                    "replicas over 1) and proxy_p50_ms / proxy_p95_ms (update latency through "
+                                    "Serve's proxy minus an in-process server's). Definitions: cloud/bench_ray.py.")
+    b.add_argument("--streams", type=int, default=4, help="concurrent streams N (default 4)")
+    b.add_argument("--seconds", type=float, default=10.0, help="audio per stream (default 10)")
+    b.add_argument("--model", default="tiny", help="model of every replica (default tiny)")
+    b.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray cluster (default 2)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b = bsub.add_parser("load", help="N live clients against a server: update, first-partial, final latency",
                         description="N concurrent SDK clients each stream S seconds of the bundled sample "
                                     "(tiled) in real time, 100 ms pieces; p50/p95 latency of updates, first "
@@ -315,6 +331,15 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                                 api_keys=args.api_keys, metrics_port=args.metrics_port,
                                 http_port=args.http_port, max_sessions=args.max_sessions, max_sessions_per_key=args.max_sessions_per_key,
                                 grace_s=args.grace_s)
+        if args.ray:
+            from harken.cloud.ray_app import Scaling, serve_ray_command
+
+            scaling = Scaling.parse(args.replicas, args.autoscale)
+            return serve_ray_command(args.model, options, scaling, device=args.device, dtype=args.dtype)
+        if args.replicas is not None or args.autoscale is not None:
+            from harken.shared.errors import HarkenError
+
+            raise HarkenError("--replicas and --autoscale go with --ray")
         return serve_command(args.model, options, device=args.device, dtype=args.dtype)
     if args.command == "health":
         from harken.cloud.health import health_command
@@ -358,6 +383,11 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return bench_load_command(LoadBenchOptions(
             server=args.server, streams=args.streams, seconds=args.seconds, api_key=args.api_key,
             tls_ca=args.tls_ca, language=language, self_serve=args.self_serve, model=args.model))
+    if args.command == "bench" and args.bench == "ray":
+        from harken.cloud.bench_ray import RayBenchOptions, bench_ray_command
+
+        return bench_ray_command(RayBenchOptions(streams=args.streams, seconds=args.seconds, model=args.model,
+                                                 cpus=args.cpus))
     if args.command == "bench" and args.bench == "edge":
         from harken.edge.bench import bench_edge_command
 

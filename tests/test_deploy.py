@@ -189,3 +189,69 @@ def test_the_healthcheck_command_asks_a_real_server(asr):
     assert not_serving[0] == 1 and not_serving[1].strip().endswith("NOT_SERVING"), not_serving
     rc, out, err = unreachable
     assert rc == 1 and out == "" and err.count("\n") == 1 and err.startswith("harken health: "), unreachable
+
+
+# ---- harken on Ray Serve: deploy/ray-serve.yaml and the KubeRay RayService (issue 15) ----------
+
+def _rayservice() -> list[dict]:
+    return list(yaml.safe_load_all((DEPLOY / "kuberay-rayservice.yaml").read_text()))
+
+
+def test_ray_serve_config_is_a_valid_serve_config_and_the_rayservice_embeds_it():
+    """Ray's own schema (offline) accepts the Serve config; the RayService runs the same one."""
+    pytest = __import__("pytest")
+    schema = pytest.importorskip("ray.serve.schema")
+    config = yaml.safe_load((DEPLOY / "ray-serve.yaml").read_text())
+    schema.ServeDeploySchema.model_validate(config)
+    service = next(d for d in _rayservice() if d["kind"] == "RayService")
+    assert yaml.safe_load(service["spec"]["serveConfigV2"]) == config
+    from harken.cloud.ray_app import SERVICER_FUNCTIONS
+
+    assert config["grpc_options"]["grpc_servicer_functions"] == SERVICER_FUNCTIONS
+
+
+def test_ray_serve_config_builds_the_application_it_describes():
+    """The config's args through `app_builder` (no cluster needed to build): sticky routing, one
+    request per session slot, autoscaling on harken's policy between the bounds given."""
+    pytest = __import__("pytest")
+    pytest.importorskip("ray.serve")
+    from harken.cloud.ray_app import ROUTER, app_builder, autoscaling_policy
+
+    app = yaml.safe_load((DEPLOY / "ray-serve.yaml").read_text())["applications"][0]
+    assert app["import_path"] == "harken.cloud.ray_app:app_builder"
+    d = app_builder(app["args"])._bound_deployment
+    config = d._deployment_config
+    assert config.max_ongoing_requests == int(app["args"]["max_sessions"])
+    assert config.request_router_config.request_router_class == ROUTER
+    lo, hi = map(int, app["args"]["autoscale"].split(":"))
+    assert (config.autoscaling_config.min_replicas, config.autoscaling_config.max_replicas) == (lo, hi)
+    policy = config.autoscaling_config.policy.policy_function
+    assert policy in (autoscaling_policy, "harken.cloud.ray_app.autoscaling_policy"), policy
+    assert d.ray_actor_options["num_gpus"] == 1
+
+
+def test_rayservice_pods_and_service_are_valid_kubernetes():
+    """kubernetes-validate has no schema for KubeRay's CRD: the Service is checked as it is, and
+    the head and worker pod templates as the Pods KubeRay makes of them (strict: no unknown
+    fields); the GPU workers ask for an NVIDIA GPU, autoscale, and expose the gRPC port."""
+    pytest = __import__("pytest")
+    kv = pytest.importorskip("kubernetes_validate")
+    docs = _rayservice()
+    service = next(d for d in docs if d["kind"] == "RayService")
+    assert service["apiVersion"] == "ray.io/v1"
+    cluster = service["spec"]["rayClusterConfig"]
+    assert cluster["enableInTreeAutoscaling"] is True
+    templates = [cluster["headGroupSpec"]["template"]] + [g["template"] for g in cluster["workerGroupSpecs"]]
+    for i, template in enumerate(templates):
+        kv.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"pod-{i}"}, **template},
+                    "1.37.0", strict=True)
+    (gpu,) = cluster["workerGroupSpecs"]
+    assert gpu["minReplicas"] < gpu["maxReplicas"]
+    worker = gpu["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    grpc_port = yaml.safe_load(service["spec"]["serveConfigV2"])["grpc_options"]["port"]
+    assert {"containerPort": grpc_port, "name": "grpc"} in worker["ports"]
+    for d in docs:
+        if d["kind"] != "RayService":
+            kv.validate(d, "1.37.0", strict=True)
+            assert d["spec"]["ports"][0]["targetPort"] == grpc_port
