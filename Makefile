@@ -12,7 +12,7 @@ TORCH := torch==2.13.0
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[edge,cloud,dev,train]' --config-settings editable_mode=compat
+	$(PY) -m pip install -q -e '.[edge,cloud,dev,train,scale]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 venv: $(STAMP)

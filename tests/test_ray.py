@@ -19,7 +19,7 @@ import socket
 import numpy as np
 import pytest
 
-ray = pytest.importorskip("ray")
+import ray  # the scale extra (make installs it)
 
 from harken.cloud.server import ServerOptions  # noqa: E402
 from harken.edge import ClientOptions, TranscriptionClient  # noqa: E402
