@@ -97,9 +97,9 @@ def make_tiny_model_command(out_dir: str, seed: int = 0, vocab: str = "real", he
 
 def stream_command(input_path: str | None, model: str, language: str | None = None, context: str = "",
                    as_json: bool = False, mic: bool = False, server: str | None = None,
-                   device: str | None = None, dtype: str | None = None) -> int:
-    """`harken stream IN.wav --model M`: the edge pipeline and the streaming engine in-process, on
-    audio time. Prints committed text solid and partial text as it changes, or with `as_json` one
+                   device: str | None = None, dtype: str | None = None, codec: str = "balanced") -> int:
+    """`harken stream IN.wav --model M`: the edge pipeline (codec mode `codec`) and the streaming
+    engine in-process, on audio time. Prints committed text solid and partial text as it changes, or with `as_json` one
     event per line and `{"final": true, "text": ...}` last."""
     if server:
         raise HarkenError("--server is not available yet; without it the engine runs in-process (--model)")
@@ -130,7 +130,7 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
     view = LiveView(sys.stdout)
     events = []
-    for event in stream_pieces(source, engine, options):
+    for event in stream_pieces(source, engine, options, codec_mode=codec):
         events.append(event)
         if as_json:
             print(json.dumps(event.as_dict(), ensure_ascii=False), flush=True)

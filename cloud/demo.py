@@ -53,15 +53,17 @@ async def _paced(audio: np.ndarray, realtime: bool):
         yield audio[i:i + step]
 
 
-async def run_demo(input_path: str, model: str | None, realtime: bool = True, out=sys.stdout) -> str:
-    """Serve, stream `input_path` through the SDK, print the live transcript; return the text."""
+async def run_demo(input_path: str, model: str | None, realtime: bool = True, out=sys.stdout,
+                   codec: str = "balanced") -> str:
+    """Serve, stream `input_path` through the SDK (features in codec mode `codec`), print the live
+    transcript; return the text."""
     import torch
 
     from harken.cloud.model.asr import Qwen3ASR
     from harken.cloud.server import ServerOptions, start_server
     from harken.edge.audio import load_audio
     from harken.edge.commands import LiveView
-    from harken.edge.transport import TranscriptionClient
+    from harken.edge.transport import ClientOptions, TranscriptionClient
     from harken.shared.text import TranscriptText
 
     audio = load_audio(input_path)  # first: a bad input fails before the model loads
@@ -75,7 +77,7 @@ async def run_demo(input_path: str, model: str | None, realtime: bool = True, ou
     try:
         print(f"harken demo: server on {server.address}, model {name}; streaming "
               f"{audio.size / SAMPLE_RATE:.1f} s of audio{' in real time' if realtime else ''}", file=out)
-        client = TranscriptionClient(server.address)
+        client = TranscriptionClient(server.address, options=ClientOptions(codec_mode=codec))
         view, events, text = LiveView(out), [], TranscriptText()
         t0 = time.monotonic()
         async for event in client.stream(_paced(audio, realtime)):
@@ -109,6 +111,6 @@ def _final_line(out, view, event, text: str) -> None:
           file=out, flush=True)
 
 
-def demo_command(input_path: str, model: str | None, realtime: bool) -> int:
-    asyncio.run(run_demo(input_path, model, realtime))
+def demo_command(input_path: str, model: str | None, realtime: bool, codec: str = "balanced") -> int:
+    asyncio.run(run_demo(input_path, model, realtime, codec=codec))
     return 0

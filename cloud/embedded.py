@@ -17,26 +17,29 @@ import numpy as np
 
 from harken.cloud.engine import Engine, EngineConfig
 from harken.cloud.session import SessionOptions, TranscriptEvent
+from harken.shared.codec import DEFAULT_MODE
 from harken.shared.features_spec import SAMPLE_RATE
 
 PIECE_SECONDS = 0.1
 
 
 def stream_audio(audio: np.ndarray, engine: Engine, options: SessionOptions = SessionOptions(),
-                 piece_seconds: float = PIECE_SECONDS) -> Iterator[TranscriptEvent]:
+                 piece_seconds: float = PIECE_SECONDS, codec_mode: str = DEFAULT_MODE) -> Iterator[TranscriptEvent]:
     """Stream 16 kHz mono float32 audio through the edge pipeline and `engine` (one session)."""
     step = max(1, int(round(piece_seconds * SAMPLE_RATE)))
-    yield from stream_pieces((audio[i:i + step] for i in range(0, len(audio), step)), engine, options)
+    yield from stream_pieces((audio[i:i + step] for i in range(0, len(audio), step)), engine, options,
+                             codec_mode)
 
 
-def stream_pieces(pieces: Iterable[np.ndarray], engine: Engine,
-                  options: SessionOptions = SessionOptions()) -> Iterator[TranscriptEvent]:
+def stream_pieces(pieces: Iterable[np.ndarray], engine: Engine, options: SessionOptions = SessionOptions(),
+                  codec_mode: str = DEFAULT_MODE) -> Iterator[TranscriptEvent]:
     """Stream pieces of 16 kHz mono float32 audio as they come (a file cut up, a microphone)
-    through the edge pipeline and `engine`; after each piece the engine catches up."""
+    through the edge pipeline (codec mode `codec_mode`) and `engine`; after each piece the engine
+    catches up."""
     from harken.edge.pipeline import FeatureStream
 
     seed = options.resume.running_max_log10 if options.resume is not None else float("-inf")
-    edge = FeatureStream(running_max_log10=seed)
+    edge = FeatureStream(mode=codec_mode, running_max_log10=seed)
     sid = engine.open_session(options)
     try:
         for piece in pieces:

@@ -91,7 +91,8 @@ def _print_segment(segment_id: int, packets: list) -> None:
 
 def stream_server_command(input_path: str | None, server: str, mic: bool = False, as_json: bool = False,
                           api_key: str | None = None, tls_ca: str | None = None, language: str | None = None,
-                          context: str = "", max_offline_s: float = 120.0, transport: str = "grpc") -> int:
+                          context: str = "", max_offline_s: float = 120.0, transport: str = "grpc",
+                          codec: str = "balanced") -> int:
     """`harken stream IN.wav|--mic --server HOST:PORT`: the edge pipeline here, the transcript from
     a harken server, printed as the embedded path prints it (live text, or `--json` events and a
     last `{"final": true, "text": ...}`). The API key comes from `api_key` or $HARKEN_API_KEY."""
@@ -116,7 +117,8 @@ def stream_server_command(input_path: str | None, server: str, mic: bool = False
         client_class = WebRTCTranscriptionClient
     client = client_class(server, api_key=api_key or os.environ.get("HARKEN_API_KEY") or None,
                                  tls=tls_ca, options=ClientOptions(language=language or "", context=context,
-                                                                   max_offline_s=max_offline_s))
+                                                                   max_offline_s=max_offline_s,
+                                                                   codec_mode=codec))
     return asyncio.run(_print_stream(client, source, as_json))
 
 

@@ -8,6 +8,7 @@ import os
 import sys
 
 DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
+CODEC_MODES = ("hifi", "balanced", "low")  # shared/codec.py MODES (not imported here: no numpy at parse time)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -28,7 +29,9 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fast", action="store_true", help="stream as fast as possible instead of in real time")
     s.add_argument("--edge-only", action="store_true",
                    help="only the edge pipeline (VAD, features, codec), no server or model: what it would send")
-    s.add_argument("--mode", default="balanced", help="codec mode for --edge-only (hifi, balanced, low)")
+    s.add_argument("--codec", "--mode", dest="codec", choices=CODEC_MODES, default="balanced",
+                   help="feature codec mode: hifi, balanced (default, ~25 kbps during speech) or low "
+                        "(--mode: the older name)")
 
     s = sub.add_parser("vad", help="find speech segments with silero-vad (ONNX)",
                        description="Find speech segments in an audio file with silero-vad on onnxruntime.")
@@ -149,6 +152,9 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--context", default="", help="context text for the system turn (hot words, topic)")
     s.add_argument("--json", action="store_true",
                    help='one JSON event per line, then {"final": true, "text": ...}')
+    s.add_argument("--codec", choices=CODEC_MODES, default="balanced",
+                   help="feature codec mode the edge sends: hifi, balanced (default, ~25 kbps during "
+                        "speech) or low")
     s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
 
@@ -263,6 +269,27 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--language", help="force the language; default: detect, but English with --self-serve "
                                       "--model tiny (its random weights write text only then)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b = bsub.add_parser("wer", help="WER, kbps, per-word latency and partial churn of every path, one run",
+                        description="Render held-out recipes once and send the same audio down every path: "
+                                    "offline, stream (in-process engine, paced in real time: per-word "
+                                    "latency and partial churn), served_features_{hifi,balanced,low} (an "
+                                    "in-process server + the SDK), served_audio (thin client), "
+                                    "opus_{16,24,32} (Opus round trip, server-side features), webrtc (data "
+                                    "channel). Prints wer_<path>, kbps_<path>, partial/commit_latency_p50/"
+                                    "p95_s, partial_churn, n_words (definitions: cloud/bench_wer.py).")
+    b.add_argument("--model", required=True,
+                   help="checkpoint dir, Hugging Face id, 'tiny' or 'synth-en'")
+    b.add_argument("--set", dest="held_set", default="held-out",
+                   help="held-out (default) or a JSONL file of recipes")
+    b.add_argument("--n", type=int, help="only the first N utterances")
+    b.add_argument("--paths", help="comma-separated subset of the paths (default: all)")
+    b.add_argument("--language", help="force the language on every path (a name or code); default: detect")
+    b.add_argument("--fast", action="store_true",
+                   help="the stream path on a fake clock instead of in real time: latencies on audio time, "
+                        "compute counted as instant")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
     return p
 
 
@@ -290,10 +317,10 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         if args.edge_only:
             from harken.edge.commands import demo_edge
 
-            return demo_edge(args.input or _sample_path(), mode=args.mode)
+            return demo_edge(args.input or _sample_path(), mode=args.codec)
         from harken.cloud.demo import demo_command
 
-        return demo_command(args.input or _sample_path(), args.model, realtime=not args.fast)
+        return demo_command(args.input or _sample_path(), args.model, realtime=not args.fast, codec=args.codec)
     if args.command == "vad":
         from harken.edge.commands import vad_command
         from harken.edge.vad import VadOptions
@@ -317,13 +344,13 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return stream_server_command(args.input, args.server, mic=args.mic, as_json=args.json,
                                      api_key=args.api_key, tls_ca=args.tls_ca, language=args.language,
                                      context=args.context, max_offline_s=args.max_offline_s,
-                                     transport=args.transport)
+                                     transport=args.transport, codec=args.codec)
     if args.command == "stream":
         from harken.cloud.commands import stream_command
 
         return stream_command(args.input, args.model, language=args.language, context=args.context,
                               as_json=args.json, mic=args.mic, server=args.server, device=args.device,
-                              dtype=args.dtype)
+                              dtype=args.dtype, codec=args.codec)
     if args.command == "serve":
         from harken.cloud.server import ServerOptions, serve_command
 
@@ -388,6 +415,13 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
         return bench_ray_command(RayBenchOptions(streams=args.streams, seconds=args.seconds, model=args.model,
                                                  cpus=args.cpus))
+    if args.command == "bench" and args.bench == "wer":
+        from harken.cloud.bench_wer import PATHS, WerBenchOptions, bench_wer_command
+
+        paths = tuple(p.strip() for p in args.paths.split(",") if p.strip()) if args.paths else PATHS
+        return bench_wer_command(WerBenchOptions(
+            model=args.model, held_set=args.held_set, n=args.n, paths=paths, language=args.language,
+            realtime=not args.fast, device=args.device, dtype=args.dtype))
     if args.command == "bench" and args.bench == "edge":
         from harken.edge.bench import bench_edge_command
 

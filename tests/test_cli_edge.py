@@ -114,3 +114,26 @@ def test_edge_commands_never_import_torch(inputs, tmp_path):
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
+
+
+def _sent_bytes(line: str) -> int:
+    """The byte count in a summary line ("... frames in N bytes ...")."""
+    import re
+
+    found = re.search(r"frames in (\d+) bytes", line)
+    assert found, line
+    return int(found.group(1))
+
+
+def test_codec_flag_reaches_the_edge_and_the_sdk():
+    """`--codec` picks the feature codec mode of `demo --edge-only` (`--mode` still works) and of the
+    SDK client `demo` streams with: the served demo sends exactly the bytes the edge pipeline
+    alone makes in that mode."""
+    low = run("demo", "--edge-only", "--codec", "low").stdout.splitlines()[-1]
+    assert run("demo", "--edge-only", "--mode", "low").stdout.splitlines()[-1] == low
+    hifi = run("demo", "--edge-only", "--codec", "hifi").stdout.splitlines()[-1]
+    assert _sent_bytes(low) < _sent_bytes(hifi)
+    served = run("demo", "--fast", "--model", "tiny", "--codec", "low").stdout.splitlines()[-1]
+    assert _sent_bytes(served) == _sent_bytes(low)
+    bad = run("stream", "x.wav", "--codec", "lossless", check_ok=False)
+    assert bad.returncode == 2 and "--codec" in bad.stderr

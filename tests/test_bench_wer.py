@@ -1,0 +1,183 @@
+"""`harken bench wer` and its pieces: espeak-ng word timing against the audio itself, per-word latency
+and partial churn on scripted events with known answers, and a fast run of every path."""
+
+import math
+import subprocess
+
+import numpy as np
+import pytest
+
+from harken.cloud.bench_wer import PATHS, AudioClock, WerBenchOptions, bench_wer, paced_pieces
+from harken.cloud.synth import speech
+from harken.cloud.synth.word_timing import WordTime, synthesize, word_ends, word_ends_dry
+from harken.cloud.word_latency import TimedEvent, partial_churn, word_latencies
+from harken.shared.errors import HarkenError
+from harken.shared.transcript import TranscriptEvent
+
+# ---- word timing ----------------------------------------------------------------------------------
+
+
+def _island_ends(x: np.ndarray, rate_hz: int, min_gap_s: float = 0.15, floor_db: float = -30.0) -> list[float]:
+    """Ends of the sounding stretches of `x` separated by at least `min_gap_s` of near silence
+    (10 ms frames more than `floor_db` below the loudest): the reference the events are checked on."""
+    hop = rate_hz // 100
+    peaks = np.array([np.abs(x[i:i + hop]).max() for i in range(0, x.size - hop + 1, hop)])
+    loud = peaks > peaks.max() * 10 ** (floor_db / 20)
+    ends, i = [], 0
+    while i < loud.size:
+        if loud[i] and (i + 1 == loud.size or not loud[i + 1]):
+            j = i + 1
+            while j < loud.size and not loud[j]:
+                j += 1
+            if j == loud.size or j - i - 1 >= min_gap_s * 100:
+                ends.append((i + 1) * hop / rate_hz)
+            i = j
+        else:
+            i += 1
+    return ends
+
+
+@pytest.mark.parametrize("voice,variant,rate", [("en-us", "", 120), ("en-gb", "m3", 200), ("en-029", "f2", 160),
+                                                ("en-us-nyc", "m7", 220)])
+def test_library_synthesis_is_the_espeak_command(voice, variant, rate):
+    """The timed audio is exactly what `espeak-ng` (the corpus's synthesiser) writes, including a
+    voice named by language + variant (en-gb+m3), which needs the command's fallback."""
+    text = "Alpha. We spent $12,929 on it."
+    pcm, rate_hz, _ = synthesize(text, voice, variant, rate, 40)
+    v = f"{voice}+{variant}" if variant else voice
+    wav = subprocess.run(["espeak-ng", "-v", v, "-s", str(rate), "-p", "40", "--stdout", "--", text],
+                         capture_output=True, check=True).stdout
+    assert rate_hz == int.from_bytes(wav[24:28], "little")
+    assert pcm == wav[44:]
+    # a second synthesis in this process gives the same (the library alone would not)
+    assert synthesize(text, voice, variant, rate, 40)[0] == pcm
+
+
+@pytest.mark.parametrize("voice,variant,rate", [("en-us", "", 120), ("en-gb", "m3", 200), ("en-029", "f2", 160),
+                                                ("en-us-nyc", "m7", 220)])
+def test_word_ends_are_where_each_word_falls_silent(voice, variant, rate):
+    """Words of known length: each spoken alone between sentence pauses, so where it ends can be
+    read off the waveform. A number is one token however many words espeak-ng says for it."""
+    text = "Alpha. Seventeen. 956. Bravo."
+    pcm, rate_hz, _ = synthesize(text, voice, variant, rate, 50)
+    reference = _island_ends(np.frombuffer(pcm, "<i2").astype(np.float32), rate_hz)
+    words = word_ends_dry(text, voice, variant, rate, 50)
+    assert [w.word for w in words] == text.split()
+    assert len(reference) == len(words)
+    for w, end in zip(words, reference):
+        assert abs(w.end_s - end) <= 0.025, (w, end)
+
+
+def test_word_ends_follow_the_rendered_recipe():
+    """Tempo and leading silence move the words in `speech.render`'s audio; the times follow."""
+    recipe = speech.Recipe(text="Alpha. Seventeen. Bravo.", voice="en-gb", variant="f2", rate=150, pitch=60,
+                           tempo=1.08, lead_s=0.63, trail_s=0.2, gain_db=-6.0, seed=3)
+    audio = speech.render(recipe)
+    words = word_ends(recipe)
+    assert words is not None
+    reference = _island_ends(audio, speech.SAMPLE_RATE)
+    assert len(reference) == 3
+    for w, end in zip(words, reference):
+        assert abs(w.end_s - end) <= 0.025, (w, end)
+    assert word_ends(speech.Recipe(text="Alpha.", voice=speech.PIPER, rate=1.0)) is None
+
+
+# ---- latency and churn on scripted events -----------------------------------------------------------
+
+def _ev(segment_id, committed, partial, final=False):
+    return TranscriptEvent(segment_id, committed, partial, 0.5, 0.0, 0.0, "English", final)
+
+
+def _scripted():
+    """Reference "The cat sat. On the mat." (ends 0.5, 1.0, 1.5 | 2.5, 3.0, 3.5); two segments.
+    Segment 0 shows "the cap" (a wrong partial), then commits "The", then "cat sat."; segment 1
+    shows "on a" partly, commits "On the", and ends with "mat!" (punctuation differs) — and an
+    extra word "yes" the reference does not have."""
+    words = [WordTime("The", 0.5), WordTime("cat", 1.0), WordTime("sat.", 1.5),
+             WordTime("On", 2.5), WordTime("the", 3.0), WordTime("mat.", 3.5)]
+    events = [
+        TimedEvent(1.2, _ev(0, "", "the cap")),
+        TimedEvent(2.2, _ev(0, "The", " cat")),
+        TimedEvent(2.4, _ev(0, " cat sat.", "", final=True)),
+        TimedEvent(3.1, _ev(1, "", "On a")),
+        TimedEvent(3.4, _ev(1, "On", " the mat")),
+        TimedEvent(4.0, _ev(1, " the", " mat! yes")),
+        TimedEvent(4.6, _ev(1, " mat! yes", "", final=True)),
+    ]
+    return words, events
+
+
+def test_word_latency_on_scripted_events():
+    words, events = _scripted()
+    got = {(w.word, w.end_s): (w.partial_s, w.commit_s) for w in word_latencies(events, words)}
+    expected = {
+        ("The", 0.5): (1.2 - 0.5, 2.2 - 0.5),   # shown as "the" at 1.2 (case and punctuation aside)
+        ("cat", 1.0): (2.2 - 1.0, 2.4 - 1.0),   # "cap" at 1.2 was not it
+        ("sat.", 1.5): (2.4 - 1.5, 2.4 - 1.5),  # first appears committed
+        ("On", 2.5): (3.1 - 2.5, 3.4 - 2.5),
+        ("the", 3.0): (3.4 - 3.0, 4.0 - 3.0),   # "a" at 3.1 was not it
+        ("mat.", 3.5): (3.4 - 3.5, 4.6 - 3.5),  # guessed before its end: negative
+    }
+    assert got.keys() == expected.keys()
+    for key, (p, c) in expected.items():
+        assert got[key][0] == pytest.approx(p) and got[key][1] == pytest.approx(c), key
+
+
+def test_partial_churn_on_scripted_events():
+    """Partial words shown: segment 0 {(0,the), (1,cap), (1,cat)}, segment 1 {(0,on), (1,a),
+    (1,the), (2,mat), (2,mat!)->mat, (3,yes)}: (1,cap) and (1,a) changed: 2 of 8."""
+    _, events = _scripted()
+    churn = partial_churn(events)
+    assert (churn.shown, churn.changed) == (3 + 5, 2)
+    assert churn.share == pytest.approx(2 / 8)
+
+
+def test_unrecognised_words_have_no_latency():
+    words = [WordTime("hello", 0.4), WordTime("world", 0.9)]
+    events = [TimedEvent(1.5, _ev(0, "hello there", "", final=True))]
+    got = word_latencies(events, words)
+    assert got[0].commit_s == pytest.approx(1.1) and got[1].partial_s is None and got[1].commit_s is None
+    assert word_latencies([], words)[0].commit_s is None
+    assert partial_churn([]).share is None
+
+
+def test_fake_clock_hands_pieces_over_at_their_capture_time():
+    clock = AudioClock()
+    audio = np.zeros(16000 * 2 + 800, np.float32)  # 2.05 s
+    times = []
+    for piece in paced_pieces(audio, clock, 0.0):
+        times.append((clock.now(), piece.size))
+    assert [round(t, 6) for t, _ in times] == [round(0.1 * (k + 1), 6) for k in range(20)] + [2.05]
+    assert sum(n for _, n in times) == audio.size
+
+
+# ---- the bench ------------------------------------------------------------------------------------
+
+def test_bench_wer_runs_every_path(tmp_path):
+    """Two short held-out utterances (a Piper one, an espeak-ng one) down every path with the tiny
+    random model (its words mean nothing, so only the shape of the result is checked here)."""
+    from harken.cloud.synth import corpus
+
+    lines = corpus.HELD_OUT_FILE.read_text(encoding="utf-8").splitlines()
+    recipes = tmp_path / "two.jsonl"
+    recipes.write_text("\n".join(lines[1:3]) + "\n", encoding="utf-8")
+    out = bench_wer(WerBenchOptions(model="tiny", held_set=str(recipes), realtime=False))
+    for path in PATHS:
+        assert isinstance(out[f"wer_{path}"], float) and 0.0 <= out[f"wer_{path}"] <= 50.0, path
+        assert f"kbps_{path}" in out
+    for key in ("partial_latency_p50_s", "partial_latency_p95_s", "commit_latency_p50_s", "commit_latency_p95_s",
+                "partial_churn"):
+        assert key in out and (out[key] is None or math.isfinite(out[key]))
+    assert out["n_words"] == sum(len(u.recipe.text.split()) for u in corpus.read_held_out(recipes))
+    assert out["n_utterances"] == 2 and out["n_timed_utterances"] == 1
+    assert out["kbps_offline"] is None
+    assert out["kbps_served_audio"] == pytest.approx(256.0)
+    assert out["kbps_served_features_low"] < out["kbps_served_features_balanced"] < out["kbps_served_features_hifi"]
+    assert out["kbps_webrtc"] == pytest.approx(out["kbps_served_features_balanced"])
+    for kbps in (16, 24, 32):
+        assert 0.5 * kbps < out[f"kbps_opus_{kbps}"] < 1.5 * kbps
+
+
+def test_unknown_path_is_a_clear_error():
+    with pytest.raises(HarkenError, match="unknown path"):
+        WerBenchOptions(model="tiny", paths=("offline", "carrier_pigeon"))
