@@ -89,6 +89,10 @@ class ServerOptions:
     http_port: int | None = None  # WebRTC signaling + the browser page (cloud/webrtc.py); None = off
     max_sessions: int = 16
     max_sessions_per_key: int = 16
+    # queued audio, in feature frames (100 a second): see SessionLimits and EngineConfig
+    max_queued_frames: int = 100 * 60 * 10
+    max_queued_frames_per_session: int = 100 * 60
+    max_queued_frames_per_key: int = 100 * 60 * 4
     grace_s: float = 60.0  # a detached session waits this long for its client to resume
     replay_tail: int = 512  # events of final segments kept for a resume, behind the last one sent
     shutdown_grace_s: float = 5.0  # for finals on shutdown, then for server.stop()
@@ -102,6 +106,8 @@ class ServerOptions:
             raise HarkenError("--tls-cert and --tls-key go together")
         if self.max_sessions < 1 or self.max_sessions_per_key < 1:
             raise HarkenError("--max-sessions and --max-sessions-per-key must be >= 1")
+        if not 0 < self.max_queued_frames_per_session <= self.max_queued_frames_per_key < self.max_queued_frames:
+            raise HarkenError("queued-audio limits must be 0 < per session <= per key < the server's")
 
 
 class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
@@ -128,7 +134,7 @@ class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
                 "session": session.session_id[:6], "key": caller.key_id, "resume": bool(start.session_id),
                 "resume_after_seq": session.applied_seq}})
             attachment.reader = asyncio.get_running_loop().create_task(
-                _read(requests, session, attachment), name=f"reader-{session.session_id[:6]}")
+                _read(requests, self.table, session, attachment), name=f"reader-{session.session_id[:6]}")
             yield wire.ready_message(session.session_id, session.applied_seq, session.last_final_segment)
             async for message in _outgoing(session, attachment):
                 yield message
@@ -172,12 +178,14 @@ async def _first(requests):
     raise MalformedMessage("the stream ended before its first message (start)")
 
 
-async def _read(requests, session: HostedSession, attachment: Attachment) -> None:
-    """Owned by the stream: apply the client's messages in order. A message being applied is
-    finished even when the stream is cancelled meanwhile (see `HostedSession.attach`)."""
+async def _read(requests, table: SessionTable, session: HostedSession, attachment: Attachment) -> None:
+    """Owned by the stream: apply the client's messages in order, each once the session and its
+    key are within their queued-audio limits. A message being applied is finished even when the
+    stream is cancelled meanwhile (see `HostedSession.attach`)."""
     try:
         async for data in requests:
             item = wire.parse_client_message(wire.client_message_from_bytes(data))
+            await table.wait_for_room(session)
             applying = asyncio.ensure_future(session.apply(item))
             try:
                 await asyncio.shield(applying)
@@ -311,6 +319,7 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
     metrics = ServerMetrics()
     engine_failed = asyncio.Event()
     engine = _metered_engine(asr, EngineConfig(max_sessions=options.max_sessions, max_batch=options.max_batch,
+                                               max_queued_frames=options.max_queued_frames,
                                                slot_policy=options.policy), metrics,
                              on_failure=lambda: loop.call_soon_threadsafe(engine_failed.set))
     scheduler = Scheduler(engine)
@@ -318,7 +327,9 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
     executor = ThreadPoolExecutor(max_workers=options.decode_threads, thread_name_prefix="harken-decode")
     limits = SessionLimits(max_sessions=options.max_sessions,
                            max_sessions_per_key=options.max_sessions_per_key,
-                           grace_s=options.grace_s, replay_tail=options.replay_tail, policy=options.policy)
+                           grace_s=options.grace_s, replay_tail=options.replay_tail, policy=options.policy,
+                           max_queued_frames_per_session=options.max_queued_frames_per_session,
+                           max_queued_frames_per_key=options.max_queued_frames_per_key)
     table = SessionTable(scheduler, limits, metrics, executor)
     service = TranscriptionService(table, keys, metrics)
     server.add_generic_rpc_handlers([_service_handler(service)])
