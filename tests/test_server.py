@@ -623,6 +623,36 @@ def test_keys_and_ownership(busy_server):
     assert out.messages[0].error.code == "PERMISSION_DENIED" and good_id not in out.messages[0].error.message
 
 
+def test_a_missing_key_is_unauthenticated_every_time_even_for_a_client_still_writing(asr, tmp_path):
+    """50 calls without a key from a client that streams on right after Start (as a live client
+    does), read with plain grpc.aio: every status is UNAUTHENTICATED. Before the server read what
+    such a client still sent, its write failed and grpc.aio showed INTERNAL about 1 time in 2."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY_A}\n")
+
+    async def main():
+        codes = []
+        async with serving(asr, api_keys=str(keys)) as server, grpc.aio.insecure_channel(server.address) as ch:
+            stub = harken_pb2_grpc.TranscriptionStub(ch)
+            for _ in range(50):
+                async def requests():
+                    yield start_msg(codec=CODEC_NAME)
+                    for m in _at_floor_packets(20, frames=20):
+                        yield m
+                        await asyncio.sleep(0)
+
+                try:
+                    async for _ in stub.Stream(requests(), timeout=TIMEOUT):
+                        pass
+                    codes.append(OK)
+                except grpc.aio.AioRpcError as e:
+                    codes.append(e.code())
+        return codes
+
+    codes = asyncio.run(main())
+    assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 50, {c.name: codes.count(c) for c in set(codes)}
+
+
 # ---- admission control ---------------------------------------------------------------------------
 
 def test_overload_refuses_new_streams_at_once_while_admitted_ones_continue(asr, packets, reference, tmp_path):
