@@ -35,6 +35,7 @@ from harken.cloud.commit import CommitPolicy
 from harken.cloud.errors import (EngineFailed, MalformedMessage, NotYourSession, SessionNotFound,
                                  ShuttingDown, Superseded, Unauthenticated)
 from harken.cloud.served_session import CLOSED_OK, Attachment, HostedSession, SessionLimits, SessionTable
+from harken.cloud.wire import EndIn
 from harken.cloud.metrics import MetricsEndpoint, ServerMetrics, serve_metrics
 from harken.proto import harken_pb2, harken_pb2_grpc
 from harken.shared.errors import (CodecError, EngineOverloaded, HarkenError, StreamInputError,
@@ -174,6 +175,23 @@ class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
         return self.keys.authenticate(context.invocation_metadata())
 
 
+async def _apply(session: HostedSession, item: wire.ClientInput) -> None:
+    """Apply one message; if the stream is cancelled meanwhile, the message is still finished."""
+    applying = asyncio.ensure_future(session.apply(item))
+    try:
+        await asyncio.shield(applying)
+    except asyncio.CancelledError:
+        await asyncio.wait([applying])
+        if not applying.cancelled():
+            applying.exception()  # retrieved: the stream is gone, nobody is told anyway
+        raise
+
+
+# A dropped connection ends the request iterator, then cancels the call within milliseconds
+# (on loopback it came before a reader polling every millisecond looked once); a half-close is
+# followed by nothing. The margin is wide because a wrong guess costs a resuming client its open segment.
+HALF_CLOSE_SETTLE_S = 0.5
+
 # How long a stream that failed keeps reading (and dropping) what its client still sends.
 ERROR_DRAIN_S = 2.0
 
@@ -208,17 +226,14 @@ async def _read(requests, table: SessionTable, session: HostedSession, attachmen
         async for data in requests:
             item = wire.parse_client_message(wire.client_message_from_bytes(data))
             await table.wait_for_room(session)
-            applying = asyncio.ensure_future(session.apply(item))
-            try:
-                await asyncio.shield(applying)
-            except asyncio.CancelledError:
-                await asyncio.wait([applying])
-                if not applying.cancelled():
-                    applying.exception()  # retrieved: the stream is gone, nobody is told anyway
-                raise
-        # The request side ended without `end`. That is not an end of the session: a client that
-        # drops its connection shows up here too (grpc.aio ends the iterator), and it will resume.
-        # The stream goes on sending events until the client cancels it.
+            await _apply(session, item)
+        # The request side ended. A client that half-closes without `end` has said all it will:
+        # that is `end` (finalise, send the finals, close OK). But grpc.aio also ends the iterator
+        # when the connection drops, a moment before it cancels the call (which cancels this
+        # task); such a client will resume, and its session must not end. So wait for that
+        # cancellation a little before taking the half-close for `end`.
+        await asyncio.sleep(HALF_CLOSE_SETTLE_S)
+        await _apply(session, EndIn())
     except asyncio.CancelledError:
         raise
     except ShuttingDown:

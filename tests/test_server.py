@@ -236,6 +236,34 @@ def test_thin_client_audio_gets_the_same_transcript(asr, audio, reference):
     assert out.acks[-1].seq == len(audio_msgs(audio))
 
 
+def test_a_client_that_half_closes_without_end_gets_its_finals_and_ok(asr, packets, reference):
+    """Half-close = End: the open segment is finalised, its final sent, the stream closed OK (it
+    used to hang, the segment never final)."""
+    msgs = [start_msg(codec=CODEC_NAME)] + features_msgs(packets)
+
+    async def main():
+        async with serving(asr) as server:
+            return await asyncio.wait_for(run_stream(server.address, msgs), TIMEOUT)
+
+    out = asyncio.run(main())
+    assert out.code == OK, out.details
+    assert transcript_of(out.events) == transcript_of(reference)
+
+
+def test_a_half_close_in_an_open_segment_finalises_it(asr, packets):
+    open_segment = [p for p in packets if p.segment_id == 0][:-1]
+    assert not open_segment[-1].segment_end
+
+    async def main():
+        async with serving(asr) as server:
+            return await asyncio.wait_for(
+                run_stream(server.address, [start_msg(codec=CODEC_NAME)] + features_msgs(open_segment)), TIMEOUT)
+
+    out = asyncio.run(main())
+    assert out.code == OK, out.details
+    assert [t.segment_id for t in out.transcripts if t.is_final] == [0]
+
+
 def test_thin_client_with_a_few_samples_ends_ok_with_no_text(asr):
     """Fewer samples than one log-mel frame needs (201) is valid input: no events, a clean OK."""
     async def main():
