@@ -77,7 +77,8 @@ class EngineConfig:
 
     max_sessions: sessions at once (one KV slot each). max_batch: passes batched in one tick.
     max_queued_frames: feature frames received but not yet encoded, over all sessions, beyond which
-    new sessions are refused. slot_policy: the largest policy a session may use (it sizes the slots).
+    new sessions are refused (the server also bounds them per session and per key, see
+    cloud/served_session.SessionLimits, so that one client cannot reach this alone). slot_policy: the largest policy a session may use (it sizes the slots).
     """
 
     max_sessions: int = 16
@@ -192,6 +193,11 @@ class Engine:
         """End the session's open segment now."""
         with self._lock:
             self._get(sid).finalize_open()
+
+    def queued_frames(self, sid: str) -> int:
+        """Frames of this session received but not yet encoded (what its queue limits count)."""
+        with self._lock:
+            return self._get(sid).queued_frames()
 
     def has_work(self) -> bool:
         with self._lock:
@@ -429,6 +435,7 @@ class Scheduler:
         self._executor: ThreadPoolExecutor | None = None
         self._stopping = False
         self._reported: set[str] = set()  # failed sessions whose queue has the exception
+        self._tick_waiters: list[asyncio.Future] = []
         self.error: BaseException | None = None
 
     async def start(self) -> None:
@@ -476,6 +483,18 @@ class Scheduler:
         self.engine.finalize(sid)
         self._wake.set()
 
+    async def next_tick(self) -> None:
+        """Wait until the next tick has ended (queued frames may have gone down by then)."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._tick_waiters.append(waiter)
+        await waiter
+
+    def _ticked(self) -> None:
+        waiters, self._tick_waiters = self._tick_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         failures = 0
@@ -487,6 +506,7 @@ class Scheduler:
                     events = await loop.run_in_executor(self._executor, self.engine.step)
                 except TickFailed as e:
                     self._deliver(e.events)
+                    self._ticked()
                     failures += 1
                     logging.getLogger(__name__).exception("engine tick failed (%d in a row)", failures)
                     if failures >= self.MAX_TICK_FAILURES:
@@ -498,6 +518,7 @@ class Scheduler:
                     continue
                 failures = 0
                 self._deliver(events)
+                self._ticked()
 
     def _deliver(self, events: list) -> None:
         for sid, event in events:

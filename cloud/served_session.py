@@ -56,6 +56,13 @@ class SessionLimits:
     grace_s: float = 60.0
     replay_tail: int = 512  # events of final segments kept behind the last one sent
     max_events_held: int = 20_000  # hard cap on the event log of one session
+    # Audio received but not yet encoded (feature frames, 100 a second). Past its session's or its
+    # key's limit a stream's next message waits (its reader stops reading, so gRPC's flow control
+    # holds the client) until the engine has caught up; past the key's limit the key gets no new
+    # session. The engine's own `max_queued_frames` bounds them all: a key's limit is kept below
+    # it, so one client cannot make the server refuse everyone else.
+    max_queued_frames_per_session: int = 100 * 60
+    max_queued_frames_per_key: int = 100 * 60 * 4
     policy: CommitPolicy | None = None  # the sessions' commit policy (None: the engine's default)
 
 
@@ -228,6 +235,12 @@ class HostedSession:
             self.attachment = None
             self.detached_at = time.monotonic()
         self.metrics.streams.dec()
+
+    def queued_frames(self) -> int:
+        """Frames this session has given the engine that it has not encoded yet."""
+        if self._engine_released:
+            return 0
+        return self.scheduler.engine.queued_frames(self.session_id)
 
     def events_after(self, event_seq: int) -> list[TranscriptOut]:
         """Held events with a higher event_seq, in order (what a stream sends next)."""
@@ -494,9 +507,12 @@ class SessionTable:
             raise ShuttingDown("the server is shutting down")
         if len(self.sessions) >= self.limits.max_sessions:
             raise Overloaded(f"the server holds its maximum of {self.limits.max_sessions} sessions")
-        held = sum(1 for s in self.sessions.values() if s.key_id == key_id)
+        held = sum(1 for s in self.sessions.values() if s.key_id == key_id)  # detached ones too
         if held >= self.limits.max_sessions_per_key:
             raise Overloaded(f"this key holds its maximum of {self.limits.max_sessions_per_key} sessions")
+        queued = self.queued_frames_of_key(key_id)
+        if queued > self.limits.max_queued_frames_per_key:
+            raise Overloaded(f"this key has {queued / 100:.0f} s of audio waiting to be processed")
         session_id = secrets.token_urlsafe(18)
         s = HostedSession(session_id, key_id, start, self.scheduler, self.limits, self.metrics,
                           self.executor, self._ended)
@@ -505,6 +521,21 @@ class SessionTable:
         log.info("session opened", extra={"fields": {"session": _short(session_id), "key": key_id,
                                                      "seeded": start.seed is not None}})
         return s
+
+    def queued_frames_of_key(self, key_id: str) -> int:
+        return sum(s.queued_frames() for s in self.sessions.values() if s.key_id == key_id)
+
+    async def wait_for_room(self, s: HostedSession) -> None:
+        """Return once the session and its key are within their queued-audio limits: a stream
+        calls this before applying each message, so a client that sends faster than the engine
+        processes (or claims many frames in few bytes) waits on itself and on nobody else."""
+        limits = self.limits
+        while (s.queued_frames() > limits.max_queued_frames_per_session
+               or self.queued_frames_of_key(s.key_id) > limits.max_queued_frames_per_key):
+            try:  # a tick normally ends sooner; the timeout only re-checks after a stall
+                await asyncio.wait_for(self.scheduler.next_tick(), timeout=1.0)
+            except TimeoutError:
+                pass
 
     def find(self, key_id: str, session_id: str) -> HostedSession:
         if self.failed is not None:

@@ -35,6 +35,7 @@ from harken.cloud.commit import CommitPolicy
 from harken.cloud.errors import (EngineFailed, MalformedMessage, NotYourSession, SessionNotFound,
                                  ShuttingDown, Superseded, Unauthenticated)
 from harken.cloud.served_session import CLOSED_OK, Attachment, HostedSession, SessionLimits, SessionTable
+from harken.cloud.wire import EndIn
 from harken.cloud.metrics import MetricsEndpoint, ServerMetrics, serve_metrics
 from harken.proto import harken_pb2, harken_pb2_grpc
 from harken.shared.errors import (CodecError, EngineOverloaded, HarkenError, StreamInputError,
@@ -89,6 +90,10 @@ class ServerOptions:
     http_port: int | None = None  # WebRTC signaling + the browser page (cloud/webrtc.py); None = off
     max_sessions: int = 16
     max_sessions_per_key: int = 16
+    # queued audio, in feature frames (100 a second): see SessionLimits and EngineConfig
+    max_queued_frames: int = 100 * 60 * 10
+    max_queued_frames_per_session: int = 100 * 60
+    max_queued_frames_per_key: int = 100 * 60 * 4
     grace_s: float = 60.0  # a detached session waits this long for its client to resume
     replay_tail: int = 512  # events of final segments kept for a resume, behind the last one sent
     shutdown_grace_s: float = 5.0  # for finals on shutdown, then for server.stop()
@@ -102,6 +107,8 @@ class ServerOptions:
             raise HarkenError("--tls-cert and --tls-key go together")
         if self.max_sessions < 1 or self.max_sessions_per_key < 1:
             raise HarkenError("--max-sessions and --max-sessions-per-key must be >= 1")
+        if not 0 < self.max_queued_frames_per_session <= self.max_queued_frames_per_key < self.max_queued_frames:
+            raise HarkenError("queued-audio limits must be 0 < per session <= per key < the server's")
 
 
 class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
@@ -128,7 +135,7 @@ class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
                 "session": session.session_id[:6], "key": caller.key_id, "resume": bool(start.session_id),
                 "resume_after_seq": session.applied_seq}})
             attachment.reader = asyncio.get_running_loop().create_task(
-                _read(requests, session, attachment), name=f"reader-{session.session_id[:6]}")
+                _read(requests, self.table, session, attachment), name=f"reader-{session.session_id[:6]}")
             yield wire.ready_message(session.session_id, session.applied_seq, session.last_final_segment)
             async for message in _outgoing(session, attachment):
                 yield message
@@ -149,6 +156,8 @@ class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
             # the same code and message as a last message too: a grpc.aio client that is still
             # writing when the stream ends may be shown INTERNAL instead of the status (grpc#36066)
             yield wire.error_message(code.name, message)
+            if attachment is None or attachment.reader is None or attachment.reader.done():
+                await _drain(requests)  # nobody else reads them
             await context.abort(code, message)
         finally:
             if attachment is not None:
@@ -166,29 +175,65 @@ class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
         return self.keys.authenticate(context.invocation_metadata())
 
 
+async def _apply(session: HostedSession, item: wire.ClientInput) -> None:
+    """Apply one message; if the stream is cancelled meanwhile, the message is still finished."""
+    applying = asyncio.ensure_future(session.apply(item))
+    try:
+        await asyncio.shield(applying)
+    except asyncio.CancelledError:
+        await asyncio.wait([applying])
+        if not applying.cancelled():
+            applying.exception()  # retrieved: the stream is gone, nobody is told anyway
+        raise
+
+
+# A dropped connection ends the request iterator, then cancels the call within milliseconds
+# (on loopback it came before a reader polling every millisecond looked once); a half-close is
+# followed by nothing. The margin is wide because a wrong guess costs a resuming client its open segment.
+HALF_CLOSE_SETTLE_S = 0.5
+
+# How long a stream that failed keeps reading (and dropping) what its client still sends.
+ERROR_DRAIN_S = 2.0
+
+
+async def _drain(requests) -> None:
+    """Read the client's remaining messages (up to its half-close, for at most ERROR_DRAIN_S)
+    before the status goes out. A client still writing when the server ends the call has its write
+    fail, and grpc.aio then reports INTERNAL ("Internal error from Core") in place of the status
+    the server sent (grpc#36066): 1 in 2 calls without an API key from a client that streams on at
+    once. Reading until the client stops writing lets its status arrive as sent."""
+    async def read_all():
+        async for _ in requests:
+            pass
+
+    try:
+        await asyncio.wait_for(read_all(), ERROR_DRAIN_S)
+    except (TimeoutError, grpc.RpcError, asyncio.InvalidStateError):
+        pass
+
+
 async def _first(requests):
     async for data in requests:
         return wire.client_message_from_bytes(data)
     raise MalformedMessage("the stream ended before its first message (start)")
 
 
-async def _read(requests, session: HostedSession, attachment: Attachment) -> None:
-    """Owned by the stream: apply the client's messages in order. A message being applied is
-    finished even when the stream is cancelled meanwhile (see `HostedSession.attach`)."""
+async def _read(requests, table: SessionTable, session: HostedSession, attachment: Attachment) -> None:
+    """Owned by the stream: apply the client's messages in order, each once the session and its
+    key are within their queued-audio limits. A message being applied is finished even when the
+    stream is cancelled meanwhile (see `HostedSession.attach`)."""
     try:
         async for data in requests:
             item = wire.parse_client_message(wire.client_message_from_bytes(data))
-            applying = asyncio.ensure_future(session.apply(item))
-            try:
-                await asyncio.shield(applying)
-            except asyncio.CancelledError:
-                await asyncio.wait([applying])
-                if not applying.cancelled():
-                    applying.exception()  # retrieved: the stream is gone, nobody is told anyway
-                raise
-        # The request side ended without `end`. That is not an end of the session: a client that
-        # drops its connection shows up here too (grpc.aio ends the iterator), and it will resume.
-        # The stream goes on sending events until the client cancels it.
+            await table.wait_for_room(session)
+            await _apply(session, item)
+        # The request side ended. A client that half-closes without `end` has said all it will:
+        # that is `end` (finalise, send the finals, close OK). But grpc.aio also ends the iterator
+        # when the connection drops, a moment before it cancels the call (which cancels this
+        # task); such a client will resume, and its session must not end. So wait for that
+        # cancellation a little before taking the half-close for `end`.
+        await asyncio.sleep(HALF_CLOSE_SETTLE_S)
+        await _apply(session, EndIn())
     except asyncio.CancelledError:
         raise
     except ShuttingDown:
@@ -380,6 +425,7 @@ async def start_core(asr, options: ServerOptions) -> ServingCore:
     metrics = ServerMetrics()
     engine_failed = asyncio.Event()
     engine = _metered_engine(asr, EngineConfig(max_sessions=options.max_sessions, max_batch=options.max_batch,
+                                               max_queued_frames=options.max_queued_frames,
                                                slot_policy=options.policy), metrics,
                              on_failure=lambda: loop.call_soon_threadsafe(engine_failed.set))
     scheduler = Scheduler(engine)
@@ -387,7 +433,9 @@ async def start_core(asr, options: ServerOptions) -> ServingCore:
     executor = ThreadPoolExecutor(max_workers=options.decode_threads, thread_name_prefix="harken-decode")
     limits = SessionLimits(max_sessions=options.max_sessions,
                            max_sessions_per_key=options.max_sessions_per_key,
-                           grace_s=options.grace_s, replay_tail=options.replay_tail, policy=options.policy)
+                           grace_s=options.grace_s, replay_tail=options.replay_tail, policy=options.policy,
+                           max_queued_frames_per_session=options.max_queued_frames_per_session,
+                           max_queued_frames_per_key=options.max_queued_frames_per_key)
     return ServingCore(metrics, scheduler, executor, SessionTable(scheduler, limits, metrics, executor),
                        engine_failed)
 

@@ -16,7 +16,8 @@ from google.protobuf.message import DecodeError
 
 from harken.cloud.errors import MalformedMessage, OutOfOrder
 from harken.proto import harken_pb2 as pb
-from harken.shared.codec import CODEC_NAME, MAX_FRAMES, decode_frames
+from harken.shared.codec import (CODEC_NAME, MAX_FRAMES, MAX_FRAMES_PER_PAYLOAD_BYTE, decode_frames,
+                                 max_frames_for_payload)
 from harken.shared.features_spec import N_MELS
 from harken.shared.integrity import payload_crc32c
 from harken.shared.transcript import TranscriptEvent
@@ -148,6 +149,9 @@ def _parse_features(f: pb.Features) -> FeaturesIn:
         raise MalformedMessage("features.first_frame is out of range")
     if not f.payload:
         raise MalformedMessage("features.payload is empty")
+    if f.frame_count > max_frames_for_payload(len(f.payload)):
+        raise MalformedMessage(f"features.frame_count {f.frame_count} is more than a payload of {len(f.payload)} "
+                               f"bytes may carry ({MAX_FRAMES_PER_PAYLOAD_BYTE} frames per byte)")
     running_max = None
     if f.HasField("running_max_log10"):
         running_max = float(f.running_max_log10)
@@ -182,7 +186,7 @@ def decode_features(f: FeaturesIn) -> np.ndarray:
     if f.payload_crc32c is not None and payload_crc32c(f.payload) != f.payload_crc32c:
         raise MalformedMessage("features.payload_crc32c does not match the payload: it was corrupted "
                                "on the way (CRC32C of the payload bytes)")
-    frames = decode_frames(f.payload)
+    frames = decode_frames(f.payload, max_frames=f.frame_count)
     if frames.shape != (N_MELS, f.frame_count):
         raise MalformedMessage(f"features.frame_count is {f.frame_count} but the payload holds "
                                f"{frames.shape[1]} frames")

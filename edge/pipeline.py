@@ -26,7 +26,7 @@ import numpy as np
 
 from harken.edge.features import StreamingLogMel
 from harken.edge.vad import SegmentEnd, SegmentStart, StreamingVad, VadOptions
-from harken.shared.codec import DEFAULT_MODE, encode_frames
+from harken.shared.codec import DEFAULT_MODE, MAX_PACKET_FRAMES, encode_frames
 from harken.shared.features_spec import DYNAMIC_RANGE_LOG10, HOP_LENGTH, N_MELS, RunningMaxFloor
 from harken.shared.protocol import FeaturePacket as FeaturePacket  # the packet, one type on both sides
 
@@ -60,8 +60,9 @@ class FeatureStream:
     running_max_log10: float = float("-inf")  # seed from a previous session to continue its floor
 
     def __post_init__(self):
-        if self.packet_frames < 1:
-            raise ValueError("packet_frames must be >= 1")
+        if not 1 <= self.packet_frames <= MAX_PACKET_FRAMES:
+            # more could be refused by the server: a packet at its floor is a 9-byte header
+            raise ValueError(f"packet_frames must be 1..{MAX_PACKET_FRAMES}")
         self.vad = StreamingVad(self.vad_options)
         self.mel = StreamingLogMel()
         self.floor = RunningMaxFloor(self.running_max_log10)

@@ -202,7 +202,7 @@ class TranscriptionClient:
                     raise _NoReady("the server closed the stream without Ready")
                 reply = wire.server_message(first)
                 if isinstance(reply, ServerError):
-                    await _raise_status(call)
+                    raise _status_error(reply)
                 session.on_server_message(reply, self._clock())  # the Ready, or a protocol error
                 wake.set()
                 receiver = asyncio.create_task(self._receive(call, session, notify), name="harken-client-receive")
@@ -224,7 +224,10 @@ class TranscriptionClient:
     async def _receive(self, call, session: ClientSession, notify: Notify) -> bool:
         """The server's messages until it closes the call; True if the stream is done."""
         while (msg := await call.read()) is not grpc.aio.EOF:
-            notify(session.on_server_message(wire.server_message(msg), self._clock()))
+            reply = wire.server_message(msg)
+            if isinstance(reply, ServerError):
+                raise _status_error(reply)
+            notify(session.on_server_message(reply, self._clock()))
         await _raise_status(call)
         # OK after our End: all finals are in. OK without it (a server shutting down): resume, or
         # replay into a new session
@@ -271,6 +274,13 @@ class _NoReady(Exception):
 
 class _Silent(Exception):
     """The connection carried nothing while the server owed us something: presumed dead."""
+
+
+def _status_error(error: ServerError) -> grpc.aio.AioRpcError:
+    """The server's Error message, the stream's last: its status follows with the same code, but
+    only once the server has read what this client still sends (cloud/server.py `_drain`)."""
+    code = getattr(grpc.StatusCode, error.code, grpc.StatusCode.UNKNOWN)
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=error.message)
 
 
 async def _raise_status(call) -> None:

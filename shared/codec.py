@@ -58,6 +58,14 @@ DEFAULT_MODE = "balanced"
 MAGIC = 0xA7
 VERSION = 1
 MAX_FRAMES = 6000  # 60 s per payload: far above any packet, small enough to bound allocations
+# The smallest payload with frames is a 9-byte header (every value at its floor, no body), whatever
+# its frame count, and the entropy coder's all-zero flags make a body of 1-2 bytes for thousands of
+# frames: so the format alone lets 10 bytes claim MAX_FRAMES frames, a minute of audio for a server
+# to queue and encode. The wire takes at most this many frames per payload byte: an edge packet
+# (20 frames, 9 bytes at the least, about 30 bytes a frame in speech) is 3.6x inside it.
+MAX_FRAMES_PER_PAYLOAD_BYTE = 8
+MIN_FRAMES_PAYLOAD_BYTES = 9  # magic, version|mode, 1-byte frame count, floor f32, 0 changes, flags
+MAX_PACKET_FRAMES = MIN_FRAMES_PAYLOAD_BYTES * MAX_FRAMES_PER_PAYLOAD_BYTE  # always within the bound
 MAX_TIME_BLOCK = 32  # frames per time-DCT block
 VALUE_LIMIT = 100.0  # |log10 mel| beyond this is not a log-mel (1e-100 .. 1e100)
 FLOOR_MARGIN = 1.0  # steps by which the encoder sinks values at the floor (see encode_frames)
@@ -508,19 +516,27 @@ def encode_frames(frames: np.ndarray, mode: str = DEFAULT_MODE, floor_log10: flo
     return header.serialize() + body
 
 
+def max_frames_for_payload(n_bytes: int) -> int:
+    """Most frames a payload of `n_bytes` may claim on the wire (see MAX_FRAMES_PER_PAYLOAD_BYTE)."""
+    return min(MAX_FRAMES, MAX_FRAMES_PER_PAYLOAD_BYTE * n_bytes)
+
+
 def keepalive() -> bytes:
     """A payload with no frames: what the edge may send during silence."""
     return PacketHeader(None, 0, np.zeros(0, dtype=np.float32)).serialize()
 
 
-def decode_frames(payload: bytes) -> np.ndarray:
+def decode_frames(payload: bytes, max_frames: int = MAX_FRAMES) -> np.ndarray:
     """Decode one payload -> [128, k] float32 frames (k = 0 for a keep-alive). Any malformed
-    payload raises CodecError, after work bounded by the payload's own size."""
+    payload raises CodecError, after work bounded by the payload's own size; so does one that
+    claims more than `max_frames` (checked before any decoding work)."""
     if not isinstance(payload, (bytes, bytearray, memoryview)):
         raise CodecError(f"payload must be bytes, got {type(payload).__name__}")
     payload = bytes(payload)
     header, pos = PacketHeader.parse(payload)
     k = header.n_frames
+    if k > max_frames:
+        raise CodecError(f"payload claims {k} frames, more than the {max_frames} expected")
     if k == 0:
         return np.zeros((N_MELS, 0), dtype=np.float32)
     if header.at_floor:

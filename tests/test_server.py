@@ -236,6 +236,34 @@ def test_thin_client_audio_gets_the_same_transcript(asr, audio, reference):
     assert out.acks[-1].seq == len(audio_msgs(audio))
 
 
+def test_a_client_that_half_closes_without_end_gets_its_finals_and_ok(asr, packets, reference):
+    """Half-close = End: the open segment is finalised, its final sent, the stream closed OK (it
+    used to hang, the segment never final)."""
+    msgs = [start_msg(codec=CODEC_NAME)] + features_msgs(packets)
+
+    async def main():
+        async with serving(asr) as server:
+            return await asyncio.wait_for(run_stream(server.address, msgs), TIMEOUT)
+
+    out = asyncio.run(main())
+    assert out.code == OK, out.details
+    assert transcript_of(out.events) == transcript_of(reference)
+
+
+def test_a_half_close_in_an_open_segment_finalises_it(asr, packets):
+    open_segment = [p for p in packets if p.segment_id == 0][:-1]
+    assert not open_segment[-1].segment_end
+
+    async def main():
+        async with serving(asr) as server:
+            return await asyncio.wait_for(
+                run_stream(server.address, [start_msg(codec=CODEC_NAME)] + features_msgs(open_segment)), TIMEOUT)
+
+    out = asyncio.run(main())
+    assert out.code == OK, out.details
+    assert [t.segment_id for t in out.transcripts if t.is_final] == [0]
+
+
 def test_thin_client_with_a_few_samples_ends_ok_with_no_text(asr):
     """Fewer samples than one log-mel frame needs (201) is valid input: no events, a clean OK."""
     async def main():
@@ -562,8 +590,12 @@ def test_bad_audio_messages(busy_server, audio):
     check()
 
 
+# a valid payload of a minute of frames at their floor, in 10 bytes: the codec allows it, the wire not
+AT_FLOOR_6000 = bytes.fromhex("a7 12 f0 2e 00 00 40 c0 00 60")
+
+
 @pytest.mark.parametrize("case", ["nan_features", "mixed", "second_start", "after_end", "oversized_message", "frame_count",
-                                  "long_audio", "rate_change", "segment_backwards", "frames_after_finalize"])
+                                  "amplified", "long_audio", "rate_change", "segment_backwards", "frames_after_finalize"])
 def test_order_and_size_violations(busy_server, packets, case):
     f = features_msgs(packets[:3])
     a = pb.ClientMessage(audio=pb.Audio(seq=2, pcm16=b"\0\0" * 160, sample_rate=16000))
@@ -581,6 +613,10 @@ def test_order_and_size_violations(busy_server, packets, case):
                               grpc.StatusCode.RESOURCE_EXHAUSTED, None),
         "frame_count": ([pb.ClientMessage(features=pb.Features(seq=1, frame_count=6001, payload=b"x"))],
                         INVALID, "features.frame_count 6001 exceeds 6000"),
+        "amplified": ([pb.ClientMessage(features=pb.Features(seq=1, segment_start=True, frame_count=6000,
+                                                              payload=AT_FLOOR_6000))],
+                      INVALID, "features.frame_count 6000 is more than a payload of 10 bytes may carry "
+                               "(8 frames per byte)"),
         "long_audio": ([pb.ClientMessage(audio=pb.Audio(seq=1, pcm16=b"\0\0" * 8000 * 31, sample_rate=8000))],
                        INVALID, "audio message longer than 30 s"),
         "rate_change": ([pb.ClientMessage(audio=pb.Audio(seq=1, pcm16=b"\0\0" * 160, sample_rate=16000)),
@@ -613,6 +649,36 @@ def test_keys_and_ownership(busy_server):
     out = busy_server.stream([start_msg(session_id=good_id)], metadata=bearer(KEY_A))
     assert (out.code, out.details) == (grpc.StatusCode.PERMISSION_DENIED, "this session belongs to another API key")
     assert out.messages[0].error.code == "PERMISSION_DENIED" and good_id not in out.messages[0].error.message
+
+
+def test_a_missing_key_is_unauthenticated_every_time_even_for_a_client_still_writing(asr, tmp_path):
+    """50 calls without a key from a client that streams on right after Start (as a live client
+    does), read with plain grpc.aio: every status is UNAUTHENTICATED. Before the server read what
+    such a client still sent, its write failed and grpc.aio showed INTERNAL about 1 time in 2."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY_A}\n")
+
+    async def main():
+        codes = []
+        async with serving(asr, api_keys=str(keys)) as server, grpc.aio.insecure_channel(server.address) as ch:
+            stub = harken_pb2_grpc.TranscriptionStub(ch)
+            for _ in range(50):
+                async def requests():
+                    yield start_msg(codec=CODEC_NAME)
+                    for m in _at_floor_packets(20, frames=20):
+                        yield m
+                        await asyncio.sleep(0)
+
+                try:
+                    async for _ in stub.Stream(requests(), timeout=TIMEOUT):
+                        pass
+                    codes.append(OK)
+                except grpc.aio.AioRpcError as e:
+                    codes.append(e.code())
+        return codes
+
+    codes = asyncio.run(main())
+    assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 50, {c.name: codes.count(c) for c in set(codes)}
 
 
 # ---- admission control ---------------------------------------------------------------------------
@@ -652,6 +718,63 @@ def test_overload_refuses_new_streams_at_once_while_admitted_ones_continue(asr, 
     for out in admitted:
         assert out.code == OK, out.details
         assert transcript_of(out.events) == transcript_of(reference)
+
+
+def _at_floor_packets(n: int, frames: int = 72) -> list[pb.ClientMessage]:
+    """One segment of `n` Features messages of `frames` frames at their floor: 9 bytes each, the
+    most audio per byte the wire accepts."""
+    from harken.shared.codec import encode_frames
+
+    payload = encode_frames(np.full((128, frames), -3.0, np.float32), floor_log10=-3.0)
+    return [pb.ClientMessage(features=pb.Features(seq=i + 1, segment_id=0, first_frame=i * frames,
+                                                  frame_count=frames, segment_start=i == 0, payload=payload))
+            for i in range(n)]
+
+
+def test_a_client_flooding_queued_audio_waits_on_itself_and_others_are_admitted(asr, tmp_path):
+    """The engine is stalled (the fault: a model that has fallen behind) while key A sends 14 s of
+    frames as fast as it can, and opens a second session. Its sessions stop being read at their own
+    limit and A gets no third one past its key's limit; key B, and a second session of key A, are
+    still admitted: A cannot fill the server's queue alone and make it refuse everyone."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY_A}\n{KEY_B}\n")
+
+    async def main():
+        async with serving(asr, api_keys=str(keys), max_queued_frames=1000, max_queued_frames_per_session=300,
+                           max_queued_frames_per_key=500, shutdown_grace_s=0.2) as server:
+            await server._scheduler.stop()  # no more ticks: nothing queued is encoded
+            flood = _at_floor_packets(20)  # 1440 frames: past every limit
+            hold = asyncio.Event()
+            first = Outcome()
+            flooding = [asyncio.create_task(run_stream(server.address, [start_msg(codec=CODEC_NAME)] + flood,
+                                                       metadata=bearer(KEY_A), hold_open=hold, out=first))]
+
+            def queued(key):
+                return server._table.queued_frames_of_key(key)
+
+            while queued(KEY_A) <= 300:  # A's first session reads until past its own limit ...
+                await asyncio.sleep(0.02)
+            second = Outcome()
+            flooding.append(asyncio.create_task(run_stream(
+                server.address, [start_msg(codec=CODEC_NAME)] + flood, metadata=bearer(KEY_A), hold_open=hold,
+                out=second)))
+            await second.progress.wait()  # ... so A still gets a second session
+            while queued(KEY_A) <= 500:
+                await asyncio.sleep(0.02)
+            third = await run_stream(server.address, [start_msg(codec=CODEC_NAME), END], metadata=bearer(KEY_A))
+            other = await run_stream(server.address, [start_msg(codec=CODEC_NAME), END], metadata=bearer(KEY_B))
+            per_session = [s.queued_frames() for s in server._table.sessions.values() if s.key_id == KEY_A]
+            for task in flooding:
+                task.cancel()
+            await asyncio.gather(*flooding, return_exceptions=True)
+            return third, other, per_session
+
+    third, other, per_session = asyncio.run(main())
+    assert (third.code, third.details) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                           "this key has 6 s of audio waiting to be processed")
+    assert other.code == OK, other.details
+    # each session stopped within one message (72 frames) of its limit
+    assert len(per_session) == 2 and all(300 < q <= 300 + 72 for q in per_session), per_session
 
 
 # ---- resume ----------------------------------------------------------------------------------------
