@@ -45,6 +45,11 @@ SERVICER_FUNCTIONS = ["harken.cloud.ray_app.add_transcription_servicer",
 # Trailing metadata on every stream: which replica served it (for operators and the tests).
 REPLICA_METADATA = "harken-replica"
 LOCAL_OBJECT_STORE_BYTES = 256 << 20
+# Drain on scale-down (`TranscriptionReplica._drain_when_stopping`): how often a replica reads its
+# state, after how many failed reads it says so, and Serve's deadline beyond shutdown_grace_s.
+DRAIN_POLL_S = 0.5
+DRAIN_POLL_FAILURES = 5
+DRAIN_MARGIN_S = 5.0
 ROUTER = "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter"
 
 
@@ -132,6 +137,8 @@ class TranscriptionReplica:
         self.core: ServingCore = await start_core(asr, options)
         self.service = TranscriptionService(self.core.table, keys, self.core.metrics)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self._closing: asyncio.Task | None = None
+        self._drain_watch = asyncio.create_task(self._drain_when_stopping())
 
     async def Stream(self, request_stream, grpc_context):
         """harken.v1.Transcription/Stream: the same servicer as `harken serve`. Its error status
@@ -175,9 +182,58 @@ class TranscriptionReplica:
                 "actor": serve.get_replica_context().replica_id.to_full_id_str(),
                 "sessions": sorted(self.core.table.sessions)}
 
+    async def _drain_when_stopping(self) -> None:
+        """Drain on scale-down. Serve stops a leaving replica by waiting for its requests to end
+        and only then calling `__del__`; a live stream never ends by itself, so Serve would kill
+        the replica at its deadline with the open segments unfinished (their clients would
+        replay them elsewhere: no words lost, but work redone and finals late). So the replica
+        watches its own state at the controller: once it is STOPPING (Serve routes it nothing
+        new), it finalises every open segment, sends the finals and ends its streams UNAVAILABLE;
+        their clients resume, get NOT_FOUND on the replica their key now reaches, and go on in a
+        new session there from the first packet not yet final."""
+        failures = 0
+        while True:
+            await asyncio.sleep(DRAIN_POLL_S)
+            try:
+                state = await replica_state(self.replica_id)
+            except Exception as e:  # the controller moved or its API changed: Serve's own stop still applies
+                failures += 1
+                if failures == DRAIN_POLL_FAILURES:
+                    logging.getLogger("harken.ray").warning(
+                        "cannot read this replica's state from the Serve controller (%s): a scale-down "
+                        "will end this replica's streams without finals; clients replay them", e)
+                continue
+            if state == "STOPPING":
+                logging.getLogger("harken.ray").info("replica %s leaving: finalising its sessions", self.replica_id)
+                await self._close()
+                return
+
+    async def _close(self) -> None:
+        """`ServingCore.close` once, whoever asks first (the watch or `__del__`), awaited by both."""
+        if self._closing is None:
+            self._closing = asyncio.create_task(self.core.close(self.options.shutdown_grace_s))
+        await asyncio.shield(self._closing)
+
     async def __del__(self):
-        """Scale-down or shutdown: finalise the open segments and send their finals first."""
-        await self.core.close(self.options.shutdown_grace_s)
+        """Shutdown (or a scale-down the watch missed): finalise the open segments, send their finals."""
+        if self._closing is None:
+            self._drain_watch.cancel()
+        await self._close()
+
+
+async def replica_state(replica_id: str) -> str | None:
+    """A replica's state at the Serve controller ("RUNNING", "STOPPING", ...; None: unknown).
+    (The controller's own details call, which Serve's REST API and CLI use; Serve has no public
+    per-replica call.)"""
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    details = await controller.get_deployment_details.remote(APP_NAME, DEPLOYMENT_NAME)
+    for r in details.replicas:
+        if r.replica_id == replica_id:
+            return str(getattr(r.state, "value", r.state))
+    return None
 
 
 def autoscaling_policy(ctx) -> tuple[int, dict]:
@@ -209,8 +265,10 @@ def deployment(model: str, options: ServerOptions, scaling: Scaling, keys: ApiKe
         "request_router_config": RequestRouterConfig(request_router_class=ROUTER,  # type: ignore[arg-type]
                                                      request_router_kwargs={"num_fallback_replicas": 0}),
         "ray_actor_options": {"num_cpus": scaling.replica_cpus, "num_gpus": scaling.replica_gpus},
-        # streams are long: a replica leaving waits this long for its clients (then `__del__`)
-        "graceful_shutdown_timeout_s": options.shutdown_grace_s,
+        # a replica leaving finalises its sessions (`_drain_when_stopping`, up to shutdown_grace_s),
+        # its streams end, then Serve calls `__del__`: the margin covers the poll and Serve's loop
+        "graceful_shutdown_timeout_s": options.shutdown_grace_s + DRAIN_MARGIN_S,
+        "graceful_shutdown_wait_loop_s": 0.5,
     }
     if scaling.autoscaling:
         config["autoscaling_config"] = AutoscalingConfig(
@@ -247,6 +305,19 @@ class RayServing:
     host: str
     port: int
     handle: Any = field(repr=False)
+    deployed: tuple = field(repr=False, default=())  # deployment()'s arguments but the scaling
+
+    def redeploy(self, replicas: int) -> None:
+        """Deploy the application again with `replicas` replicas. (Serve's imperative `serve.run`
+        gives each deploy a new code version: every replica is replaced, a rolling update, each
+        old one draining as it leaves. A declarative config (`serve deploy`, KubeRay) changing only
+        `num_replicas`, and the autoscaler, stop just the replicas that leave.)"""
+        from ray import serve
+
+        model, options, keys, device, dtype, scaling = self.deployed
+        scaling = replace(scaling, min_replicas=replicas, max_replicas=replicas)
+        self.handle = serve.run(deployment(model, options, scaling, keys, device, dtype), name=APP_NAME,
+                                route_prefix=f"/{APP_NAME}")
 
     @property
     def address(self) -> str:
@@ -275,7 +346,7 @@ def start_ray(model: str, options: ServerOptions, scaling: Scaling, keys: ApiKey
                 grpc_options=gRPCOptions(port=options.port, grpc_servicer_functions=SERVICER_FUNCTIONS))
     handle = serve.run(deployment(model, options, scaling, keys, device, dtype), name=APP_NAME,
                        route_prefix=f"/{APP_NAME}")
-    return RayServing(options.host, options.port, handle)
+    return RayServing(options.host, options.port, handle, (model, options, keys, device, dtype, scaling))
 
 
 def serve_ray_command(model: str, options: ServerOptions, scaling: Scaling, device: str | None = None,

@@ -109,6 +109,21 @@ def keys_per_replica(serving, n: int) -> dict[str, list[str]]:
     return out
 
 
+def wait_for_running_replicas(n: int) -> None:
+    import time
+
+    from ray import serve
+
+    from harken.cloud.ray_app import APP_NAME, DEPLOYMENT_NAME
+
+    for _ in range(600):  # a hang guard, not a timing
+        dep = serve.status().applications[APP_NAME].deployments[DEPLOYMENT_NAME]
+        if dep.replica_states.get("RUNNING", 0) == n and sum(dep.replica_states.values()) == n:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"not {n} running replicas: {dep.replica_states}")
+
+
 async def transcribe(target: str, audio, key: str, **options) -> tuple[list[TranscriptEvent], object]:
     client = TranscriptionClient(target, options=ClientOptions(language=LANGUAGE, route_key=key, **FAST, **options))
     events = [e async for e in client.stream(audio_pieces(audio))]
@@ -185,6 +200,71 @@ def test_killed_replica_loses_no_words(serving, audio, reference):
             assert stats.sessions_opened == 1 and stats.failed_attempts == 0, stats
     replayed = [stats for k, (_, stats) in by_key.items() if k in keys[victim]]
     assert any(s.sessions_opened == 2 for s in replayed), replayed
+
+
+def test_leaving_replicas_finalise_their_open_segments(serving, reference):
+    """Drain: the application is redeployed (Serve replaces the replicas one by one, a rolling
+    update) while one stream on each replica is held inside its second segment (the client sends
+    nothing more, its stream open). The leaving replica finalises that segment and sends its final
+    while the client still holds: only the drain can have made it (no End was sent, and Serve's
+    own stop would have waited for the stream to end, then killed the replica with the segment
+    unfinished). A stream may move twice (to the other old replica, then to a new one) and is
+    drained again. Released, each client goes on in a new session: the first segment as the
+    reference's, no final segment given more text. (Last with `serving`.)"""
+    wait_for_running_replicas(REPLICAS)  # the one the previous test killed is back
+    keys = [ks[0] for ks in keys_per_replica(serving, 1).values()]
+    parts = [silence(0.3), speech("Hello there, this is a test."), silence(0.8),
+             speech("A second sentence follows now."), silence(0.5)]
+    audio = peak_normalize(concat(*parts))
+    hold_at = sum(p.size for p in parts[:3]) + parts[3].size // 2  # inside the second segment
+    held = {k: asyncio.Event() for k in keys}
+    during_hold: dict[str, list[TranscriptEvent]] = {k: [] for k in keys}
+
+    async def main():
+        release = asyncio.Event()
+
+        async def source(key: str):
+            sent = 0
+            for p in audio_pieces(audio):
+                if sent >= hold_at and not release.is_set():
+                    held[key].set()
+                    await release.wait()
+                yield p
+                sent += p.size
+
+        async def stream(key: str):
+            client = TranscriptionClient(serving.address,
+                                         options=ClientOptions(language=LANGUAGE, route_key=key, **FAST))
+            events = []
+            async for e in client.stream(source(key)):
+                events.append(e)
+                if held[key].is_set() and not release.is_set():
+                    during_hold[key].append(e)
+            return events, client.stats
+
+        tasks = [asyncio.create_task(stream(k)) for k in keys]
+        await asyncio.wait_for(asyncio.gather(*(h.wait() for h in held.values())), 120)
+        await asyncio.sleep(1.0)  # the held segments' last packets reach their engines
+        redeployed = asyncio.create_task(asyncio.to_thread(serving.redeploy, REPLICAS))
+        for _ in range(600):  # until both drained finals arrive (a hang guard, not a timing)
+            if all(any(e.is_final and e.segment_id == 1 for e in evs) for evs in during_hold.values()):
+                break
+            await asyncio.sleep(0.1)
+        await redeployed  # the new replicas are up: the clients' resumes reach them
+        release.set()
+        return dict(zip(keys, await asyncio.gather(*tasks)))
+
+    results = asyncio.run(main())
+    for key in keys:
+        assert 1 in [e.segment_id for e in during_hold[key] if e.is_final], during_hold[key]
+        events, stats = results[key]
+        assert stats.sessions_opened >= 2, stats  # went on in a new session on another replica
+        assert same_transcript([e for e in events if e.segment_id == 0], [e for e in reference if e.segment_id == 0])
+        final: set[int] = set()
+        for e in events:  # a final segment gets no more text
+            assert e.segment_id not in final, e
+            if e.is_final:
+                final.add(e.segment_id)
 
 
 def _context(reports: list[tuple[float, float, float]], current: int, lo: int = 1, hi: int = 4):
