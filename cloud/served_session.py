@@ -20,8 +20,9 @@ but stays in the table until a stream has sent its last event and closed OK, or 
 ends, so a client that loses the connection just before the end can still resume for the finals.
 
 No client holds a slot by doing nothing. An attached stream that sends no message for
-`idle_timeout_s` while the engine owes its session no work (no pass due or in flight: frames of an
-open segment short of the next update wait for the client, not for the engine) is ended with
+`idle_timeout_s` while the server owes its session no work (no message being applied or held back,
+no engine pass due or in flight: frames of an open segment short of the next update wait for the
+client, not for the engine) is ended with
 DEADLINE_EXCEEDED and its session closed at once, as at the end of a grace period: the open
 segment is discarded, not finalised (its frames are still with the client, which resumes, gets
 NOT_FOUND and replays its unfinished segments into a seeded session, so no committed text is lost).
@@ -261,8 +262,8 @@ class HostedSession:
         """How long the attached stream has been idle at clock time `now`: no message from its
         client while the session was ACTIVE and the server had nothing of it to do (no message
         being applied or held back by the queued-audio limits, no pass due or in flight in the
-        engine). None while it is not idle (and
-        then its idle time starts again from `now`), or when no stream is attached."""
+        engine). None while it is not idle (its idle time then starts again from `now`), or when
+        no stream is attached."""
         a = self.attachment
         if a is None:
             return None

@@ -417,7 +417,8 @@ async def start_server(model, options: ServerOptions = ServerOptions(),
         log.warning("no --api-keys: the server accepts every caller", extra={"fields": {}})
     log.info("server started", extra={"fields": {"port": port, "tls": credentials is not None,
                                                  "metrics_port": endpoint.port if endpoint else None,
-                                                 "max_sessions": options.max_sessions}})
+                                                 "max_sessions": options.max_sessions,
+                                                 "idle_timeout_s": options.idle_timeout_s}})
     webrtc = None
     if options.http_port is not None:
         from harken.cloud.webrtc import start_webrtc
@@ -505,8 +506,10 @@ def _bracketed(host: str) -> str:
 
 
 def _metered_engine(asr, config, metrics: ServerMetrics, on_failure):
-    """The engine, reporting each tick's batch size, and calling `on_failure()` (from the engine's thread) when a tick raises: the Scheduler's task
-    ends then, and without this every session would wait for events forever."""
+    """The engine, reporting each tick's batch size, and calling `on_failure()` (from the engine's
+    thread) when a tick raises: the Scheduler's task ends then, and without this every session
+    would wait for events forever. (The sessions waiting for the model are read at scrape time:
+    `Engine.ready_sessions`.)"""
     from harken.cloud.engine import Engine
 
     class MeteredEngine(Engine):

@@ -1316,8 +1316,13 @@ def test_shutdown_finalises_open_segments_and_sends_their_finals(asr, packets):
 
 
 def test_harken_serve_prints_its_addresses_and_stops_on_sigterm(tmp_path):
+    bad = subprocess.run([sys.executable, "-m", "harken", "serve", "--model", "tiny", "--idle-timeout-s", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert (bad.returncode, bad.stderr.strip()) == (
+        2, "harken serve: error: --idle-timeout-s and --grace-s must be > 0")
     proc = subprocess.Popen([sys.executable, "-m", "harken", "serve", "--model", "tiny", "--port", "0",
-                             "--metrics-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--metrics-port", "0", "--idle-timeout-s", "45"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
         grpc_line = proc.stdout.readline().strip()
         metrics_line = proc.stdout.readline().strip()
@@ -1336,6 +1341,7 @@ def test_harken_serve_prints_its_addresses_and_stops_on_sigterm(tmp_path):
         assert proc.wait(timeout=60) == 0
         logs = [json.loads(line) for line in proc.stderr.read().splitlines()]
         assert [r["msg"] for r in logs if r["msg"].startswith("server ")] == ["server started", "server stopped"]
+        assert next(r for r in logs if r["msg"] == "server started")["idle_timeout_s"] == 45
     finally:
         if proc.poll() is None:
             proc.kill()
