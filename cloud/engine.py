@@ -457,6 +457,7 @@ class Scheduler:
         """Start the owner task (again after `stop`, if need be)."""
         if self._task is None:
             self._stopping = False
+            self._wake.set()  # work that came in while stopped is due now
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harken-engine")
             self._task = asyncio.create_task(self._run(), name="harken-scheduler")
 

@@ -858,7 +858,6 @@ def test_a_stream_whose_audio_is_pending_in_the_engine_is_not_reaped(asr, packet
                 await server._table.next_sweep()
             pending_survived = not task.done()
             await server._scheduler.start()
-            server._scheduler._wake.set()
             while not out.transcripts:  # the engine did the update: nothing more is due
                 out.progress.clear()
                 await out.progress.wait()
@@ -1245,7 +1244,6 @@ def test_queue_depth_is_the_work_waiting_now_not_at_the_last_step(asr, packets):
                 await out.progress.wait()
             waiting = (await asyncio.to_thread(_scrape, server.metrics_port))[("harken_queue_depth", ())]
             await server._scheduler.start()
-            server._scheduler._wake.set()
             hold.set()
             await asyncio.wait_for(task, TIMEOUT)
             after = (await asyncio.to_thread(_scrape, server.metrics_port))[("harken_queue_depth", ())]
