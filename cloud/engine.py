@@ -8,6 +8,7 @@ API:
     engine.ingest_packet(sid, packet)                   # an edge FeaturePacket (payload decoded here)
     engine.finalize(sid)                                # end the open segment now
     engine.has_work() -> bool
+    engine.ready_sessions() -> int / engine.working_on(sid) -> bool   # work waiting / owed to one
     engine.step() -> list[(sid, TranscriptEvent)]       # one batched tick over all ready sessions
     engine.run_until_idle() -> list[(sid, TranscriptEvent)]
     engine.failure(sid) -> Exception | None             # a session taken out by its own fault
@@ -203,6 +204,20 @@ class Engine:
         with self._lock:
             return any(sid not in self._busy and sid not in self._failed and s.has_work()
                        for sid, s in self.sessions.items())
+
+    def ready_sessions(self) -> int:
+        """Sessions with a pass due and none in flight: the work waiting for the model. Thread-safe
+        (the metrics endpoint reads it at scrape time)."""
+        with self._lock:
+            return sum(1 for sid, s in self.sessions.items()
+                       if sid not in self._busy and sid not in self._failed and s.has_work())
+
+    def working_on(self, sid: str) -> bool:
+        """Whether the engine owes this session work: a pass due or in flight. Frames of an open
+        segment short of the next update are not: they wait for the client's next frames."""
+        with self._lock:
+            s = self.sessions.get(sid)
+            return s is not None and sid not in self._failed and (sid in self._busy or s.has_work())
 
     def failure(self, sid: str) -> BaseException | None:
         """The exception that stopped this session, if its own processing failed. Such a session
@@ -442,6 +457,7 @@ class Scheduler:
         """Start the owner task (again after `stop`, if need be)."""
         if self._task is None:
             self._stopping = False
+            self._wake.set()  # work that came in while stopped is due now
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harken-engine")
             self._task = asyncio.create_task(self._run(), name="harken-scheduler")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from harken.shared.errors import EngineOverloaded, HarkenError, StreamInputError, StreamOrderError
 
 __all__ = ["MalformedMessage", "OutOfOrder", "Unauthenticated", "NotYourSession", "SessionNotFound",
-           "Overloaded", "ShuttingDown", "Superseded", "EngineFailed"]
+           "Overloaded", "MessageTooLarge", "ShuttingDown", "Superseded", "EngineFailed", "IdleTimeout"]
 
 
 class MalformedMessage(StreamInputError):
@@ -36,6 +36,15 @@ class SessionNotFound(HarkenError):
 
 class Overloaded(EngineOverloaded):
     """Admission control said no: session limits, per-key limits (RESOURCE_EXHAUSTED)."""
+
+
+class MessageTooLarge(HarkenError):
+    """A message over the server's size limit (RESOURCE_EXHAUSTED, as gRPC itself answers one)."""
+
+
+class IdleTimeout(HarkenError):
+    """The stream sent nothing for the idle timeout while the server had nothing of it to do: the
+    stream is ended and its session closed, freeing the slot (DEADLINE_EXCEEDED)."""
 
 
 class ShuttingDown(HarkenError):

@@ -5,11 +5,15 @@ Latencies are measured against the arrival of the input they answer: an update's
 the arrival of the frame at its end (`end_s`) to the event leaving the engine; time to first
 partial from the arrival of a segment's first frames to its first event; final latency from the
 arrival of the segment's end to its final event.
+
+Gauges of what is there now (`harken_streams_attached`, `harken_queue_depth`) are computed from the
+state itself when scraped (`read_at_scrape`), not counted up and down, so they cannot drift from it.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from wsgiref.simple_server import WSGIServer
 
@@ -28,7 +32,8 @@ class ServerMetrics:
         r = self.registry
         self.sessions = Gauge("harken_sessions_active", "Sessions held (attached or in their grace period)",
                               registry=r)
-        self.streams = Gauge("harken_streams_attached", "Client streams attached to a session", registry=r)
+        self.streams = Gauge("harken_streams_attached", "Client streams attached to a session (at scrape time)",
+                             registry=r)
         self.update_latency = Histogram("harken_update_latency_seconds",
                                         "Arrival of the frame at an update's end -> its transcript event",
                                         buckets=_LATENCY_BUCKETS, registry=r)
@@ -38,7 +43,9 @@ class ServerMetrics:
         self.final_latency = Histogram("harken_final_latency_seconds",
                                        "Arrival of a segment's end -> its final transcript event",
                                        buckets=_LATENCY_BUCKETS, registry=r)
-        self.queue_depth = Gauge("harken_queue_depth", "Sessions with work waiting for the model", registry=r)
+        self.queue_depth = Gauge("harken_queue_depth",
+                                 "Sessions with work waiting for the model (a pass due, none in flight; at scrape "
+                                 "time)", registry=r)
         self.batch_size = Histogram("harken_batch_size", "Sessions in one batched model step",
                                     buckets=_BATCH_BUCKETS, registry=r)
         self.bytes_in = Counter("harken_bytes_in", "Payload bytes received", ["kind"], registry=r)
@@ -47,8 +54,15 @@ class ServerMetrics:
         self.decode_truncated = Counter("harken_decode_truncated_total",
                                         "Decodes ended by a limit, not by the model: the audio-proportional "
                                         "token budget or the hallucination-loop guard", ["reason"], registry=r)
-        self.errors = Counter("harken_errors", "Streams ended with an error, by gRPC status code", ["code"],
-                              registry=r)
+        self.errors = Counter("harken_errors", "Streams ended with an error, by gRPC status code (a message "
+                              "over the size limit: RESOURCE_EXHAUSTED; an idle stream: DEADLINE_EXCEEDED)",
+                              ["code"], registry=r)
+
+    def read_at_scrape(self, attached_streams: Callable[[], int], ready_sessions: Callable[[], int]) -> None:
+        """Compute the attached-streams and queue-depth gauges when scraped (from the scrape's
+        thread: both callables must be thread-safe)."""
+        self.streams.set_function(attached_streams)
+        self.queue_depth.set_function(ready_sessions)
 
 
 @dataclass

@@ -135,7 +135,7 @@ class TranscriptionReplica:
         asr = await asyncio.to_thread(Qwen3ASR.load, model, dtype=dtype, device=device)
         self.options = options
         self.core: ServingCore = await start_core(asr, options)
-        self.service = TranscriptionService(self.core.table, keys, self.core.metrics)
+        self.service = TranscriptionService(self.core.table, keys, self.core.metrics, options.max_message_bytes)
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._closing: asyncio.Task | None = None
         self._drain_watch = asyncio.create_task(self._drain_when_stopping())

@@ -1,7 +1,8 @@
 """Sessions as the service hosts them: ids bound to keys, order checks, the event log for replay,
 attach/detach of client streams, the grace period, and the thin-client audio front end.
 
-    SessionTable    ids -> HostedSession; admission (max sessions, per key); grace expiry; shutdown
+    SessionTable    ids -> HostedSession; admission (max sessions, per key); grace expiry; idle
+                    streams; shutdown
     HostedSession   one session: what was applied (`seq`), the segment/frame order, the engine's
                     session, the transcript events not yet safe to forget, the attached stream
     Attachment      one client stream's view: which events it has been sent, an Ack due, its end
@@ -17,6 +18,17 @@ stay until one is. A resume that asks for events no longer held gets NOT_FOUND, 
 from a lost session (seed + replay). An ended session (End, shutdown) frees its engine slot at once
 but stays in the table until a stream has sent its last event and closed OK, or its grace period
 ends, so a client that loses the connection just before the end can still resume for the finals.
+
+No client holds a slot by doing nothing. An attached stream that sends no message for
+`idle_timeout_s` while the server owes its session no work (no message being applied or held back,
+no engine pass due or in flight: frames of an open segment short of the next update wait for the
+client, not for the engine) is ended with
+DEADLINE_EXCEEDED and its session closed at once, as at the end of a grace period: the open
+segment is discarded, not finalised (its frames are still with the client, which resumes, gets
+NOT_FOUND and replays its unfinished segments into a seeded session, so no committed text is lost).
+Detached sessions count against their key's session limit; when the server holds its maximum, a
+new session takes the place of the one detached longest (its client recovers the same way), so
+sessions in their grace period cannot lock anyone else out.
 """
 
 from __future__ import annotations
@@ -35,7 +47,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from harken.cloud import wire
-from harken.cloud.errors import (MalformedMessage, NotYourSession, OutOfOrder, Overloaded,
+from harken.cloud.errors import (IdleTimeout, MalformedMessage, NotYourSession, OutOfOrder, Overloaded,
                                  SessionNotFound, ShuttingDown, Superseded)
 from harken.cloud.metrics import ServerMetrics
 from harken.cloud.wire import AudioIn, EndIn, FeaturesIn, FinalizeIn, Seed, StartRequest, TranscriptOut
@@ -54,6 +66,9 @@ class SessionLimits:
     max_sessions: int = 256
     max_sessions_per_key: int = 64
     grace_s: float = 60.0
+    # an attached stream that sends nothing this long while the engine owes it no work is ended
+    # (DEADLINE_EXCEEDED) and its session closed
+    idle_timeout_s: float = 30.0
     replay_tail: int = 512  # events of final segments kept behind the last one sent
     max_events_held: int = 20_000  # hard cap on the event log of one session
     # Audio received but not yet encoded (feature frames, 100 a second). Past its session's or its
@@ -73,6 +88,7 @@ class Attachment:
     (None = go on; an exception = fail with it; `CLOSED_OK` = close with OK)."""
 
     sent_event_seq: int
+    quiet_since: float  # clock time since which the stream has been idle (see `HostedSession.idle_for`)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     ack_due: bool = False
     end: BaseException | str | None = None  # str: CLOSED_OK
@@ -158,8 +174,9 @@ class HostedSession:
 
     def __init__(self, session_id: str, key_id: str, start: StartRequest, scheduler,
                  limits: SessionLimits, metrics: ServerMetrics, executor: Executor,
-                 on_ended: Callable[["HostedSession"], None]):
-        """Opens the engine's session (EngineOverloaded / StreamInputError when it cannot)."""
+                 on_ended: Callable[["HostedSession"], None], clock: Callable[[], float] = time.monotonic):
+        """Opens the engine's session (EngineOverloaded / StreamInputError when it cannot).
+        `clock` times the grace period and idleness (the table's; tests pass a fake one)."""
         from harken.cloud.session import ResumeState, SessionOptions
 
         self.session_id = session_id  # also the engine's id for it
@@ -177,6 +194,7 @@ class HostedSession:
         self.metrics = metrics
         self.executor = executor
         self._on_ended = on_ended
+        self._clock = clock
         self.applied_seq = 0
         self.last_final_segment = (start.seed.next_segment_id - 1) if start.seed else -1
         self.input_kind: str | None = None  # "features" or "audio", fixed by the first one
@@ -186,12 +204,13 @@ class HostedSession:
         self.next_event_seq = 1
         self.delivered_event_seq = 0  # highest event_seq handed to some stream
         self.attachment: Attachment | None = None
-        self.detached_at: float | None = time.monotonic()
+        self.detached_at: float | None = clock()
         self.lifecycle = Lifecycle.ACTIVE
         self.ended_by_client = False  # DRAINING / ENDED because the client said End (not shutdown)
         self.failure: BaseException | None = None  # FAILED: the engine took the session out with this
         self._awaiting_final: set[int] = set()  # segments fed frames whose final has not come
         self._apply_lock = asyncio.Lock()
+        self.held_back = False  # a received message waits for the queued-audio limits (`wait_for_room`)
         self._msgs_since_ack = 0
         self._arrivals: deque[tuple[int, float]] = deque()  # (frame end, arrival time) for latency
         self._segment_started_at: dict[int, float] = {}
@@ -221,10 +240,10 @@ class HostedSession:
                 old.reader.cancel()
                 await asyncio.wait([old.reader])
         async with self._apply_lock:  # a message being applied finishes first
-            a = Attachment(sent_event_seq=min(last_event_seq, self.next_event_seq - 1))
+            a = Attachment(sent_event_seq=min(last_event_seq, self.next_event_seq - 1),
+                           quiet_since=self._clock())
             self.attachment = a
             self.detached_at = None
-            self.metrics.streams.inc()
             if self.lifecycle in (Lifecycle.ENDED, Lifecycle.FAILED):
                 a.end = CLOSED_OK if self.failure is None else self.failure
             a.wake.set()  # replay what the client has not seen
@@ -233,8 +252,26 @@ class HostedSession:
     def detach(self, a: Attachment) -> None:
         if self.attachment is a:
             self.attachment = None
-            self.detached_at = time.monotonic()
-        self.metrics.streams.dec()
+            self.detached_at = self._clock()
+
+    def heard(self, a: Attachment) -> None:
+        """The stream `a` received a message from its client: it is not idle."""
+        a.quiet_since = self._clock()
+
+    def idle_for(self, now: float) -> float | None:
+        """How long the attached stream has been idle at clock time `now`: no message from its
+        client while the session was ACTIVE and the server had nothing of it to do (no message
+        being applied or held back by the queued-audio limits, no pass due or in flight in the
+        engine). None while it is not idle (its idle time then starts again from `now`), or when
+        no stream is attached."""
+        a = self.attachment
+        if a is None:
+            return None
+        if (self.lifecycle is not Lifecycle.ACTIVE or self._apply_lock.locked() or self.held_back
+                or (not self._engine_released and self.scheduler.engine.working_on(self.session_id))):
+            a.quiet_since = max(a.quiet_since, now)
+            return None
+        return max(0.0, now - a.quiet_since)
 
     def queued_frames(self) -> int:
         """Frames this session has given the engine that it has not encoded yet."""
@@ -473,10 +510,11 @@ class HostedSession:
             await asyncio.wait([self._pump])
         self.scheduler.close_session(self.session_id)
 
-    async def close(self) -> None:
-        """End the attached stream (if any) and release the engine's session. Idempotent."""
+    async def close(self, reason: BaseException | None = None) -> None:
+        """End the attached stream (if any; with `reason`, by default UNAVAILABLE) and release the
+        engine's session. Idempotent."""
         if self.attachment is not None and self.attachment.end is None:
-            self.attachment.end = ShuttingDown("the session was closed")
+            self.attachment.end = reason if reason is not None else ShuttingDown("the session was closed")
             self.attachment.wake.set()
         await self.release_engine()
 
@@ -487,16 +525,20 @@ def _seed(r) -> Seed:
 
 
 class SessionTable:
-    """Every session on the server, by id; admission control; the grace-period reaper."""
+    """Every session on the server, by id; admission control; the reaper of expired sessions and
+    idle streams. `clock` (monotonic seconds) times both; tests pass a fake one."""
 
-    def __init__(self, scheduler, limits: SessionLimits, metrics: ServerMetrics, executor: Executor):
+    def __init__(self, scheduler, limits: SessionLimits, metrics: ServerMetrics, executor: Executor,
+                 clock: Callable[[], float] = time.monotonic):
         self.scheduler = scheduler
         self.limits = limits
         self.metrics = metrics
         self.executor = executor
+        self.clock = clock
         self.sessions: dict[str, HostedSession] = {}
         self.shutting_down = False
         self.failed: Exception | None = None
+        self._sweep_waiters: list[asyncio.Future] = []
         self._reaper = asyncio.get_running_loop().create_task(self._reap(), name="session-reaper")
         self._closing: set[asyncio.Task] = set()
 
@@ -505,17 +547,24 @@ class SessionTable:
             raise self.failed
         if self.shutting_down:
             raise ShuttingDown("the server is shutting down")
-        if len(self.sessions) >= self.limits.max_sessions:
-            raise Overloaded(f"the server holds its maximum of {self.limits.max_sessions} sessions")
         held = sum(1 for s in self.sessions.values() if s.key_id == key_id)  # detached ones too
         if held >= self.limits.max_sessions_per_key:
             raise Overloaded(f"this key holds its maximum of {self.limits.max_sessions_per_key} sessions")
         queued = self.queued_frames_of_key(key_id)
         if queued > self.limits.max_queued_frames_per_key:
             raise Overloaded(f"this key has {queued / 100:.0f} s of audio waiting to be processed")
+        while len(self.sessions) >= self.limits.max_sessions:
+            # a session in its grace period holds no one's place: the one detached longest goes
+            detached = [s for s in self.sessions.values() if s.detached_at is not None]
+            if not detached:
+                raise Overloaded(f"the server holds its maximum of {self.limits.max_sessions} sessions")
+            oldest = min(detached, key=lambda s: s.detached_at or 0.0)
+            await self._drop(oldest, "session expired early: the server is full")
+            if self.failed is not None or self.shutting_down:  # meanwhile
+                raise self.failed or ShuttingDown("the server is shutting down")
         session_id = secrets.token_urlsafe(18)
         s = HostedSession(session_id, key_id, start, self.scheduler, self.limits, self.metrics,
-                          self.executor, self._ended)
+                          self.executor, self._ended, clock=self.clock)
         self.sessions[session_id] = s
         self.metrics.sessions.set(len(self.sessions))
         log.info("session opened", extra={"fields": {"session": _short(session_id), "key": key_id,
@@ -530,12 +579,20 @@ class SessionTable:
         calls this before applying each message, so a client that sends faster than the engine
         processes (or claims many frames in few bytes) waits on itself and on nobody else."""
         limits = self.limits
-        while (s.queued_frames() > limits.max_queued_frames_per_session
-               or self.queued_frames_of_key(s.key_id) > limits.max_queued_frames_per_key):
-            try:  # a tick normally ends sooner; the timeout only re-checks after a stall
-                await asyncio.wait_for(self.scheduler.next_tick(), timeout=1.0)
-            except TimeoutError:
-                pass
+        s.held_back = True  # not idle meanwhile: the server holds the stream back
+        try:
+            while (s.queued_frames() > limits.max_queued_frames_per_session
+                   or self.queued_frames_of_key(s.key_id) > limits.max_queued_frames_per_key):
+                try:  # a tick normally ends sooner; the timeout only re-checks after a stall
+                    await asyncio.wait_for(self.scheduler.next_tick(), timeout=1.0)
+                except TimeoutError:
+                    pass
+        finally:
+            s.held_back = False
+
+    def attached_streams(self) -> int:
+        """Client streams attached to a session now (the metric, read at scrape time: from any thread)."""
+        return sum(1 for s in list(self.sessions.values()) if s.attachment is not None)
 
     def find(self, key_id: str, session_id: str) -> HostedSession:
         if self.failed is not None:
@@ -568,17 +625,41 @@ class SessionTable:
             self.metrics.sessions.set(len(self.sessions))
         await s.close()
 
+    async def sweep(self, now: float) -> None:
+        """Close the sessions whose grace period has run out at clock time `now`, and end the
+        streams idle for longer than `idle_timeout_s` (DEADLINE_EXCEEDED), closing their sessions."""
+        limits = self.limits
+        for s in list(self.sessions.values()):
+            if s.detached_at is not None and now - s.detached_at > limits.grace_s:
+                await self._drop(s, "session expired")
+            elif (idle_s := s.idle_for(now)) is not None and idle_s > limits.idle_timeout_s:
+                await self._drop(s, "idle stream ended", IdleTimeout(
+                    f"the stream was idle for {idle_s:.1f} s (limit {limits.idle_timeout_s:g} s): no message "
+                    "while the server had nothing to do for it; the session is closed"))
+
+    async def next_sweep(self) -> None:
+        """Wait until the reaper's next sweep has ended."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._sweep_waiters.append(waiter)
+        await waiter
+
+    async def _drop(self, s: HostedSession, why: str, reason: BaseException | None = None) -> None:
+        """Take `s` out of the table and close it, its stream ending with `reason` if one is attached."""
+        log.info(why, extra={"fields": {"session": _short(s.session_id), "key": s.key_id}})
+        if self.sessions.get(s.session_id) is s:
+            del self.sessions[s.session_id]
+            self.metrics.sessions.set(len(self.sessions))
+        await s.close(reason)
+
     async def _reap(self) -> None:
+        limits = self.limits
         while True:
-            await asyncio.sleep(min(1.0, self.limits.grace_s / 4))
-            now = time.monotonic()
-            for s in list(self.sessions.values()):
-                if s.detached_at is not None and now - s.detached_at > self.limits.grace_s:
-                    log.info("session expired", extra={"fields": {"session": _short(s.session_id),
-                                                                  "key": s.key_id}})
-                    del self.sessions[s.session_id]
-                    self.metrics.sessions.set(len(self.sessions))
-                    await s.close()
+            await asyncio.sleep(min(1.0, limits.grace_s / 4, limits.idle_timeout_s / 4))
+            await self.sweep(self.clock())
+            waiters, self._sweep_waiters = self._sweep_waiters, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
 
     async def finish_all(self, timeout_s: float) -> None:
         """Shutdown, first half: no new sessions; every session finalises its open segments and

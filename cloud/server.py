@@ -23,6 +23,7 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -32,8 +33,8 @@ import grpc
 from harken.cloud import wire
 from harken.cloud.auth import OPEN_ACCESS, ApiKeys, Caller
 from harken.cloud.commit import CommitPolicy
-from harken.cloud.errors import (EngineFailed, MalformedMessage, NotYourSession, SessionNotFound,
-                                 ShuttingDown, Superseded, Unauthenticated)
+from harken.cloud.errors import (EngineFailed, IdleTimeout, MalformedMessage, MessageTooLarge, NotYourSession,
+                                 SessionNotFound, ShuttingDown, Superseded, Unauthenticated)
 from harken.cloud.served_session import CLOSED_OK, Attachment, HostedSession, SessionLimits, SessionTable
 from harken.cloud.wire import EndIn
 from harken.cloud.metrics import MetricsEndpoint, ServerMetrics, serve_metrics
@@ -62,11 +63,19 @@ STATUS_OF: dict[type, grpc.StatusCode] = {
     SessionNotFound: grpc.StatusCode.NOT_FOUND,
     UnknownSession: grpc.StatusCode.NOT_FOUND,
     EngineOverloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,  # incl. Overloaded
+    MessageTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    IdleTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
     ShuttingDown: grpc.StatusCode.UNAVAILABLE,
     Superseded: grpc.StatusCode.ABORTED,
 }
 # Errors of the input itself: the session they happened in is dropped (it cannot go on coherently).
-_INPUT_ERRORS = (CodecError, StreamInputError, StreamOrderError)
+_INPUT_ERRORS = (CodecError, StreamInputError, StreamOrderError, MessageTooLarge)
+
+# gRPC's own receive limit, as a multiple of `max_message_bytes`. harken checks the limit itself,
+# so that a message over it gets harken's status, Error message and error count; gRPC rejects a
+# message only past this ceiling, which bounds what it buffers of one. Such a rejection only ends
+# the request stream as a half-close or a dropped connection would, so it is not counted.
+GRPC_RECEIVE_CEILING = 4
 
 
 def status_of(e: BaseException) -> grpc.StatusCode:
@@ -95,6 +104,9 @@ class ServerOptions:
     max_queued_frames_per_session: int = 100 * 60
     max_queued_frames_per_key: int = 100 * 60 * 4
     grace_s: float = 60.0  # a detached session waits this long for its client to resume
+    idle_timeout_s: float = 30.0  # a stream sending nothing this long while no audio is pending: ended
+    keepalive_time_s: float = 20.0  # gRPC keepalive pings to a connection quiet this long ...
+    keepalive_timeout_s: float = 10.0  # ... and closed when one is not answered in this time
     replay_tail: int = 512  # events of final segments kept for a resume, behind the last one sent
     shutdown_grace_s: float = 5.0  # for finals on shutdown, then for server.stop()
     max_message_bytes: int = 1 << 20
@@ -107,6 +119,10 @@ class ServerOptions:
             raise HarkenError("--tls-cert and --tls-key go together")
         if self.max_sessions < 1 or self.max_sessions_per_key < 1:
             raise HarkenError("--max-sessions and --max-sessions-per-key must be >= 1")
+        if not self.idle_timeout_s > 0 or not self.grace_s > 0:
+            raise HarkenError("--idle-timeout-s and --grace-s must be > 0")
+        if not (self.keepalive_time_s > 0 and self.keepalive_timeout_s > 0):
+            raise HarkenError("keepalive_time_s and keepalive_timeout_s must be > 0")
         if not 0 < self.max_queued_frames_per_session <= self.max_queued_frames_per_key < self.max_queued_frames:
             raise HarkenError("queued-audio limits must be 0 < per session <= per key < the server's")
 
@@ -114,17 +130,19 @@ class ServerOptions:
 class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
     """`Stream`: one session attempt per call (see the semantics in proto/harken.proto)."""
 
-    def __init__(self, table: SessionTable, keys: ApiKeys | None, metrics: ServerMetrics):
+    def __init__(self, table: SessionTable, keys: ApiKeys | None, metrics: ServerMetrics,
+                 max_message_bytes: int = ServerOptions.max_message_bytes):
         self.table = table
         self.keys = keys
         self.metrics = metrics
+        self.max_message_bytes = max_message_bytes  # a longer request: RESOURCE_EXHAUSTED
 
     async def Stream(self, requests, context):
         session: HostedSession | None = None
         attachment: Attachment | None = None
         try:
             caller = self._authenticate(context)
-            start = wire.require_start(await _first(requests))
+            start = wire.require_start(await _first(requests, self.max_message_bytes))
             if start.session_id:
                 session = self.table.find(caller.key_id, start.session_id)
                 attachment = await session.attach(start.last_event_seq)
@@ -135,7 +153,8 @@ class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
                 "session": session.session_id[:6], "key": caller.key_id, "resume": bool(start.session_id),
                 "resume_after_seq": session.applied_seq}})
             attachment.reader = asyncio.get_running_loop().create_task(
-                _read(requests, self.table, session, attachment), name=f"reader-{session.session_id[:6]}")
+                _read(requests, self.table, session, attachment, self.max_message_bytes),
+                name=f"reader-{session.session_id[:6]}")
             yield wire.ready_message(session.session_id, session.applied_seq, session.last_final_segment)
             async for message in _outgoing(session, attachment):
                 yield message
@@ -212,19 +231,21 @@ async def _drain(requests) -> None:
         pass
 
 
-async def _first(requests):
+async def _first(requests, max_bytes: int):
     async for data in requests:
-        return wire.client_message_from_bytes(data)
+        return wire.client_message_from_bytes(data, max_bytes)
     raise MalformedMessage("the stream ended before its first message (start)")
 
 
-async def _read(requests, table: SessionTable, session: HostedSession, attachment: Attachment) -> None:
+async def _read(requests, table: SessionTable, session: HostedSession, attachment: Attachment,
+                max_bytes: int) -> None:
     """Owned by the stream: apply the client's messages in order, each once the session and its
     key are within their queued-audio limits. A message being applied is finished even when the
     stream is cancelled meanwhile (see `HostedSession.attach`)."""
     try:
         async for data in requests:
-            item = wire.parse_client_message(wire.client_message_from_bytes(data))
+            session.heard(attachment)
+            item = wire.parse_client_message(wire.client_message_from_bytes(data, max_bytes))
             await table.wait_for_room(session)
             await _apply(session, item)
         # The request side ended. A client that half-closes without `end` has said all it will:
@@ -329,9 +350,11 @@ class RunningServer:
         await self._grpc.wait_for_termination()
 
 
-async def start_server(model, options: ServerOptions = ServerOptions()) -> RunningServer:
+async def start_server(model, options: ServerOptions = ServerOptions(),
+                       clock: Callable[[], float] = time.monotonic) -> RunningServer:
     """Start the service on the running event loop. `model`: a loaded `Qwen3ASR`, or a name for
-    `Qwen3ASR.load` ("tiny", "synth-en", a Hugging Face id, a local dir)."""
+    `Qwen3ASR.load` ("tiny", "synth-en", a Hugging Face id, a local dir). `clock` times grace
+    periods and idle streams (tests pass a fake one)."""
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
@@ -341,9 +364,22 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
     credentials = _tls_credentials(options)
     asr = await asyncio.to_thread(Qwen3ASR.load, model) if isinstance(model, str) else model
     server = grpc.aio.server(options=[
-        ("grpc.max_receive_message_length", options.max_message_bytes),
+        ("grpc.max_receive_message_length", GRPC_RECEIVE_CEILING * options.max_message_bytes),
         ("grpc.max_send_message_length", options.max_message_bytes),
         ("grpc.so_reuseport", 0),
+        # Ping every connection quiet for keepalive_time_s, and close it when a ping is not answered
+        # in keepalive_timeout_s: a client whose network vanished (no reset) is detached then, and
+        # its session's grace period starts, instead of holding the stream until the idle timeout.
+        ("grpc.keepalive_time_ms", round(options.keepalive_time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", round(options.keepalive_timeout_s * 1000)),
+        # the wait for a ping's ack that gRPC core (1.85) enforces; without it a keepalive ping into a
+        # dead connection went unanswered for as long as a test waited
+        ("grpc.http2.ping_timeout_ms", round(options.keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),  # a stream in a long silence carries no data
+        # clients may send their own keepalive pings down to every 10 s, with or without a call
+        # (the default of 5 minutes ends their connections with GOAWAY too_many_pings)
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ])
     address = f"{_bracketed(options.host)}:{options.port}"
     try:  # bind first: a port in use fails before anything else has started
@@ -352,10 +388,10 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
         raise HarkenError(f"cannot listen on {address} ({e})") from e
 
     loop = asyncio.get_running_loop()
-    core = await start_core(asr, options)
+    core = await start_core(asr, options, clock)
     metrics, engine_failed, scheduler, executor, table = (core.metrics, core.engine_failed, core.scheduler,
                                                           core.executor, core.table)
-    service = TranscriptionService(table, keys, metrics)
+    service = TranscriptionService(table, keys, metrics, options.max_message_bytes)
     server.add_generic_rpc_handlers([_service_handler(service)])
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -381,7 +417,8 @@ async def start_server(model, options: ServerOptions = ServerOptions()) -> Runni
         log.warning("no --api-keys: the server accepts every caller", extra={"fields": {}})
     log.info("server started", extra={"fields": {"port": port, "tls": credentials is not None,
                                                  "metrics_port": endpoint.port if endpoint else None,
-                                                 "max_sessions": options.max_sessions}})
+                                                 "max_sessions": options.max_sessions,
+                                                 "idle_timeout_s": options.idle_timeout_s}})
     webrtc = None
     if options.http_port is not None:
         from harken.cloud.webrtc import start_webrtc
@@ -416,9 +453,9 @@ class ServingCore:
         self.executor.shutdown(wait=True)
 
 
-async def start_core(asr, options: ServerOptions) -> ServingCore:
+async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = time.monotonic) -> ServingCore:
     """The engine (`asr`: a loaded `Qwen3ASR`) with its scheduler started, and an empty session
-    table, on the running event loop."""
+    table (timing grace periods and idle streams on `clock`), on the running event loop."""
     from harken.cloud.engine import EngineConfig, Scheduler
 
     loop = asyncio.get_running_loop()
@@ -433,11 +470,13 @@ async def start_core(asr, options: ServerOptions) -> ServingCore:
     executor = ThreadPoolExecutor(max_workers=options.decode_threads, thread_name_prefix="harken-decode")
     limits = SessionLimits(max_sessions=options.max_sessions,
                            max_sessions_per_key=options.max_sessions_per_key,
-                           grace_s=options.grace_s, replay_tail=options.replay_tail, policy=options.policy,
+                           grace_s=options.grace_s, idle_timeout_s=options.idle_timeout_s,
+                           replay_tail=options.replay_tail, policy=options.policy,
                            max_queued_frames_per_session=options.max_queued_frames_per_session,
                            max_queued_frames_per_key=options.max_queued_frames_per_key)
-    return ServingCore(metrics, scheduler, executor, SessionTable(scheduler, limits, metrics, executor),
-                       engine_failed)
+    table = SessionTable(scheduler, limits, metrics, executor, clock)
+    metrics.read_at_scrape(attached_streams=table.attached_streams, ready_sessions=engine.ready_sessions)
+    return ServingCore(metrics, scheduler, executor, table, engine_failed)
 
 
 def _service_handler(service: TranscriptionService) -> grpc.GenericRpcHandler:
@@ -467,9 +506,10 @@ def _bracketed(host: str) -> str:
 
 
 def _metered_engine(asr, config, metrics: ServerMetrics, on_failure):
-    """The engine, reporting each tick's batch size and the sessions waiting for the model, and
-    calling `on_failure()` (from the engine's thread) when a tick raises: the Scheduler's task
-    ends then, and without this every session would wait for events forever."""
+    """The engine, reporting each tick's batch size, and calling `on_failure()` (from the engine's
+    thread) when a tick raises: the Scheduler's task ends then, and without this every session
+    would wait for events forever. (The sessions waiting for the model are read at scrape time:
+    `Engine.ready_sessions`.)"""
     from harken.cloud.engine import Engine
 
     class MeteredEngine(Engine):
@@ -483,9 +523,6 @@ def _metered_engine(asr, config, metrics: ServerMetrics, on_failure):
             metrics.decode_truncated.labels(reason).inc()
 
         def step(self):
-            with self._lock:
-                ready = sum(1 for sid, s in self.sessions.items() if sid not in self._busy and s.has_work())
-            metrics.queue_depth.set(ready)
             self._tick_sessions = 0
             try:
                 events = super().step()

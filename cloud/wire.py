@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from harken.cloud.errors import MalformedMessage, OutOfOrder
+from harken.cloud.errors import MalformedMessage, MessageTooLarge, OutOfOrder
 from harken.proto import harken_pb2 as pb
 from harken.shared.codec import (CODEC_NAME, MAX_FRAMES, MAX_FRAMES_PER_PAYLOAD_BYTE, decode_frames,
                                  max_frames_for_payload)
@@ -91,9 +91,12 @@ class EndIn:
 ClientInput = StartRequest | FeaturesIn | AudioIn | FinalizeIn | EndIn
 
 
-def client_message_from_bytes(data: bytes) -> pb.ClientMessage:
+def client_message_from_bytes(data: bytes, max_bytes: int | None = None) -> pb.ClientMessage:
     """The raw request bytes -> ClientMessage (the service parses them itself, so that bytes that
-    are no ClientMessage get INVALID_ARGUMENT with a reason instead of a generic failure)."""
+    are no ClientMessage get INVALID_ARGUMENT with a reason instead of a generic failure). More
+    than `max_bytes`: MessageTooLarge."""
+    if max_bytes is not None and len(data) > max_bytes:
+        raise MessageTooLarge(f"a message of {len(data)} bytes is larger than the server's maximum of {max_bytes}")
     try:
         return pb.ClientMessage.FromString(data)
     except DecodeError as e:

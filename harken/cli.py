@@ -179,6 +179,9 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-sessions-per-key", type=int, default=16, help="sessions per API key (default 16)")
     s.add_argument("--grace-s", type=float, default=60.0,
                    help="how long a disconnected session waits for its client to resume (default 60)")
+    s.add_argument("--idle-timeout-s", type=float, default=30.0,
+                   help="end a stream that sends nothing this long while none of its audio is pending, "
+                        "and close its session (DEADLINE_EXCEEDED; default 30)")
     s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
     s.add_argument("--ray", action="store_true",
@@ -357,7 +360,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         options = ServerOptions(host=args.host, port=args.port, tls_cert=args.tls_cert, tls_key=args.tls_key,
                                 api_keys=args.api_keys, metrics_port=args.metrics_port,
                                 http_port=args.http_port, max_sessions=args.max_sessions, max_sessions_per_key=args.max_sessions_per_key,
-                                grace_s=args.grace_s)
+                                grace_s=args.grace_s, idle_timeout_s=args.idle_timeout_s)
         if args.ray:
             from harken.cloud.ray_app import Scaling, serve_ray_command
 

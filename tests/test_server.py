@@ -179,14 +179,27 @@ async def run_stream(target: str, messages, metadata=(), credentials=None, stop_
 
 
 @contextlib.asynccontextmanager
-async def serving(asr, **kw):
+async def serving(asr, clock=None, **kw):
     kw.setdefault("port", 0)
     kw.setdefault("policy", POLICY)
-    server = await start_server(asr, ServerOptions(**kw))
+    server = await start_server(asr, ServerOptions(**kw), **({"clock": clock} if clock else {}))
     try:
         yield server
     finally:
         await server.stop(grace_s=2.0)
+
+
+class FakeClock:
+    """The server's clock for grace periods and idle streams: time moves only when told."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def transcript_of(events: list[tuple]) -> list[tuple]:
@@ -387,7 +400,9 @@ def busy_server(asr, packets, reference, tmp_path_factory):
     the good session ends and must have the reference transcript."""
     keys = tmp_path_factory.mktemp("keys") / "keys"
     keys.write_text(f"# test keys\n{KEY_A} alice\n{KEY_B} bob\n")
-    with BackgroundServer(asr, api_keys=str(keys), max_sessions=64, max_sessions_per_key=64, grace_s=0.5) as bg:
+    # the good session holds its stream open, sending nothing, through the whole module: not idle
+    with BackgroundServer(asr, api_keys=str(keys), max_sessions=64, max_sessions_per_key=64, grace_s=0.5,
+                          idle_timeout_s=3600) as bg:
         good = GoodSession(bg, packets)
         good.start()
         assert good.ready.wait(60)
@@ -737,7 +752,7 @@ def test_a_client_flooding_queued_audio_waits_on_itself_and_others_are_admitted(
     limit and A gets no third one past its key's limit; key B, and a second session of key A, are
     still admitted: A cannot fill the server's queue alone and make it refuse everyone."""
     keys = tmp_path / "keys"
-    keys.write_text(f"{KEY_A}\n{KEY_B}\n")
+    keys.write_text(f"{KEY_A} alice\n{KEY_B} bob\n")  # sessions are bound to the names
 
     async def main():
         async with serving(asr, api_keys=str(keys), max_queued_frames=1000, max_queued_frames_per_session=300,
@@ -752,29 +767,181 @@ def test_a_client_flooding_queued_audio_waits_on_itself_and_others_are_admitted(
             def queued(key):
                 return server._table.queued_frames_of_key(key)
 
-            while queued(KEY_A) <= 300:  # A's first session reads until past its own limit ...
+            while queued("alice") <= 300:  # A's first session reads until past its own limit ...
                 await asyncio.sleep(0.02)
             second = Outcome()
             flooding.append(asyncio.create_task(run_stream(
                 server.address, [start_msg(codec=CODEC_NAME)] + flood, metadata=bearer(KEY_A), hold_open=hold,
                 out=second)))
             await second.progress.wait()  # ... so A still gets a second session
-            while queued(KEY_A) <= 500:
+            while queued("alice") <= 500:
                 await asyncio.sleep(0.02)
             third = await run_stream(server.address, [start_msg(codec=CODEC_NAME), END], metadata=bearer(KEY_A))
             other = await run_stream(server.address, [start_msg(codec=CODEC_NAME), END], metadata=bearer(KEY_B))
-            per_session = [s.queued_frames() for s in server._table.sessions.values() if s.key_id == KEY_A]
+            per_session = [s.queued_frames() for s in server._table.sessions.values() if s.key_id == "alice"]
             for task in flooding:
                 task.cancel()
             await asyncio.gather(*flooding, return_exceptions=True)
             return third, other, per_session
 
     third, other, per_session = asyncio.run(main())
+    # the first session stopped one message (72 frames) past its own limit (360), the second one
+    # past the key's (the key then holds 504: 5 s)
+    assert per_session == [360, 144]
     assert (third.code, third.details) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                           "this key has 6 s of audio waiting to be processed")
+                                           "this key has 5 s of audio waiting to be processed")
     assert other.code == OK, other.details
-    # each session stopped within one message (72 frames) of its limit
-    assert len(per_session) == 2 and all(300 < q <= 300 + 72 for q in per_session), per_session
+
+
+# ---- idle streams and detached sessions ----------------------------------------------------------
+
+IDLE_S = 0.4  # the idle timeout of these servers, on their fake clock (the reaper looks every 0.1 s)
+DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_a_silent_stream_is_reaped_and_its_slot_goes_to_the_next_client(asr, packets, reference):
+    """A client sends Start and then nothing, on a server of one session. While the clock stands
+    still it holds the slot (the next client is refused); once it has been idle past the timeout
+    it is ended DEADLINE_EXCEEDED with a message saying so, its session is closed, and the next
+    client gets the slot and its whole transcript."""
+    clock = FakeClock()
+
+    async def main():
+        async with serving(asr, clock=clock, max_sessions=1, idle_timeout_s=IDLE_S, grace_s=600) as server:
+            silent = Outcome()
+            silent_task = asyncio.create_task(run_stream(server.address, [start_msg(codec=CODEC_NAME)],
+                                                         hold_open=asyncio.Event(), out=silent))
+            await silent.progress.wait()  # Ready: it holds the one slot
+            msgs = [start_msg(codec=CODEC_NAME)] + features_msgs(packets) + [END]
+            refused = await run_stream(server.address, msgs)
+            await server._table.next_sweep()
+            still_open = not silent_task.done()
+            clock.advance(IDLE_S + 0.6)
+            await asyncio.wait_for(silent_task, TIMEOUT)
+            held = len(server._table.sessions)
+            admitted = await run_stream(server.address, msgs)
+            errors = server.metrics.registry.get_sample_value("harken_errors_total", {"code": "DEADLINE_EXCEEDED"})
+            return refused, still_open, silent, held, admitted, errors
+
+    refused, still_open, silent, held, admitted, errors = asyncio.run(main())
+    assert (refused.code, refused.details) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                               "the server holds its maximum of 1 sessions")
+    assert still_open
+    assert silent.code == DEADLINE, silent.details
+    assert silent.details == (f"the stream was idle for 1.0 s (limit {IDLE_S:g} s): no message while the server "
+                              "had nothing to do for it; the session is closed")
+    assert silent.messages[-1].error.code == "DEADLINE_EXCEEDED"
+    assert held == 0 and errors == 1
+    assert admitted.code == OK, admitted.details
+    assert transcript_of(admitted.events) == transcript_of(reference)
+
+
+def test_a_stream_whose_audio_is_pending_in_the_engine_is_not_reaped(asr, packets):
+    """The engine is stalled with an update of this stream due: however long the clock runs, the
+    stream is not idle (the server owes it work). Once the engine has done that work, the stream,
+    still sending nothing, is idle from then on and is reaped."""
+    clock = FakeClock()
+    head = features_msgs(packets[:5])  # one segment's first 100 frames: past an update (50 frames)
+    assert head[0].features.segment_start and not any(m.features.segment_end for m in head)
+
+    async def main():
+        async with serving(asr, clock=clock, idle_timeout_s=IDLE_S, grace_s=600) as server:
+            await server._scheduler.stop()  # the fault: the engine does not step
+            out = Outcome()
+            task = asyncio.create_task(run_stream(server.address, [start_msg(codec=CODEC_NAME)] + head,
+                                                  hold_open=asyncio.Event(), out=out))
+            while not (out.acks and out.acks[-1].seq == 5):  # all five applied: the update is due
+                out.progress.clear()
+                await out.progress.wait()
+            clock.advance(100.0)
+            for _ in range(3):
+                await server._table.next_sweep()
+            pending_survived = not task.done()
+            await server._scheduler.start()
+            while not out.transcripts:  # the engine did the update: nothing more is due
+                out.progress.clear()
+                await out.progress.wait()
+            await server._table.next_sweep()
+            clock.advance(IDLE_S + 0.6)
+            await asyncio.wait_for(task, TIMEOUT)
+            return pending_survived, out
+
+    pending_survived, out = asyncio.run(main())
+    assert pending_survived
+    assert out.code == DEADLINE and out.details.startswith("the stream was idle for 1.0 s"), out.details
+
+
+def test_detached_sessions_count_against_their_key_not_against_other_keys(asr, packets, reference, tmp_path):
+    """Key A opens two sessions and drops both (they wait in their grace period for A to resume):
+    A's third session is refused at its key's limit of 2. The server's limit is 2 as well, but key
+    B is admitted: the session detached longest gives way (A resuming it gets NOT_FOUND, and would
+    replay into a new session), while A's other detached session can still be resumed."""
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY_A}\n{KEY_B}\n")
+    clock = FakeClock()
+
+    async def main():
+        async with serving(asr, clock=clock, api_keys=str(keys), max_sessions=2, max_sessions_per_key=2,
+                           grace_s=600) as server:
+            dropped = []
+            for _ in range(2):
+                out = await run_stream(server.address, [start_msg(codec=CODEC_NAME)], metadata=bearer(KEY_A),
+                                       hold_open=asyncio.Event(), stop_after=lambda out: True)
+                dropped.append(out.ready.session_id)
+                session = server._table.sessions[out.ready.session_id]
+                for _ in range(400):  # the handler's cleanup runs after the cancellation comes back
+                    if session.detached_at is not None:
+                        break
+                    await asyncio.sleep(0.01)
+                clock.advance(1.0)
+            detached = [server._table.sessions[sid].detached_at is not None for sid in dropped]
+            third = await run_stream(server.address, [start_msg(codec=CODEC_NAME), END], metadata=bearer(KEY_A))
+            other = await run_stream(server.address, [start_msg(codec=CODEC_NAME)] + features_msgs(packets) + [END],
+                                     metadata=bearer(KEY_B))
+            first_again = await run_stream(server.address, [start_msg(session_id=dropped[0])], metadata=bearer(KEY_A))
+            second_again = await run_stream(server.address, [start_msg(session_id=dropped[1]), END],
+                                            metadata=bearer(KEY_A))
+            return dropped, detached, third, other, first_again, second_again
+
+    dropped, detached, third, other, first_again, second_again = asyncio.run(main())
+    assert detached == [True, True]
+    assert (third.code, third.details) == (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                           "this key holds its maximum of 2 sessions")
+    assert other.code == OK, other.details
+    assert transcript_of(other.events) == transcript_of(reference)
+    assert first_again.code == grpc.StatusCode.NOT_FOUND, first_again.details
+    assert second_again.code == OK, second_again.details
+    assert second_again.ready.session_id == dropped[1]
+
+
+def test_keepalive_pings_find_a_dead_connection_and_detach_its_stream(asr):
+    """The network under an attached stream goes silent (a proxy drops every byte, no reset): the
+    server's keepalive ping goes unanswered, it closes the connection, and the stream is detached,
+    so the session's grace period runs (without pings it stayed attached until the idle timeout,
+    here far away)."""
+    from faults import CuttingProxy
+
+    async def main():
+        async with serving(asr, keepalive_time_s=0.2, keepalive_timeout_s=0.3, idle_timeout_s=600,
+                           grace_s=600) as server:
+            proxy = await CuttingProxy("127.0.0.1", server.port, max_cuts=0).start()
+            out = Outcome()
+            task = asyncio.create_task(run_stream(proxy.target, [start_msg(codec=CODEC_NAME)],
+                                                  hold_open=asyncio.Event(), out=out))
+            await out.progress.wait()
+            session = server._table.sessions[out.ready.session_id]
+            proxy.stall()
+            for _ in range(600):  # bounded: a few keepalive periods, generously
+                if session.attachment is None:
+                    break
+                await asyncio.sleep(0.05)
+            detached = session.attachment is None and session.detached_at is not None
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await proxy.close()
+            return detached
+
+    assert asyncio.run(main())
 
 
 # ---- resume ----------------------------------------------------------------------------------------
@@ -971,23 +1138,145 @@ def test_metrics_health_and_reflection(asr, packets):
 
 def test_streams_cancelled_at_once_give_their_attachment_back(asr, packets):
     """Clients that drop right after Ready, 10 at a time: the attached-streams gauge comes back to
-    what is really attached (the reported leak of +2 in 10 did not reproduce this way; the handler
-    now gives its attachment back before any await in its cleanup)."""
+    what is really attached (the reported leak of +2 in 10 did not reproduce this way, on this
+    code or before 56ee275; the next test drives the race that commit fixed)."""
     async def main():
-        async with serving(asr, metrics_port=0) as server:
+        async with serving(asr, metrics_port=0, max_sessions=32, max_sessions_per_key=32) as server:
             msgs = [start_msg(codec=CODEC_NAME)] + features_msgs(packets[:5])
+            gauge = lambda: server.metrics.registry.get_sample_value("harken_streams_attached")  # noqa: E731
+            held = Outcome()
+            holding = asyncio.create_task(run_stream(server.address, msgs, hold_open=asyncio.Event(), out=held))
+            await held.progress.wait()
+            while_one_is_attached = gauge()
             for _ in range(3):
                 await asyncio.gather(*(run_stream(server.address, msgs, stop_after=lambda out: True)
                                        for _ in range(10)))
-            attached = server.metrics.streams
             for _ in range(100):  # the handlers' cleanup runs after the cancellations come back
-                if attached._value.get() == 0:
+                if gauge() == 1:
                     break
                 await asyncio.sleep(0.05)
-            return attached._value.get(), sum(s.attachment is not None for s in server._table.sessions.values())
+            after = gauge(), sum(s.attachment is not None for s in server._table.sessions.values())
+            holding.cancel()
+            await asyncio.gather(holding, return_exceptions=True)
+            return while_one_is_attached, after
 
-    gauge, really_attached = asyncio.run(main())
-    assert gauge == really_attached == 0
+    while_one_is_attached, (gauge, really_attached) = asyncio.run(main())
+    assert while_one_is_attached == 1
+    assert gauge == really_attached == 1
+
+
+def test_a_stream_cancelled_again_while_it_cleans_up_is_still_detached(asr, packets):
+    """A dropped stream's handler waits for its reader to finish the message it is applying (held
+    up here: the one decode thread is busy), and is cancelled again meanwhile. The stream must
+    still be detached: before 56ee275 its session stayed attached for good (no grace period, so
+    never expired) and the attached-streams gauge counted it forever. Driven through
+    `TranscriptionService.Stream` directly (as the WebRTC endpoint drives it), so both
+    cancellations land where they are meant to."""
+    from harken.cloud.server import TranscriptionService
+
+    class Context:
+        def invocation_metadata(self):
+            return ()
+
+        async def abort(self, code, details):
+            raise AssertionError(f"no error expected: {code} {details}")
+
+    async def main():
+        async with serving(asr, metrics_port=0, decode_threads=1) as server:
+            service = TranscriptionService(server._table, None, server.metrics)
+            incoming: asyncio.Queue = asyncio.Queue()
+
+            async def requests():
+                while True:
+                    yield await incoming.get()
+
+            stream = service.Stream(requests(), Context())
+            incoming.put_nowait(start_msg(codec=CODEC_NAME).SerializeToString())
+            ready = await stream.__anext__()
+            session = server._table.sessions[ready.ready.session_id]
+            attachment = session.attachment
+            busy = threading.Event()
+            server._table.executor.submit(busy.wait)  # the decode thread is taken
+            incoming.put_nowait(features_msgs(packets[:1])[0].SerializeToString())
+            while not session._apply_lock.locked():  # the reader is applying it (waiting to decode)
+                await asyncio.sleep(0.01)
+            handler = asyncio.ensure_future(stream.__anext__())
+            await asyncio.sleep(0.05)  # the handler waits for the stream's next event
+            handler.cancel()  # the stream is dropped: the cleanup cancels the reader, waits for it
+            while not attachment.reader.cancelling():
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)
+            handler.cancel()  # ... and is cancelled again meanwhile
+            await asyncio.wait([handler])
+            busy.set()
+            await asyncio.wait([attachment.reader])
+            gauge = server.metrics.registry.get_sample_value("harken_streams_attached")
+            return session.attachment, session.detached_at, gauge
+
+    attached, detached_at, gauge = asyncio.run(main())
+    assert attached is None and detached_at is not None
+    assert gauge == 0
+
+
+def _scrape(port: int) -> dict:
+    """The server's /metrics over HTTP: {(name, sorted labels): value}."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_queue_depth_is_the_work_waiting_now_not_at_the_last_step(asr, packets):
+    """With the engine stalled (no step runs), a stream's frames make an update due: the scrape
+    shows one session waiting for the model at once (before, the gauge was set only when a step
+    began, and said 0 here). Once the engine has run and the stream ended, it is 0 again."""
+    head = features_msgs(packets[:5])  # 100 frames of an open segment: an update (50 frames) is due
+
+    async def main():
+        async with serving(asr, metrics_port=0) as server:
+            await server._scheduler.stop()
+            before = (await asyncio.to_thread(_scrape, server.metrics_port))[("harken_queue_depth", ())]
+            out = Outcome()
+            hold = asyncio.Event()
+            task = asyncio.create_task(run_stream(server.address, [start_msg(codec=CODEC_NAME)] + head,
+                                                  hold_open=hold, then=[END], out=out))
+            while not (out.acks and out.acks[-1].seq == 5):  # applied: the frames are in the engine
+                out.progress.clear()
+                await out.progress.wait()
+            waiting = (await asyncio.to_thread(_scrape, server.metrics_port))[("harken_queue_depth", ())]
+            await server._scheduler.start()
+            hold.set()
+            await asyncio.wait_for(task, TIMEOUT)
+            after = (await asyncio.to_thread(_scrape, server.metrics_port))[("harken_queue_depth", ())]
+            return before, waiting, after, out
+
+    before, waiting, after, out = asyncio.run(main())
+    assert out.code == OK, out.details
+    assert (before, waiting, after) == (0, 1, 0)
+
+
+def test_an_oversized_message_is_an_error_counted_like_any_other(asr, packets):
+    """Messages over the server's limit (here 64 KiB), as the first message or mid-stream, end
+    their streams RESOURCE_EXHAUSTED with a message saying so, and count in harken_errors_total
+    (gRPC's own rejection ended the request stream silently: not counted, and a first message
+    over the limit was counted INVALID_ARGUMENT as a stream without Start)."""
+    limit = 64 << 10
+    big = pb.ClientMessage(audio=pb.Audio(seq=1, pcm16=b"\0" * (2 * limit), sample_rate=16000))
+    size = big.ByteSize()
+
+    async def main():
+        async with serving(asr, metrics_port=0, max_message_bytes=limit) as server:
+            mid = await run_stream(server.address, [start_msg(codec=CODEC_NAME), big])
+            first = await run_stream(server.address, [big])
+            fine = await run_stream(server.address, [start_msg(codec=CODEC_NAME)] + features_msgs(packets[:5]) + [END])
+            return mid, first, fine, await asyncio.to_thread(_scrape, server.metrics_port)
+
+    mid, first, fine, samples = asyncio.run(main())
+    message = f"a message of {size} bytes is larger than the server's maximum of {limit}"
+    assert (mid.code, mid.details) == (grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+    assert (first.code, first.details) == (grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+    assert fine.code == OK, fine.details
+    errors = {labels: v for (name, labels), v in samples.items() if name == "harken_errors_total"}
+    assert errors == {(("code", "RESOURCE_EXHAUSTED"),): 2}
 
 
 def test_shutdown_finalises_open_segments_and_sends_their_finals(asr, packets):
@@ -1025,8 +1314,13 @@ def test_shutdown_finalises_open_segments_and_sends_their_finals(asr, packets):
 
 
 def test_harken_serve_prints_its_addresses_and_stops_on_sigterm(tmp_path):
+    bad = subprocess.run([sys.executable, "-m", "harken", "serve", "--model", "tiny", "--idle-timeout-s", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert (bad.returncode, bad.stderr.strip()) == (
+        2, "harken serve: error: --idle-timeout-s and --grace-s must be > 0")
     proc = subprocess.Popen([sys.executable, "-m", "harken", "serve", "--model", "tiny", "--port", "0",
-                             "--metrics-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--metrics-port", "0", "--idle-timeout-s", "45"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
         grpc_line = proc.stdout.readline().strip()
         metrics_line = proc.stdout.readline().strip()
@@ -1045,6 +1339,7 @@ def test_harken_serve_prints_its_addresses_and_stops_on_sigterm(tmp_path):
         assert proc.wait(timeout=60) == 0
         logs = [json.loads(line) for line in proc.stderr.read().splitlines()]
         assert [r["msg"] for r in logs if r["msg"].startswith("server ")] == ["server started", "server stopped"]
+        assert next(r for r in logs if r["msg"] == "server started")["idle_timeout_s"] == 45
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -227,6 +227,41 @@ def test_replayed_committed_text_is_not_shown_twice(asr, audio):
     assert _finals(events) == _finals(clean)
 
 
+def test_a_client_silent_past_the_idle_timeout_loses_nothing(asr, audio, reference):
+    """The source stops mid-utterance for longer than the server's idle timeout (0.3 s here): the
+    server ends the idle stream (DEADLINE_EXCEEDED) and closes its session, open segment and all;
+    the client resumes, gets NOT_FOUND, replays its unfinished segment into a seeded session, and
+    the transcript is the one without the pause, each committed character once."""
+    pause_at = int(0.6 * len(audio_pieces(audio)))  # inside the second utterance
+
+    async def main():
+        async with serving(asr, idle_timeout_s=0.3) as server:
+            def reaped() -> float:
+                return server.metrics.registry.get_sample_value(
+                    "harken_errors_total", {"code": "DEADLINE_EXCEEDED"}) or 0.0
+
+            async def pausing(pieces):
+                for i, piece in enumerate(pieces):
+                    if i == pause_at:
+                        for _ in range(600):  # until the server has reaped the stream (bounded)
+                            if reaped():
+                                break
+                            await asyncio.sleep(0.05)
+                    yield piece
+
+            client = TranscriptionClient(server.address, language=LANGUAGE,
+                                         options=ClientOptions(backoff_initial_s=0.01, backoff_max_s=0.1))
+            events = await collect(client, pausing(audio_pieces(audio)))
+            return events, client.stats, reaped()
+
+    events, stats, reaped = asyncio.run(main())
+    assert reaped >= 1 and stats.sessions_opened >= 2
+    assert stats.frames_resent > 0  # the open segment's frames, replayed into the new session
+    assert _texts(events) == _texts(reference)
+    assert _finals(events) == _finals(reference)
+    assert transcript_text(_texts(events)) == transcript_text(_texts(reference))
+
+
 async def live(pieces):
     """Pieces at about 3x real time, like a live source that is a bit ahead: faults then fall
     mid-stream, before the source ends."""

@@ -306,3 +306,40 @@ def test_describe_tells_a_test_model_from_a_real_one(asr, tmp_path):
     assert Qwen3ASR.load(str(same_dims)).describe()["test_model"] is True
     real = Qwen3ASR.load(str(other_dims)).describe()
     assert real == {"model": str(other_dims), "kind": "qwen3-asr", "test_model": False, "note": ""}
+
+
+def test_an_idle_data_channel_stream_is_reaped_like_a_grpc_one(asr):
+    """A data channel that sends Start and then nothing, on a server of one session with a short
+    idle timeout: the stream ends DEADLINE_EXCEEDED with its reason in the status message (the
+    data channel runs the gRPC service's own Stream), and its slot is free for the next stream."""
+    import grpc
+
+    from harken.edge.webrtc_transport import PeerConnectionChannel
+    from harken.proto import harken_pb2 as pb
+    from harken.shared.codec import CODEC_NAME
+
+    async def main():
+        server = await start_server(asr, ServerOptions(port=0, http_port=0, max_sessions=1, idle_timeout_s=0.3))
+        try:
+            url = f"http://127.0.0.1:{server.http_port}"
+            async with PeerConnectionChannel(url, None, connect_timeout_s=10) as channel:
+                call = channel.stream_stream("/harken.v1.Transcription/Stream",
+                                             request_serializer=pb.ClientMessage.SerializeToString,
+                                             response_deserializer=pb.ServerMessage.FromString)()
+                await call.write(pb.ClientMessage(start=pb.Start(codec=CODEC_NAME, language=LANGUAGE)))
+                received = []
+                while (m := await call.read()) is not grpc.aio.EOF:
+                    received.append(m.WhichOneof("kind"))
+                status = await call.code(), await call.details()
+            held = len(server._table.sessions)
+            after = await _events(WebRTCTranscriptionClient(url, language=LANGUAGE), np.zeros(16000, np.float32))
+            return received, status, held, after
+        finally:
+            await server.stop()
+
+    received, (code, details), held, after = asyncio.run(asyncio.wait_for(main(), TIMEOUT))
+    assert received == ["ready", "ack", "error"]  # the last Ack, then the Error, then the status
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert details.startswith("the stream was idle for ") and "(limit 0.3 s)" in details
+    assert held == 0
+    assert after == []  # a second of silence: admitted, no words, ended OK
