@@ -50,7 +50,8 @@ from harken.cloud import wire
 from harken.cloud.errors import (IdleTimeout, MalformedMessage, NotYourSession, OutOfOrder, Overloaded,
                                  SessionNotFound, ShuttingDown, Superseded)
 from harken.cloud.metrics import ServerMetrics
-from harken.cloud.wire import AudioIn, EndIn, FeaturesIn, FinalizeIn, Seed, StartRequest, TranscriptOut
+from harken.cloud.wire import (AudioIn, EndIn, FeaturesIn, FinalizeIn, KeepAliveIn, Seed, StartRequest,
+                              TranscriptOut)
 
 if TYPE_CHECKING:
     from harken.cloud.commit import CommitPolicy
@@ -302,6 +303,8 @@ class HostedSession:
         """Apply one client message (after `start`). Bad input raises (StreamInputError,
         StreamOrderError, CodecError); what the session has applied changes only once a message
         is known good."""
+        if isinstance(item, KeepAliveIn):
+            return  # (the stream's reader takes these; nothing to apply)
         async with self._apply_lock:
             if isinstance(item, StartRequest):
                 raise OutOfOrder("start may only be the first message of a stream")

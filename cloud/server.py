@@ -246,6 +246,8 @@ async def _read(requests, table: SessionTable, session: HostedSession, attachmen
         async for data in requests:
             session.heard(attachment)
             item = wire.parse_client_message(wire.client_message_from_bytes(data, max_bytes))
+            if isinstance(item, wire.KeepAliveIn):
+                continue  # heard: that was all it was for
             await table.wait_for_room(session)
             await _apply(session, item)
         # The request side ended. A client that half-closes without `end` has said all it will:

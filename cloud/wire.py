@@ -88,7 +88,12 @@ class EndIn:
     pass
 
 
-ClientInput = StartRequest | FeaturesIn | AudioIn | FinalizeIn | EndIn
+@dataclass(frozen=True)
+class KeepAliveIn:
+    """The client is there (it has nothing to send): resets the stream's idle time, nothing else."""
+
+
+ClientInput = StartRequest | FeaturesIn | AudioIn | FinalizeIn | EndIn | KeepAliveIn
 
 
 def client_message_from_bytes(data: bytes, max_bytes: int | None = None) -> pb.ClientMessage:
@@ -107,7 +112,7 @@ def parse_client_message(msg: pb.ClientMessage) -> ClientInput:
     """Proto -> domain, validating everything the message holds on its own."""
     kind = msg.WhichOneof("kind")
     if kind is None:
-        raise MalformedMessage("empty ClientMessage: set one of start, features, audio, finalize, end")
+        raise MalformedMessage("empty ClientMessage: set one of start, features, audio, finalize, end, keep_alive")
     if kind == "start":
         return _parse_start(msg.start)
     if kind == "features":
@@ -116,6 +121,8 @@ def parse_client_message(msg: pb.ClientMessage) -> ClientInput:
         return _parse_audio(msg.audio)
     if kind == "finalize":
         return FinalizeIn()
+    if kind == "keep_alive":
+        return KeepAliveIn()
     return EndIn()
 
 

@@ -53,8 +53,8 @@ from harken.edge.errors import BufferOverflowError, ServerRejectedError, ServerU
 from harken.edge.replay import AudioBuffer, FeatureBuffer, PendingMessage, ReplayFilter, ResendBuffer
 from harken.shared.codec import DEFAULT_MODE
 from harken.shared.features_spec import SAMPLE_RATE
-from harken.shared.protocol import (Ack, ClientMessage, End, FeaturePacket, Ready, ServerMessage, SessionSeed, Start,
-                                    Transcript)
+from harken.shared.protocol import (Ack, ClientMessage, End, FeaturePacket, KeepAlive, Ready, ServerMessage,
+                                    SessionSeed, Start, Transcript)
 from harken.shared.transcript import TranscriptEvent
 
 log = logging.getLogger("harken.transport")
@@ -81,6 +81,10 @@ class ClientOptions:
     # (acks, transcripts of unfinished segments, the end) is taken for dead and resumed: a network
     # that drops packets without a reset would otherwise hang the stream
     silence_timeout_s: float = 30.0
+    # a call that has written nothing for this long writes a `KeepAlive` (a feature client in a
+    # long silence sends no packets, and the server ends streams idle past its --idle-timeout-s,
+    # 30 s by default); 0 = never
+    keepalive_s: float = 10.0
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 2.0
     backoff_multiplier: float = 2.0
@@ -108,6 +112,7 @@ class TransportStats:
     messages_resent: int = 0
     frames_sent: int = 0  # feature frames written, resends included
     frames_resent: int = 0
+    keepalives_sent: int = 0  # `KeepAlive` messages written (nothing else to send for keepalive_s)
     frames_produced: int = 0  # feature frames the edge produced (each counted once)
     payload_bytes_produced: int = 0  # codec payload bytes of those frames (each counted once)
     duplicate_events: int = 0  # transcript events dropped as already seen (event_seq replay)
@@ -194,6 +199,8 @@ class ClientSession:
     _failures: int = field(default=0, init=False, repr=False)  # failed calls since the last Ready
     _connected_this_call: bool = field(default=False, init=False, repr=False)
     _writing: PendingMessage | None = field(default=None, init=False, repr=False)
+    _now: float = field(default=0.0, init=False, repr=False)  # the clock at the latest `next_message`
+    _last_written: float = field(default=0.0, init=False, repr=False)  # clock time of this call's last write
 
     def __post_init__(self) -> None:
         self.route_key = self.options.route_key or self.route_key
@@ -260,21 +267,38 @@ class ClientSession:
             return self._on_ack(msg)
         return []  # an Error: the call's status follows with the same code, and is handled there
 
-    def next_message(self) -> ClientMessage | None:
+    def next_message(self, now: float | None = None) -> ClientMessage | None:
         """The next message to write on the call (then call `sent` with it), or None: nothing to
         send now (more input will come), or nothing more on this call (`lifecycle` is DRAINING:
-        half-close it)."""
+        half-close it). Given the clock `now`, a `KeepAlive` when the call has written nothing
+        for `keepalive_s` (see `keepalive_in`)."""
         if self.lifecycle is not Lifecycle.STREAMING:
             return None
+        if now is not None:
+            self._now = now
         self._writing = self.buffer.after(self.sent_through)
         if self._writing is not None:
             return self._writing.message()
         if self.input in (InputState.FINISHED, InputState.END_SENT):
             return End()
+        if now is not None and (due := self.keepalive_in(now)) is not None and due <= 0:
+            return KeepAlive()
         return None
+
+    def keepalive_in(self, now: float) -> float | None:
+        """Seconds until this call is due a `KeepAlive` (<= 0: due now), None: none will be (not
+        streaming, or `keepalive_s` is 0). A driver waiting for input wakes up by then and asks
+        `next_message(now)`."""
+        if self.lifecycle is not Lifecycle.STREAMING or self.options.keepalive_s <= 0:
+            return None
+        return self._last_written + self.options.keepalive_s - now
 
     def sent(self, msg: ClientMessage) -> None:
         """`msg`, from `next_message`, is written."""
+        self._last_written = self._now
+        if isinstance(msg, KeepAlive):
+            self.stats.keepalives_sent += 1
+            return
         if isinstance(msg, End):
             self.input = InputState.END_SENT
             self.lifecycle = Lifecycle.DRAINING
@@ -370,6 +394,7 @@ class ClientSession:
             raise self._fail(ServerRejectedError("PROTOCOL", f"server applied seq {ready.resume_after_seq}, "
                                                               f"but only {self.buffer.next_seq - 1} were sent"))
         self.sent_through = self.acked_seq = ready.resume_after_seq
+        self._last_written = self._now = self.last_heard
         self._connected_this_call = True
         self.lifecycle = Lifecycle.STREAMING
         self._drain_if_all_sent()

@@ -237,13 +237,17 @@ class TranscriptionClient:
         """Write what the session has to send as it comes; half-close once it has sent it all."""
         while True:
             wake.clear()
-            while (msg := session.next_message()) is not None:
+            while (msg := session.next_message(self._clock())) is not None:
                 await call.write(wire.client_message(msg))
                 session.sent(msg)
             if session.lifecycle is Lifecycle.DRAINING:  # End is out (or the server holds ours)
                 await call.done_writing()
                 return
-            await wake.wait()
+            due = session.keepalive_in(self._clock())
+            try:  # more input, or the time for a KeepAlive (nothing written for keepalive_s)
+                await asyncio.wait_for(wake.wait(), None if due is None else max(due, 0.01))
+            except asyncio.TimeoutError:
+                pass
 
     async def _watch(self, session: ClientSession) -> None:
         """Raise `_Silent` when the server owes us something and the call has carried nothing

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from harken.proto import harken_pb2 as pb
 from harken.shared.integrity import payload_crc32c
-from harken.shared.protocol import (Ack, Audio, ClientMessage, End, FeaturePacket, Features, Ready, ServerError,
-                                    ServerMessage, SessionSeed, Start, Transcript)
+from harken.shared.protocol import (Ack, Audio, ClientMessage, End, FeaturePacket, Features, KeepAlive, Ready,
+                                    ServerError, ServerMessage, SessionSeed, Start, Transcript)
 from harken.shared.transcript import TranscriptEvent
 
 
@@ -25,6 +25,8 @@ def client_message(msg: ClientMessage) -> pb.ClientMessage:
         if msg.seed is not None:
             start.seed.CopyFrom(_seed_message(msg.seed))
         return pb.ClientMessage(start=start)
+    if isinstance(msg, KeepAlive):
+        return pb.ClientMessage(keep_alive=pb.KeepAlive())
     return pb.ClientMessage(end=pb.End())
 
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0charken.proto\x12\tharken.v1\"\xce\x01\n\rClientMessage\x12!\n\x05start\x18\x01 \x01(\x0b\x32\x10.harken.v1.StartH\x00\x12\'\n\x08\x66\x65\x61tures\x18\x02 \x01(\x0b\x32\x13.harken.v1.FeaturesH\x00\x12!\n\x05\x61udio\x18\x03 \x01(\x0b\x32\x10.harken.v1.AudioH\x00\x12\'\n\x08\x66inalize\x18\x04 \x01(\x0b\x32\x13.harken.v1.FinalizeH\x00\x12\x1d\n\x03\x65nd\x18\x05 \x01(\x0b\x32\x0e.harken.v1.EndH\x00\x42\x06\n\x04kind\"\x8b\x01\n\x05Start\x12\x10\n\x08language\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontext\x18\x02 \x01(\t\x12\r\n\x05\x63odec\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12$\n\x04seed\x18\x05 \x01(\x0b\x32\x16.harken.v1.SessionSeed\x12\x16\n\x0elast_event_seq\x18\x06 \x01(\x04\"h\n\x0bSessionSeed\x12\x0f\n\x07present\x18\x01 \x01(\x08\x12\x19\n\x11running_max_log10\x18\x02 \x01(\x02\x12\x14\n\x0c\x63ontext_tail\x18\x03 \x01(\t\x12\x17\n\x0fnext_segment_id\x18\x04 \x01(\r\"\xf8\x01\n\x08\x46\x65\x61tures\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x12\n\nsegment_id\x18\x02 \x01(\r\x12\x13\n\x0b\x66irst_frame\x18\x03 \x01(\x04\x12\x13\n\x0b\x66rame_count\x18\x04 \x01(\r\x12\x15\n\rsegment_start\x18\x05 \x01(\x08\x12\x13\n\x0bsegment_end\x18\x06 \x01(\x08\x12\x0f\n\x07payload\x18\x07 \x01(\x0c\x12\x1e\n\x11running_max_log10\x18\x08 \x01(\x02H\x00\x88\x01\x01\x12\x1b\n\x0epayload_crc32c\x18\t \x01(\x07H\x01\x88\x01\x01\x42\x14\n\x12_running_max_log10B\x11\n\x0f_payload_crc32c\"8\n\x05\x41udio\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05pcm16\x18\x02 \x01(\x0c\x12\x13\n\x0bsample_rate\x18\x03 \x01(\r\"\n\n\x08\x46inalize\"\x05\n\x03\x45nd\"\xa9\x01\n\rServerMessage\x12!\n\x05ready\x18\x01 \x01(\x0b\x32\x10.harken.v1.ReadyH\x00\x12+\n\ntranscript\x18\x02 \x01(\x0b\x32\x15.harken.v1.TranscriptH\x00\x12\x1d\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x0e.harken.v1.AckH\x00\x12!\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x10.harken.v1.ErrorH\x00\x42\x06\n\x04kind\"Q\n\x05Ready\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10resume_after_seq\x18\x02 \x01(\x04\x12\x1a\n\x12last_final_segment\x18\x03 \x01(\x03\"\xda\x01\n\nTranscript\x12\x12\n\nsegment_id\x18\x01 \x01(\r\x12\x17\n\x0f\x63ommitted_delta\x18\x02 \x01(\t\x12\x0f\n\x07partial\x18\x03 \x01(\t\x12\x11\n\tstability\x18\x04 \x01(\x02\x12\x0f\n\x07start_s\x18\x05 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x06 \x01(\x01\x12\x10\n\x08language\x18\x07 \x01(\t\x12\x10\n\x08is_final\x18\x08 \x01(\x08\x12$\n\x04seed\x18\t \x01(\x0b\x32\x16.harken.v1.SessionSeed\x12\x11\n\tevent_seq\x18\n \x01(\x04\".\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x1a\n\x12last_final_segment\x18\x02 \x01(\x03\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t2Q\n\rTranscription\x12@\n\x06Stream\x12\x18.harken.v1.ClientMessage\x1a\x18.harken.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0charken.proto\x12\tharken.v1\"\xfa\x01\n\rClientMessage\x12!\n\x05start\x18\x01 \x01(\x0b\x32\x10.harken.v1.StartH\x00\x12\'\n\x08\x66\x65\x61tures\x18\x02 \x01(\x0b\x32\x13.harken.v1.FeaturesH\x00\x12!\n\x05\x61udio\x18\x03 \x01(\x0b\x32\x10.harken.v1.AudioH\x00\x12\'\n\x08\x66inalize\x18\x04 \x01(\x0b\x32\x13.harken.v1.FinalizeH\x00\x12\x1d\n\x03\x65nd\x18\x05 \x01(\x0b\x32\x0e.harken.v1.EndH\x00\x12*\n\nkeep_alive\x18\x06 \x01(\x0b\x32\x14.harken.v1.KeepAliveH\x00\x42\x06\n\x04kind\"\x0b\n\tKeepAlive\"\x8b\x01\n\x05Start\x12\x10\n\x08language\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontext\x18\x02 \x01(\t\x12\r\n\x05\x63odec\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12$\n\x04seed\x18\x05 \x01(\x0b\x32\x16.harken.v1.SessionSeed\x12\x16\n\x0elast_event_seq\x18\x06 \x01(\x04\"h\n\x0bSessionSeed\x12\x0f\n\x07present\x18\x01 \x01(\x08\x12\x19\n\x11running_max_log10\x18\x02 \x01(\x02\x12\x14\n\x0c\x63ontext_tail\x18\x03 \x01(\t\x12\x17\n\x0fnext_segment_id\x18\x04 \x01(\r\"\xf8\x01\n\x08\x46\x65\x61tures\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x12\n\nsegment_id\x18\x02 \x01(\r\x12\x13\n\x0b\x66irst_frame\x18\x03 \x01(\x04\x12\x13\n\x0b\x66rame_count\x18\x04 \x01(\r\x12\x15\n\rsegment_start\x18\x05 \x01(\x08\x12\x13\n\x0bsegment_end\x18\x06 \x01(\x08\x12\x0f\n\x07payload\x18\x07 \x01(\x0c\x12\x1e\n\x11running_max_log10\x18\x08 \x01(\x02H\x00\x88\x01\x01\x12\x1b\n\x0epayload_crc32c\x18\t \x01(\x07H\x01\x88\x01\x01\x42\x14\n\x12_running_max_log10B\x11\n\x0f_payload_crc32c\"8\n\x05\x41udio\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05pcm16\x18\x02 \x01(\x0c\x12\x13\n\x0bsample_rate\x18\x03 \x01(\r\"\n\n\x08\x46inalize\"\x05\n\x03\x45nd\"\xa9\x01\n\rServerMessage\x12!\n\x05ready\x18\x01 \x01(\x0b\x32\x10.harken.v1.ReadyH\x00\x12+\n\ntranscript\x18\x02 \x01(\x0b\x32\x15.harken.v1.TranscriptH\x00\x12\x1d\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x0e.harken.v1.AckH\x00\x12!\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x10.harken.v1.ErrorH\x00\x42\x06\n\x04kind\"Q\n\x05Ready\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10resume_after_seq\x18\x02 \x01(\x04\x12\x1a\n\x12last_final_segment\x18\x03 \x01(\x03\"\xda\x01\n\nTranscript\x12\x12\n\nsegment_id\x18\x01 \x01(\r\x12\x17\n\x0f\x63ommitted_delta\x18\x02 \x01(\t\x12\x0f\n\x07partial\x18\x03 \x01(\t\x12\x11\n\tstability\x18\x04 \x01(\x02\x12\x0f\n\x07start_s\x18\x05 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x06 \x01(\x01\x12\x10\n\x08language\x18\x07 \x01(\t\x12\x10\n\x08is_final\x18\x08 \x01(\x08\x12$\n\x04seed\x18\t \x01(\x0b\x32\x16.harken.v1.SessionSeed\x12\x11\n\tevent_seq\x18\n \x01(\x04\".\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x1a\n\x12last_final_segment\x18\x02 \x01(\x03\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t2Q\n\rTranscription\x12@\n\x06Stream\x12\x18.harken.v1.ClientMessage\x1a\x18.harken.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,29 +32,31 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'harken_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CLIENTMESSAGE']._serialized_start=28
-  _globals['_CLIENTMESSAGE']._serialized_end=234
-  _globals['_START']._serialized_start=237
-  _globals['_START']._serialized_end=376
-  _globals['_SESSIONSEED']._serialized_start=378
-  _globals['_SESSIONSEED']._serialized_end=482
-  _globals['_FEATURES']._serialized_start=485
-  _globals['_FEATURES']._serialized_end=733
-  _globals['_AUDIO']._serialized_start=735
-  _globals['_AUDIO']._serialized_end=791
-  _globals['_FINALIZE']._serialized_start=793
-  _globals['_FINALIZE']._serialized_end=803
-  _globals['_END']._serialized_start=805
-  _globals['_END']._serialized_end=810
-  _globals['_SERVERMESSAGE']._serialized_start=813
-  _globals['_SERVERMESSAGE']._serialized_end=982
-  _globals['_READY']._serialized_start=984
-  _globals['_READY']._serialized_end=1065
-  _globals['_TRANSCRIPT']._serialized_start=1068
-  _globals['_TRANSCRIPT']._serialized_end=1286
-  _globals['_ACK']._serialized_start=1288
-  _globals['_ACK']._serialized_end=1334
-  _globals['_ERROR']._serialized_start=1336
-  _globals['_ERROR']._serialized_end=1374
-  _globals['_TRANSCRIPTION']._serialized_start=1376
-  _globals['_TRANSCRIPTION']._serialized_end=1457
+  _globals['_CLIENTMESSAGE']._serialized_end=278
+  _globals['_KEEPALIVE']._serialized_start=280
+  _globals['_KEEPALIVE']._serialized_end=291
+  _globals['_START']._serialized_start=294
+  _globals['_START']._serialized_end=433
+  _globals['_SESSIONSEED']._serialized_start=435
+  _globals['_SESSIONSEED']._serialized_end=539
+  _globals['_FEATURES']._serialized_start=542
+  _globals['_FEATURES']._serialized_end=790
+  _globals['_AUDIO']._serialized_start=792
+  _globals['_AUDIO']._serialized_end=848
+  _globals['_FINALIZE']._serialized_start=850
+  _globals['_FINALIZE']._serialized_end=860
+  _globals['_END']._serialized_start=862
+  _globals['_END']._serialized_end=867
+  _globals['_SERVERMESSAGE']._serialized_start=870
+  _globals['_SERVERMESSAGE']._serialized_end=1039
+  _globals['_READY']._serialized_start=1041
+  _globals['_READY']._serialized_end=1122
+  _globals['_TRANSCRIPT']._serialized_start=1125
+  _globals['_TRANSCRIPT']._serialized_end=1343
+  _globals['_ACK']._serialized_start=1345
+  _globals['_ACK']._serialized_end=1391
+  _globals['_ERROR']._serialized_start=1393
+  _globals['_ERROR']._serialized_end=1431
+  _globals['_TRANSCRIPTION']._serialized_start=1433
+  _globals['_TRANSCRIPTION']._serialized_end=1514
 # @@protoc_insertion_point(module_scope)

@@ -6,18 +6,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ClientMessage(_message.Message):
-    __slots__ = ("start", "features", "audio", "finalize", "end")
+    __slots__ = ("start", "features", "audio", "finalize", "end", "keep_alive")
     START_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     AUDIO_FIELD_NUMBER: _ClassVar[int]
     FINALIZE_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     start: Start
     features: Features
     audio: Audio
     finalize: Finalize
     end: End
-    def __init__(self, start: _Optional[_Union[Start, _Mapping]] = ..., features: _Optional[_Union[Features, _Mapping]] = ..., audio: _Optional[_Union[Audio, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., end: _Optional[_Union[End, _Mapping]] = ...) -> None: ...
+    keep_alive: KeepAlive
+    def __init__(self, start: _Optional[_Union[Start, _Mapping]] = ..., features: _Optional[_Union[Features, _Mapping]] = ..., audio: _Optional[_Union[Audio, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., end: _Optional[_Union[End, _Mapping]] = ..., keep_alive: _Optional[_Union[KeepAlive, _Mapping]] = ...) -> None: ...
+
+class KeepAlive(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class Start(_message.Message):
     __slots__ = ("language", "context", "codec", "session_id", "seed", "last_event_seq")

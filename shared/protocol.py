@@ -70,7 +70,13 @@ class End:
     """No more input: the server finalises, sends the last finals, closes the call with OK."""
 
 
-ClientMessage = Start | Features | Audio | End
+@dataclass(frozen=True)
+class KeepAlive:
+    """Nothing to send for a while (a feature client in silence): the server's idle timeout must
+    not take the stream for an abandoned one."""
+
+
+ClientMessage = Start | Features | Audio | End | KeepAlive
 
 
 # ---- server -> client ----------------------------------------------------------------------------

@@ -21,8 +21,8 @@ from harken.edge.client_session import (ClientOptions, ClientSession, Disconnect
 from harken.edge.errors import (BufferOverflowError, ServerRejectedError, ServerUnavailableError,
                                 TransportSecurityError)
 from harken.shared.codec import CODEC_NAME
-from harken.shared.protocol import (Ack, Audio, End, FeaturePacket, Features, Ready, ServerError, SessionSeed, Start,
-                                    Transcript)
+from harken.shared.protocol import (Ack, Audio, End, FeaturePacket, Features, KeepAlive, Ready, ServerError,
+                                    SessionSeed, Start, Transcript)
 from harken.shared.transcript import TranscriptEvent
 
 SEED = SessionSeed(running_max_log10=2.5, context_tail="hello", next_segment_id=1)
@@ -251,6 +251,34 @@ def test_silence_while_the_server_owes_something_gives_the_call_up():
     s.on_server_message(transcript(0, 1, "x", final=True), 12.5)
     s.on_server_message(Ack(1, 0), 12.5)
     assert s.check_silence(100.0) is None  # nothing owed: a quiet server is fine
+
+
+def test_a_call_with_nothing_to_send_writes_a_keepalive_every_keepalive_s():
+    """The server ends streams idle past its --idle-timeout-s; a feature client in silence has no
+    packets to send, so it writes `KeepAlive` once nothing has been written for keepalive_s —
+    counted from Ready, then from the last write of any kind — and never outside STREAMING."""
+    s = ClientSession(ClientOptions(keepalive_s=5.0))
+    assert s.next_message(100.0) is None and s.keepalive_in(100.0) is None  # not connected yet
+    connect(s, Ready("sid", 0), now=10.0)
+    assert s.keepalive_in(12.0) == 3.0 and s.next_message(12.0) is None
+    msg = s.next_message(15.0)
+    assert msg == KeepAlive()
+    s.sent(msg)
+    assert s.stats.keepalives_sent == 1 and s.stats.messages_sent == 0
+    assert s.next_message(19.0) is None and s.keepalive_in(19.0) == 1.0
+    s.on_packets([packet(0, 0, start=True)], math.inf)
+    msg = s.next_message(19.5)
+    assert isinstance(msg, Features)  # input first; its write restarts the count
+    s.sent(msg)
+    assert s.next_message(24.0) is None and s.keepalive_in(24.0) == 0.5
+    assert s.next_message(24.5) == KeepAlive()
+    s.end_input()
+    assert s.next_message(40.0) == End()  # End, not a KeepAlive, when both are due
+    s.sent(End())
+    assert s.next_message(100.0) is None and s.keepalive_in(100.0) is None  # draining: only finals due
+    never = ClientSession(ClientOptions(keepalive_s=0))
+    connect(never, Ready("sid", 0), now=0.0)
+    assert never.next_message(1e6) is None and never.keepalive_in(1e6) is None
 
 
 def test_backoff_grows_and_the_offline_bound_ends_the_stream():

@@ -12,8 +12,8 @@ from harken.edge import wire
 from harken.proto import harken_pb2 as pb
 from harken.shared.codec import CODEC_NAME, encode_frames
 from harken.shared.integrity import payload_crc32c
-from harken.shared.protocol import (Ack, Audio, End, FeaturePacket, Features, Ready, ServerError, SessionSeed, Start,
-                                    Transcript)
+from harken.shared.protocol import (Ack, Audio, End, FeaturePacket, Features, KeepAlive, Ready, ServerError,
+                                    SessionSeed, Start, Transcript)
 from harken.shared.transcript import TranscriptEvent
 
 
@@ -43,6 +43,7 @@ def test_client_messages_as_the_server_reads_them():
     assert isinstance(got, server_wire.AudioIn) and got.seq == 2 and got.sample_rate == 16_000
     np.testing.assert_array_equal(got.samples, pcm / 32768.0)
     assert isinstance(_as_server_reads_it(End()), server_wire.EndIn)
+    assert isinstance(_as_server_reads_it(KeepAlive()), server_wire.KeepAliveIn)  # never taken for End
 
 
 def test_server_messages_as_shared_data():

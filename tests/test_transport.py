@@ -262,6 +262,41 @@ def test_a_client_silent_past_the_idle_timeout_loses_nothing(asr, audio, referen
     assert transcript_text(_texts(events)) == transcript_text(_texts(reference))
 
 
+@pytest.mark.parametrize("keepalive_s", [0.1, 0.0])
+def test_a_feature_client_in_a_long_silence_keeps_its_stream_with_keepalives(asr, audio, reference, keepalive_s):
+    """A feature client sends nothing while its edge VAD hears silence. The source pauses between
+    the first two utterances for 4x the server's idle timeout (0.4 s here): with keepalives (every
+    0.1 s) the stream is not idle — one session, no resume, nothing reaped; without them
+    (keepalive_s=0, the control) the server reaps it and the client goes on in a new session.
+    The transcript is the reference's either way."""
+    seg0 = next(e for e in reference if e.is_final and e.segment_id == 0)
+    seg1 = min(e.start_s for e in reference if e.segment_id == 1)
+    pause_at = int(10 * (seg0.end_s + seg1) / 2)  # 100-ms pieces: in the silence between them
+
+    async def main():
+        async with serving(asr, idle_timeout_s=0.4) as server:
+            async def pausing(pieces):
+                for i, piece in enumerate(pieces):
+                    if i == pause_at:
+                        await asyncio.sleep(1.6)
+                    yield piece
+
+            client = TranscriptionClient(server.address, language=LANGUAGE, options=ClientOptions(
+                backoff_initial_s=0.01, backoff_max_s=0.1, keepalive_s=keepalive_s))
+            events = await collect(client, pausing(audio_pieces(audio)))
+            reaped = server.metrics.registry.get_sample_value("harken_errors_total", {"code": "DEADLINE_EXCEEDED"})
+            return events, client.stats, reaped or 0.0
+
+    events, stats, reaped = asyncio.run(main())
+    if keepalive_s:
+        assert reaped == 0 and stats.keepalives_sent >= 1
+        assert stats.sessions_opened == 1 and stats.resumes == 0 and stats.failed_attempts == 0, stats
+    else:
+        assert reaped >= 1 and stats.keepalives_sent == 0 and stats.sessions_opened + stats.resumes >= 2, stats
+    assert _texts(events) == _texts(reference)
+    assert _finals(events) == _finals(reference)
+
+
 async def live(pieces):
     """Pieces at about 3x real time, like a live source that is a bit ahead: faults then fall
     mid-stream, before the source ends."""
