@@ -10,10 +10,17 @@ The VAD confirms a start only after `min_speech_duration_ms` and reports it `spe
 so the stream keeps the last few hundred ms of frames while idle (`lookback_frames`, derived from
 the VAD's documented worst-case delay); memory stays constant however long the stream runs.
 
-Frames of an open segment leave as soon as they are final, not when the VAD has ruled on them: the
-end of a segment is only decided `min_silence_duration_ms` later, and holding every frame back that
-long would add the same delay to every word. So a segment's packets may run past the VAD's end by
-at most that decision delay (about 0.2 s of trailing silence with the defaults), never less far.
+Frames of an open segment leave as soon as they are final and the VAD can no longer end the
+segment before them (`SpeechSegmenter.earliest_end_sample`): while speech goes on that bound runs
+ahead of the audio, so words are not held back; inside a pause, frames past the pause's start plus
+the padding wait until the pause ends or ends the segment. So a segment's packets end exactly at
+the VAD's end (on the frame grid), and what a stream sends is a function of its samples alone,
+never of how they were cut into pieces: the same audio in 20 ms pieces or in one gives the same
+packets, byte for byte.
+
+On the frame grid a segment [start_sample, end_sample) is frames [start_sample // 160,
+ceil(end_sample / 160)) — the frames centred inside it — except that a start never goes before the
+previous segment's end frame (two segments 0.01 s apart share no frame).
 """
 
 from __future__ import annotations
@@ -70,8 +77,10 @@ class FeatureStream:
         self.lookback_frames = _lookback_frames(self.vad_options)
         self._frames: deque[np.ndarray] = deque()  # floored [128] frames, oldest first
         self._running: deque[float] = deque()  # the running max after each buffered frame
+        self._running_before = self.floor.max_log10  # the running max before self._frames[0]
         self._first_buffered = 0  # absolute index of self._frames[0]
         self._frames_computed = 0
+        self._last_end_frame = 0  # end frame (exclusive) of the last segment ended
         self._segments: deque[_Segment] = deque()
 
     def push(self, pcm: np.ndarray) -> list[FeaturePacket]:
@@ -109,12 +118,16 @@ class FeatureStream:
         self._frames_computed += floored.shape[1]
         for e in events:
             if isinstance(e, SegmentStart):
-                first = max(e.start_sample // HOP_LENGTH, self._first_buffered)
+                # the VAD never starts a segment before the previous end, but on the frame grid the
+                # two may fall into one frame: it belongs to the earlier segment
+                first = max(e.start_sample // HOP_LENGTH, self._first_buffered, self._last_end_frame)
                 self._segments.append(_Segment(e.segment_id, first))
             elif isinstance(e, SegmentEnd):
                 seg = next((s for s in self._segments if s.segment_id == e.segment_id), None)
                 if seg is not None:
+                    # no frame past the end has gone out: `_open_limit` held them back
                     seg.end_frame = max(seg.next_frame, -(-e.end_sample // HOP_LENGTH))
+                    self._last_end_frame = seg.end_frame
         packets = self._emit(final)
         self._trim()
         self.seconds.features += t_floor
@@ -125,7 +138,7 @@ class FeatureStream:
         while self._segments:
             seg = self._segments[0]
             end_frame = seg.end_frame
-            limit = self._frames_computed if end_frame is None else min(end_frame, self._frames_computed)
+            limit = self._open_limit() if end_frame is None else min(end_frame, self._frames_computed)
             while limit - seg.next_frame >= self.packet_frames:
                 packets.append(self._packet(seg, seg.next_frame + self.packet_frames, end=False))
             closing = end_frame is not None and (end_frame <= self._frames_computed or final)
@@ -136,18 +149,32 @@ class FeatureStream:
             self._segments.popleft()
         return packets
 
+    def _open_limit(self) -> int:
+        """Frames of the open segment that may leave: those final and before the earliest end
+        the VAD can still give it."""
+        earliest_end = self.vad.segmenter.earliest_end_sample
+        if earliest_end is None:
+            return self._frames_computed
+        return min(self._frames_computed, -(-earliest_end // HOP_LENGTH))
+
+    def _running_after(self, frame: int) -> float:
+        """The running max once frame `frame` was floored (frame -1: before the first frame)."""
+        i = frame - self._first_buffered
+        return self._running[i] if i >= 0 else self._running_before
+
     def _packet(self, seg: _Segment, stop: int, end: bool) -> FeaturePacket:
         start = seg.next_frame
         frames = self._slice(start, stop)
-        floor = None
-        if start - 1 >= self._first_buffered:
-            # the floor in force before this packet, so values at the floor cost nothing
-            floor = self._running[start - 1 - self._first_buffered] - DYNAMIC_RANGE_LOG10
+        # the floor in force before this packet, so values at the floor cost nothing
+        before = self._running_after(start - 1)
+        floor = before - DYNAMIC_RANGE_LOG10 if np.isfinite(before) else None
         t0 = time.perf_counter()
         payload = encode_frames(frames, self.mode, floor_log10=floor)
         self.seconds.codec += time.perf_counter() - t0
+        # the floor state after this packet's frames, not after every frame computed so far: a
+        # function of the samples, whatever the piece that completed the packet held
         packet = FeaturePacket(seg.segment_id, start, stop - start, not seg.started, end, payload,
-                               self.floor.max_log10)
+                               self._running_after(stop - 1))
         seg.started = True
         seg.next_frame = stop
         return packet
@@ -164,7 +191,7 @@ class FeatureStream:
             keep_from = min(keep_from, self._segments[0].next_frame - 1)
         while self._frames and self._first_buffered < keep_from:
             self._frames.popleft()
-            self._running.popleft()
+            self._running_before = self._running.popleft()
             self._first_buffered += 1
 
 

@@ -314,6 +314,32 @@ class SpeechSegmenter:
     def reset(self) -> None:
         self.state = SegmenterState()
 
+    @property
+    def earliest_end_sample(self) -> int | None:
+        """The earliest sample at which the segment whose start was emitted and whose end was not
+        can still end (padded end), whatever the windows still to come (only the stream's end may
+        cut it shorter, and no frame exists past that); None when no such segment exists. A function of the windows seen so far, never of how the audio was cut, so the
+        frames a stream sends of an open segment (edge/pipeline.py) never run past its end.
+
+        While speech goes on, a pause may begin at the next window at the earliest; a pause in
+        progress ends the segment where it began. The padding after the raw end is at least
+        min(pad, min silence): an end's padding stops only at the next onset, which comes a whole
+        min silence after the pause began. A cut at max speech ends the segment at a past pause
+        with a padding that may stop at once, so with max speech set no padding is counted."""
+        s, lim = self.state, self._limits
+        next_window = s.windows_seen * WINDOW_SAMPLES  # where a pause can begin at the earliest
+        if s.pending_end is not None:
+            # closed, its padding still open: an onset at the next window would clip it there
+            return min(s.pending_end.raw_end_sample + lim.pad, next_window)
+        if not (s.triggered and s.confirmed):
+            return None
+        raw_end = next_window if s.silence_start_sample is None else s.silence_start_sample
+        if math.isinf(self.options.max_speech_duration_s):
+            return raw_end + min(lim.pad, lim.min_silence)
+        if s.longest_pause is not None:
+            raw_end = min(raw_end, s.longest_pause.start_sample)
+        return raw_end
+
     def push(self, probabilities) -> list[SegmentEvent]:
         """Consume the probabilities of the next full windows; return the events they decide."""
         events: list[SegmentEvent] = []

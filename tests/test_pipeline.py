@@ -22,6 +22,29 @@ def audio():
                         silence(1.0)), snr_db=35)
 
 
+@pytest.fixture(scope="module")
+def close_pair():
+    """Two utterances 0.1 s apart: the VAD's segments are less than 0.2 s apart, less than the time
+    it takes to decide the first one's end."""
+    return noisy(concat(silence(0.5), speech("Hello there."), silence(0.1),
+                        speech("And here comes a second one."), silence(1.0)), snr_db=35)
+
+
+def _vad_frames(audio) -> list[tuple[int, int]]:
+    """The VAD's segments of the whole recording on the frame grid: the frames centred inside
+    each, a start never before the previous segment's end frame."""
+    out: list[tuple[int, int]] = []
+    for s in get_speech_timestamps(audio, VadOptions()):
+        start = max(s.start_sample // 160, out[-1][1] if out else 0)
+        out.append((start, -(-s.end_sample // 160)))
+    return out
+
+
+def _spans(packets) -> list[tuple[int, int]]:
+    return [(ps[0].first_frame, ps[-1].first_frame + ps[-1].frame_count)
+            for _, ps in sorted(_by_segment(packets).items())]
+
+
 def _run(audio, pieces, **kw):
     stream = FeatureStream(**kw)
     packets, i = [], 0
@@ -50,12 +73,8 @@ def test_packets_cover_each_vad_segment_contiguously(audio):
         for a, b in zip(ps, ps[1:]):
             assert a.first_frame + a.frame_count == b.first_frame
         assert ps[0].first_frame == seg.start_sample // 160
-        # frames leave as soon as final, so a segment may overrun the VAD's end by the VAD's
-        # end-decision delay (min silence - pad + a window), never fall short of it
-        sent_end = ps[-1].first_frame + ps[-1].frame_count
-        vad_end = -(-seg.end_sample // 160)
-        o = VadOptions()
-        assert vad_end <= sent_end <= vad_end + (o.min_silence_duration_ms - o.speech_pad_ms + 64) // 10 + 1
+        # exactly the VAD's end: no frame of the trailing pause that decided it
+        assert ps[-1].first_frame + ps[-1].frame_count == -(-seg.end_sample // 160)
         assert all(p.frame_count == 20 for p in ps[:-1])
 
 
@@ -70,22 +89,24 @@ def test_decoded_frames_are_the_floored_reference(audio):
             assert feature_error_db(ref, frames).rms_db < HIFI_RMS_DB
 
 
-def test_packets_do_not_depend_on_piece_sizes(audio):
-    """Up to each segment's VAD end the packets are byte-identical whatever the piece sizes; only
-    how far the tail overruns the end depends on when the end decision arrives (bounded)."""
-    rng = np.random.default_rng(7)
-    whole = _by_segment(_run(audio, [])[1])
-    pieces = _by_segment(_run(audio, rng.integers(1, 4000, size=200).tolist())[1])
-    assert sorted(whole) == sorted(pieces)
-    o = VadOptions()
-    for sid in whole:
-        w, p = whole[sid], pieces[sid]
-        full = [x for x in w if x.frame_count == 20 and not x.segment_end]
-        assert [(x.first_frame, x.frame_count, x.segment_start, x.payload) for x in full] == \
-               [(x.first_frame, x.frame_count, x.segment_start, x.payload) for x in p[:len(full)]]
-        w_end = w[-1].first_frame + w[-1].frame_count
-        p_end = p[-1].first_frame + p[-1].frame_count
-        assert w_end <= p_end <= w_end + (o.min_silence_duration_ms - o.speech_pad_ms + 64) // 10 + 20
+@pytest.mark.parametrize("name", ["audio", "close_pair"])
+def test_packets_are_a_function_of_the_samples_alone(name, request):
+    """The same audio whole, in 20 ms, 100 ms and 1000 ms pieces and in random pieces gives the same
+    packets byte for byte (segment ends included, and the running max they carry), and their
+    segments are the VAD's segments of the whole recording on the frame grid, none overlapping the
+    one before. Before: frames of an open segment left as soon as they were final, so a segment
+    ran past the VAD's end by however much audio had arrived when the end was decided: in 20 ms
+    pieces `close_pair`'s first segment ran to frame 164, into the second, which starts at 162
+    (the engine refuses that: "segment 1 starts at frame 162, before the previous segment's end")."""
+    audio = request.getfixturevalue(name)
+    whole = _run(audio, [])[1]
+    cuts = {f"{ms} ms": [16 * ms] * (audio.size // (16 * ms)) for ms in (20, 100, 1000)}
+    cuts["random"] = np.random.default_rng(7).integers(1, 4000, size=200).tolist()
+    for label, pieces in cuts.items():
+        assert _run(audio, pieces)[1] == whole, label
+    spans = _spans(whole)
+    assert spans == _vad_frames(audio) and len(spans) == 2
+    assert spans[0][1] <= spans[1][0]
 
 
 def test_silence_sends_nothing():

@@ -35,7 +35,7 @@ from harken.cloud.commit import CommitPolicy
 from harken.cloud.server import ServerOptions, start_server
 from harken.proto import harken_pb2 as pb
 from harken.proto import harken_pb2_grpc
-from signals import concat, silence, speech
+from signals import concat, silence, speech, write_wav
 
 SR = 16_000
 TIMEOUT = 60  # seconds a test stream may take: a hang fails instead of blocking the run
@@ -234,6 +234,42 @@ def test_thin_client_audio_gets_the_same_transcript(asr, audio, reference):
     assert out.code == grpc.StatusCode.OK, out.details
     assert transcript_of(out.events) == transcript_of(reference)
     assert out.acks[-1].seq == len(audio_msgs(audio))
+
+
+def test_thin_client_segments_do_not_depend_on_how_the_audio_is_cut(asr, audio, tmp_path):
+    """The same PCM16 in 20 ms, 100 ms and 1000 ms `Audio` messages and in one: the server's VAD
+    gives the same segments, so the same transcript, and they are `harken vad`'s segments of the
+    same samples as a WAV file. `harken vad` reports samples (to the ms), a transcript reports
+    frames (10 ms), so its segments are compared on the frame grid: the frames centred inside
+    each, a start not before the previous end. Before, small pieces sent frames of the trailing
+    pause past the VAD's end (the end frame depended on how much audio had come when the end was
+    decided)."""
+    pieces = {"20 ms": 0.02, "100 ms": 0.1, "1000 ms": 1.0, "whole": audio.size / SR}
+
+    async def main():
+        async with serving(asr) as server:
+            return {label: await run_stream(server.address, [start_msg()] + audio_msgs(audio, piece_s=piece_s) + [END])
+                    for label, piece_s in pieces.items()}
+
+    outs = asyncio.run(main())
+    wav = tmp_path / "audio.wav"
+    write_wav(wav, audio)
+    vad = json.loads(subprocess.run([sys.executable, "-m", "harken", "vad", str(wav), "--json"], check=True,
+                                    capture_output=True, text=True, timeout=120).stdout)
+    expected: list[tuple[float, float]] = []
+    end_frame = 0
+    for seg in vad["segments"]:
+        start, end = round(seg["start_s"] * SR), round(seg["end_s"] * SR)  # whole ms: exact samples
+        first = max(start // 160, end_frame)
+        end_frame = -(-end // 160)
+        expected.append((first / 100, end_frame / 100))
+    assert len(expected) == 2
+    whole = transcript_of(outs["whole"].events)
+    for label, out in outs.items():
+        assert out.code == OK, (label, out.details)
+        got = transcript_of(out.events)
+        assert [(start_s, end_s) for _, _, start_s, end_s, _ in got] == expected, label
+        assert got == whole, label
 
 
 def test_a_client_that_half_closes_without_end_gets_its_finals_and_ok(asr, packets, reference):
