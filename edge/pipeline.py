@@ -21,23 +21,34 @@ packets, byte for byte.
 On the frame grid a segment [start_sample, end_sample) is frames [start_sample // 160,
 ceil(end_sample / 160)) — the frames centred inside it — except that a start never goes before the
 previous segment's end frame (two segments 0.01 s apart share no frame).
+
+Checkpoints (edge/checkpoint.py): `checkpoint()` gives the stream's whole state at a quiet point on
+the `CHECKPOINT_SAMPLES` grid, and `FeatureStream.resume(checkpoint)` a stream that, fed the audio
+from the checkpoint's `replay_from` on, sends exactly what this one sent after it. A thin client's
+server takes them, so that a replacement session continues the lost one by construction.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from harken.edge.features import StreamingLogMel
-from harken.edge.vad import SegmentEnd, SegmentStart, StreamingVad, VadOptions
+from harken.edge.checkpoint import FrontEndCheckpoint
+from harken.edge.features import StreamingLogMel, first_frame_from
+from harken.edge.vad import WINDOW_SAMPLES, SegmentEnd, SegmentStart, StreamingVad, VadOptions
 from harken.shared.codec import DEFAULT_MODE, MAX_PACKET_FRAMES, encode_frames
-from harken.shared.features_spec import DYNAMIC_RANGE_LOG10, HOP_LENGTH, N_MELS, RunningMaxFloor
+from harken.shared.features_spec import DYNAMIC_RANGE_LOG10, HOP_LENGTH, N_MELS, SAMPLE_RATE, RunningMaxFloor
+from harken.shared.integrity import payload_crc32c
 from harken.shared.protocol import FeaturePacket as FeaturePacket  # the packet, one type on both sides
 
 VAD_WINDOW_MS = 32
+# Checkpoints lie on multiples of the log-mel hop and the VAD window (160 ms): there the stream's
+# frames and windows both start afresh, so the state holds no partial window or frame.
+CHECKPOINT_SAMPLES = math.lcm(HOP_LENGTH, WINDOW_SAMPLES)
 
 
 @dataclass
@@ -65,16 +76,18 @@ class FeatureStream:
     mode: str = DEFAULT_MODE
     packet_frames: int = 20
     running_max_log10: float = float("-inf")  # seed from a previous session to continue its floor
+    first_segment_id: int = 0  # the first segment's id; later ones count on from it
 
     def __post_init__(self):
         if not 1 <= self.packet_frames <= MAX_PACKET_FRAMES:
             # more could be refused by the server: a packet at its floor is a 9-byte header
             raise ValueError(f"packet_frames must be 1..{MAX_PACKET_FRAMES}")
-        self.vad = StreamingVad(self.vad_options)
+        self.vad = StreamingVad(self.vad_options, first_segment_id=self.first_segment_id)
         self.mel = StreamingLogMel()
         self.floor = RunningMaxFloor(self.running_max_log10)
         self.seconds = StageSeconds()
         self.lookback_frames = _lookback_frames(self.vad_options)
+        self.settings = settings_digest(self.vad_options, self.mode, self.packet_frames)
         self._frames: deque[np.ndarray] = deque()  # floored [128] frames, oldest first
         self._running: deque[float] = deque()  # the running max after each buffered frame
         self._running_before = self.floor.max_log10  # the running max before self._frames[0]
@@ -82,6 +95,13 @@ class FeatureStream:
         self._frames_computed = 0
         self._last_end_frame = 0  # end frame (exclusive) of the last segment ended
         self._segments: deque[_Segment] = deque()
+        self._samples = 0  # samples of the stream pushed (a resumed stream counts from the start)
+        self._vad_from = 0  # a resumed stream's VAD starts at its checkpoint, not at the replay's start
+
+    @property
+    def samples(self) -> int:
+        """Samples of the stream so far, counted from its start (a resumed one's too)."""
+        return self._samples
 
     def push(self, pcm: np.ndarray) -> list[FeaturePacket]:
         """Feed the next 16 kHz mono float32 piece; return the packets it completed."""
@@ -89,7 +109,9 @@ class FeatureStream:
         t0 = time.perf_counter()
         frames = self.mel.push(pcm)
         t1 = time.perf_counter()
-        events = self.vad.push(pcm)
+        before_vad = min(max(self._vad_from - self._samples, 0), pcm.size)
+        self._samples += pcm.size
+        events = self.vad.push(pcm[before_vad:])
         t2 = time.perf_counter()
         self.seconds.features += t1 - t0
         self.seconds.vad += t2 - t1
@@ -97,6 +119,10 @@ class FeatureStream:
 
     def flush(self) -> list[FeaturePacket]:
         """End of stream: the remaining frames and the close of any open segment."""
+        if self._samples < self._vad_from:
+            # a resumed stream that never got back to its checkpoint (which no segment was open
+            # at): nothing to close, and too little audio to end the log-mel on
+            return []
         t0 = time.perf_counter()
         frames = self.mel.flush(short_ok=True)  # a stream too short for one frame holds no speech
         t1 = time.perf_counter()
@@ -149,6 +175,47 @@ class FeatureStream:
             self._segments.popleft()
         return packets
 
+    def checkpoint(self) -> FrontEndCheckpoint | None:
+        """The stream's state now, if it can be resumed from here (see edge/checkpoint.py): on the
+        `CHECKPOINT_SAMPLES` grid, the VAD idle (no segment open or undecided) and every segment's
+        packets out. Else None."""
+        sample = self._samples
+        if sample % CHECKPOINT_SAMPLES or sample < self._vad_from or self.mel.finished or self._segments \
+                or not self.vad.segmenter.idle:
+            return None
+        replay_from = max(0, sample - replay_lead_samples(self.vad_options))
+        first = first_frame_from(replay_from)
+        if first < self._first_buffered:
+            return None  # trimmed already (never for a stream whose look-back covers the lead)
+        state, context = self.vad.vad.snapshot()
+        segmenter = self.vad.segmenter.state
+        return FrontEndCheckpoint(sample=sample, replay_from=replay_from, vad_state=state, vad_context=context,
+                                  last_end_sample=segmenter.last_end_sample,
+                                  next_segment_id=segmenter.next_segment_id, last_end_frame=self._last_end_frame,
+                                  running_max_log10=self._running_after(first - 1),
+                                  settings=self.settings)
+
+    @classmethod
+    def resume(cls, checkpoint: FrontEndCheckpoint, vad_options: VadOptions | None = None,
+               mode: str = DEFAULT_MODE, packet_frames: int = 20) -> FeatureStream:
+        """A stream that goes on from `checkpoint`: fed the stream's audio from
+        `checkpoint.replay_from` on, it sends exactly the packets the checkpointed stream sent after
+        the checkpoint. ValueError when the checkpoint was made with other settings."""
+        options = vad_options if vad_options is not None else VadOptions()
+        check_resumable(checkpoint, options, mode, packet_frames)
+        cp = checkpoint
+        stream = cls(options, mode, packet_frames, running_max_log10=cp.running_max_log10,
+                     first_segment_id=cp.next_segment_id)
+        if cp.replay_from:
+            stream.mel.resume_at(cp.replay_from)
+        # frames before the replay's first are never needed again: no segment can start before
+        # it (see `replay_lead_samples`), and the running max before it is the checkpoint's
+        stream._first_buffered = stream._frames_computed = stream.mel.frames_emitted
+        stream._last_end_frame = cp.last_end_frame
+        stream._samples, stream._vad_from = cp.replay_from, cp.sample
+        stream.vad.resume(cp.sample, cp.vad_state, cp.vad_context, cp.last_end_sample, cp.next_segment_id)
+        return stream
+
     def _open_limit(self) -> int:
         """Frames of the open segment that may leave: those final and before the earliest end
         the VAD can still give it."""
@@ -193,6 +260,30 @@ class FeatureStream:
             self._frames.popleft()
             self._running_before = self._running.popleft()
             self._first_buffered += 1
+
+
+def replay_lead_samples(o: VadOptions) -> int:
+    """How far before a checkpoint its replay starts. At a checkpoint the VAD is idle, so the next
+    segment starts `speech_pad_ms` before it at the earliest; the replay covers that, the frame
+    before it (its running max is a packet's floor) and the log-mel window's half (200 samples)."""
+    pad_frames = -(-int(round(SAMPLE_RATE * o.speech_pad_ms / 1000)) // HOP_LENGTH)
+    lead = HOP_LENGTH * (pad_frames + 2)
+    return -(-lead // CHECKPOINT_SAMPLES) * CHECKPOINT_SAMPLES
+
+
+def settings_digest(o: VadOptions, mode: str, packet_frames: int) -> int:
+    """What a checkpoint is only valid with: a stream with other settings would go on differently."""
+    described = repr(([(f.name, getattr(o, f.name)) for f in fields(o)], mode, packet_frames))
+    return payload_crc32c(described.encode())
+
+
+def check_resumable(cp: FrontEndCheckpoint, o: VadOptions = VadOptions(), mode: str = DEFAULT_MODE,
+                    packet_frames: int = 20) -> None:
+    """ValueError unless a stream with these settings can resume from `cp`."""
+    if cp.settings != settings_digest(o, mode, packet_frames):
+        raise ValueError("made by a front end with other settings (VAD options, codec mode or packet size)")
+    if cp.sample % CHECKPOINT_SAMPLES or cp.replay_from != max(0, cp.sample - replay_lead_samples(o)):
+        raise ValueError(f"sample {cp.sample} / replay_from {cp.replay_from} are not a checkpoint's")
 
 
 def _lookback_frames(o: VadOptions) -> int:

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from harken.edge.pipeline import FeatureStream
+from harken.edge.checkpoint import FrontEndCheckpoint
+from harken.edge.pipeline import CHECKPOINT_SAMPLES, FeatureStream, replay_lead_samples
 from harken.edge.features import log_mel_raw
 from harken.edge.vad import VadOptions, get_speech_timestamps
 from harken.shared.codec import decode_frames
@@ -137,3 +138,77 @@ def test_memory_is_bounded_over_a_long_stream():
             peak = max(peak, len(stream._frames))
     # idle look-back plus one open packet plus the frames a segment end may wait for
     assert peak <= stream.lookback_frames + stream.packet_frames + 60
+
+
+def _with_checkpoints(audio, stream: FeatureStream):
+    """Push `audio` in pieces that end on the checkpoint grid; returns [(checkpoint, the packets the
+    stream sent after it)] for every checkpoint it gave, the one at sample 0 included."""
+    taken = [(stream.checkpoint(), 0)]
+    packets: list = []
+    for i in range(0, audio.size, CHECKPOINT_SAMPLES):
+        packets += stream.push(audio[i:i + CHECKPOINT_SAMPLES])
+        if (c := stream.checkpoint()) is not None:
+            taken.append((c, len(packets)))
+    packets += stream.flush()
+    return [(c, packets[n:]) for c, n in taken]
+
+
+def _fed(stream: FeatureStream, audio, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    out, i = [], 0
+    while i < audio.size:
+        n = int(rng.integers(1, 5000))
+        out += stream.push(audio[i:i + n])
+        i += n
+    return out + stream.flush()
+
+
+@pytest.fixture(scope="module")
+def noisy_three():
+    """Three utterances in noise (20 dB SNR) with short pauses."""
+    return noisy(concat(silence(0.3), speech("Hello there, this is a test of the system."), silence(0.5),
+                        speech("A second sentence follows now."), silence(0.45),
+                        speech("And the third one ends it."), silence(0.5)), snr_db=20)
+
+
+def test_a_resumed_stream_sends_exactly_what_the_checkpointed_one_sent_after_it(noisy_three):
+    """At every quiet point of the checkpoint grid the stream gives a checkpoint; a stream resumed
+    from it (through its bytes) and fed the audio from its replay point on, in other pieces, sends
+    exactly the packets the first sent after it, and gives the same checkpoint there again. A
+    stream started afresh at the same point (what a thin client's replay did before) does not: the
+    VAD's state at a pause in noise is not a fresh one's."""
+    audio = noisy_three
+    taken = _with_checkpoints(audio, FeatureStream())
+    assert len(taken) >= 6 and {c.next_segment_id for c, _ in taken} == {0, 1, 2, 3}
+    fresh_differs = False
+    for c, after in taken:
+        assert c.sample % CHECKPOINT_SAMPLES == 0
+        assert c.replay_from == max(0, c.sample - replay_lead_samples(VadOptions()))
+        resumed = FeatureStream.resume(FrontEndCheckpoint.parse(c.serialize()))
+        replay = audio[c.replay_from:]
+        lead = c.sample - c.replay_from
+        assert resumed.push(replay[:lead]) == []
+        assert resumed.checkpoint().serialize() == c.serialize()
+        assert resumed.samples == c.sample
+        assert _fed(resumed, replay[lead:], seed=c.sample) == after, c.sample
+        if c.sample:
+            fresh = FeatureStream(running_max_log10=c.running_max_log10, first_segment_id=c.next_segment_id)
+            offset = c.replay_from // 160
+            fresh_differs |= [(p.segment_id, p.first_frame + offset, p.frame_count, p.payload)
+                              for p in _fed(fresh, replay, seed=0)] != \
+                             [(p.segment_id, p.first_frame, p.frame_count, p.payload) for p in after]
+    assert fresh_differs
+
+
+def test_a_checkpoint_needs_the_settings_that_made_it(noisy_three):
+    c = FeatureStream().checkpoint()
+    assert c is not None and c.sample == 0
+    with pytest.raises(ValueError, match="other settings"):
+        FeatureStream.resume(c, VadOptions(speech_pad_ms=30))
+    with pytest.raises(ValueError, match="other settings"):
+        FeatureStream.resume(c, packet_frames=10)
+    stream = FeatureStream()
+    stream.push(noisy_three[:CHECKPOINT_SAMPLES + 100])
+    assert stream.checkpoint() is None  # off the grid
+    resumed = FeatureStream.resume(_with_checkpoints(noisy_three, FeatureStream())[-1][0])
+    assert resumed.flush() == []  # ended before the replay reached the checkpoint: nothing open
