@@ -29,6 +29,11 @@ NOT_FOUND and replays its unfinished segments into a seeded session, so no commi
 Detached sessions count against their key's session limit; when the server holds its maximum, a
 new session takes the place of the one detached longest (its client recovers the same way), so
 sessions in their grace period cannot lock anyone else out.
+
+Thin clients (16 kHz Audio): the front end's checkpoints (edge/checkpoint.py) ride on the seeds of
+final events, each the latest taken before the next segment began; a session seeded with one
+resumes the front end there, so a replacement segments the client's replayed audio exactly as the
+lost session did.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ from harken.cloud.errors import (IdleTimeout, MalformedMessage, NotYourSession, 
 from harken.cloud.metrics import ServerMetrics
 from harken.cloud.wire import (AudioIn, EndIn, FeaturesIn, FinalizeIn, KeepAliveIn, Seed, StartRequest,
                               TranscriptOut)
+from harken.edge.checkpoint import FrontEndCheckpoint
+from harken.shared.features_spec import SAMPLE_RATE
 
 if TYPE_CHECKING:
     from harken.cloud.commit import CommitPolicy
@@ -201,6 +208,9 @@ class HostedSession:
         self.input_kind: str | None = None  # "features" or "audio", fixed by the first one
         self.order = _FrameOrder(last_segment_id=self.last_final_segment, seeded_final=self.last_final_segment)
         self.audio: AudioFrontEnd | None = None
+        # thin clients: the front end's latest checkpoint per next segment id, for the seeds
+        self._checkpoints: dict[int, FrontEndCheckpoint] = {}
+        self._cut_by_end: set[int] = set()  # segments the front end's flush ended (End, shutdown)
         self.events: deque[TranscriptOut] = deque()
         self.next_event_seq = 1
         self.delivered_event_seq = 0  # highest event_seq handed to some stream
@@ -352,13 +362,39 @@ class HostedSession:
 
     async def _apply_audio(self, a: AudioIn) -> None:
         if self.audio is None:
-            seed_max = self.start.seed.running_max_log10 if self.start.seed else float("-inf")
+            seed = self.start.seed
+            resume = seed.front_end if seed is not None else None
+            if resume is not None and a.sample_rate != SAMPLE_RATE:
+                raise MalformedMessage(f"start.seed.front_end_state goes on with 16 kHz audio, not {a.sample_rate} Hz")
+            seed_max = seed.running_max_log10 if seed is not None else float("-inf")
             self.audio = await _run(self.executor, AudioFrontEnd, a.sample_rate, seed_max,
-                                    self.order.last_segment_id + 1)
+                                    self.order.last_segment_id + 1, resume)
+            self._keep_checkpoints(self.audio.checkpoints_at_start)
         elif a.sample_rate != self.audio.sample_rate:
             raise MalformedMessage(f"audio.sample_rate changed from {self.audio.sample_rate} to {a.sample_rate}")
-        packets = await _run(self.executor, self.audio.push, a.samples)
+        packets, checkpoints = await _run(self.executor, self.audio.push, a.samples)
+        self._keep_checkpoints(checkpoints)
         await self._feed_packets(packets)
+
+    def _keep_checkpoints(self, checkpoints: list[FrontEndCheckpoint]) -> None:
+        for c in checkpoints:
+            self._checkpoints[c.next_segment_id] = c  # the latest of a gap replays the least
+
+    def _front_end_after(self, segment_id: int) -> FrontEndCheckpoint | None:
+        """The checkpoint a replacement session resumes from once `segment_id` is final: the
+        latest taken before any later segment began (replaying a final segment again costs audio,
+        not exactness: the replacement ignores its frames). None when the stream's end cut the
+        segment short: the rest of its speech belongs to no segment yet, and the client replays it
+        from the final's end into a fresh front end."""
+        if segment_id in self._cut_by_end:
+            return None
+        usable = [k for k in self._checkpoints if k <= segment_id + 1]
+        if not usable:
+            return None
+        best = max(usable)
+        for k in [k for k in self._checkpoints if k < best]:  # finals come in order: never needed again
+            del self._checkpoints[k]
+        return self._checkpoints[best]
 
     async def _feed_packets(self, packets: list[FeaturesIn]) -> None:
         """Frames the server's own front end made: the same path as a client's Features."""
@@ -403,6 +439,7 @@ class HostedSession:
         once the final of every segment is in."""
         if self.audio is not None:
             packets = await _run(self.executor, self.audio.flush)
+            self._cut_by_end.update(p.segment_id for p in packets if p.segment_end)
             await self._feed_packets(packets)
         self._finalize()
         self.lifecycle = Lifecycle.DRAINING
@@ -460,7 +497,8 @@ class HostedSession:
                             committed_delta=ev.committed_delta, partial=ev.partial,
                             stability=ev.stability, start_s=ev.start_s, end_s=ev.end_s,
                             language=ev.language, is_final=ev.is_final,
-                            seed=_seed(ev.resume) if ev.is_final and ev.resume is not None else None)
+                            seed=_seed(ev.resume, self._front_end_after(ev.segment_id))
+                            if ev.is_final and ev.resume is not None else None)
         self.next_event_seq += 1
         self.events.append(out)
         self.metrics.events_out.inc()
@@ -522,9 +560,9 @@ class HostedSession:
         await self.release_engine()
 
 
-def _seed(r) -> Seed:
+def _seed(r, front_end: FrontEndCheckpoint | None) -> Seed:
     return Seed(running_max_log10=r.running_max_log10, context_tail=r.context_tail,
-                next_segment_id=r.next_segment_id)
+                next_segment_id=r.next_segment_id, front_end=front_end)
 
 
 class SessionTable:
@@ -702,25 +740,51 @@ class SessionTable:
 
 class AudioFrontEnd:
     """Thin clients: PCM at any rate -> the edge's FeatureStream (VAD + features + codec) ->
-    `FeaturesIn` packets, exactly what a Features client would send. Runs in the executor."""
+    `FeaturesIn` packets, exactly what a Features client would send. Runs in the executor.
 
-    def __init__(self, sample_rate: int, running_max_log10: float, first_segment_id: int):
-        from harken.edge.pipeline import FeatureStream
-        from harken.shared.features_spec import SAMPLE_RATE
+    At 16 kHz it also checkpoints the stream (edge/checkpoint.py) at every point of the checkpoint
+    grid where one can be taken (the audio is pushed in pieces that end there; what the stream sends
+    does not depend on how its input is cut), for the seeds of final events; `resume` starts from
+    one. Resampled audio gets none: the resampler's state is in no checkpoint, and a client would
+    replay audio at its own rate."""
+
+    def __init__(self, sample_rate: int, running_max_log10: float, first_segment_id: int,
+                 resume: FrontEndCheckpoint | None = None):
+        from harken.edge.pipeline import CHECKPOINT_SAMPLES, FeatureStream
 
         self.sample_rate = sample_rate
-        self.stream = FeatureStream(running_max_log10=running_max_log10)
-        self.segment_offset = first_segment_id
+        self.grid = CHECKPOINT_SAMPLES
+        self.checkpoints_at_start: list[FrontEndCheckpoint] = []
+        if resume is not None:
+            self.stream = FeatureStream.resume(resume)
+            self.checkpoints_at_start.append(resume)
+        else:
+            self.stream = FeatureStream(running_max_log10=running_max_log10, first_segment_id=first_segment_id)
+            if sample_rate == SAMPLE_RATE:
+                self.checkpoints_at_start.append(self._checkpoint())
         self.resampler = None
         if sample_rate != SAMPLE_RATE:
             import soxr
 
             self.resampler = soxr.ResampleStream(sample_rate, SAMPLE_RATE, 1, dtype="float32", quality="VHQ")
 
-    def push(self, samples: np.ndarray) -> list[FeaturesIn]:
+    def push(self, samples: np.ndarray) -> tuple[list[FeaturesIn], list[FrontEndCheckpoint]]:
+        """The packets `samples` complete, and the checkpoints taken on the way."""
         if self.resampler is not None:
-            samples = self.resampler.resample_chunk(samples)
-        return self._packets(self.stream.push(samples))
+            return self._packets(self.stream.push(self.resampler.resample_chunk(samples))), []
+        packets, checkpoints, i = [], [], 0
+        while i < samples.size:
+            j = min(samples.size, i + self.grid - self.stream.samples % self.grid)
+            packets += self.stream.push(samples[i:j])
+            i = j
+            if (c := self.stream.checkpoint()) is not None:
+                checkpoints.append(c)
+        return self._packets(packets), checkpoints
+
+    def _checkpoint(self) -> FrontEndCheckpoint:
+        c = self.stream.checkpoint()
+        assert c is not None, "a new stream is idle at sample 0"
+        return c
 
     def flush(self) -> list[FeaturesIn]:
         packets = []
@@ -733,7 +797,7 @@ class AudioFrontEnd:
         return self.stream.floor.max_log10
 
     def _packets(self, packets) -> list[FeaturesIn]:
-        return [FeaturesIn(seq=0, segment_id=p.segment_id + self.segment_offset, first_frame=p.first_frame,
+        return [FeaturesIn(seq=0, segment_id=p.segment_id, first_frame=p.first_frame,
                            frame_count=p.frame_count, segment_start=p.segment_start,
                            segment_end=p.segment_end, payload=p.payload,
                            running_max_log10=p.running_max_log10) for p in packets]

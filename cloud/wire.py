@@ -15,6 +15,8 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from harken.cloud.errors import MalformedMessage, MessageTooLarge, OutOfOrder
+from harken.edge.checkpoint import SIZE as FRONT_END_STATE_BYTES
+from harken.edge.checkpoint import FrontEndCheckpoint
 from harken.proto import harken_pb2 as pb
 from harken.shared.codec import (CODEC_NAME, MAX_FRAMES, MAX_FRAMES_PER_PAYLOAD_BYTE, decode_frames,
                                  max_frames_for_payload)
@@ -42,6 +44,8 @@ class Seed:
     running_max_log10: float
     context_tail: str
     next_segment_id: int
+    # thin clients: where the server's front end resumes; the audio replays from its `replay_from`
+    front_end: FrontEndCheckpoint | None = None
 
 
 @dataclass(frozen=True)
@@ -143,11 +147,29 @@ def _parse_start(s: pb.Start) -> StartRequest:
             raise MalformedMessage("start.seed.running_max_log10 is not a log10-mel value")
         if len(s.seed.context_tail) > MAX_CONTEXT_CHARS:
             raise MalformedMessage(f"start.seed.context_tail longer than {MAX_CONTEXT_CHARS} characters")
-        seed = Seed(float(s.seed.running_max_log10), s.seed.context_tail, int(s.seed.next_segment_id))
+        seed = Seed(float(s.seed.running_max_log10), s.seed.context_tail, int(s.seed.next_segment_id),
+                    _parse_front_end(s.seed) if s.seed.front_end_state else None)
     if s.session_id and seed is not None:
         raise MalformedMessage("start: a resume (session_id) takes no seed; a seed starts a new session")
     return StartRequest(language=s.language or None, context=s.context, codec=s.codec,
                         session_id=s.session_id, seed=seed, last_event_seq=int(s.last_event_seq))
+
+
+def _parse_front_end(seed: pb.SessionSeed) -> FrontEndCheckpoint:
+    """A thin client's `front_end_state`: a checkpoint this server's front end can resume."""
+    from harken.edge.pipeline import check_resumable  # loads the edge's models: thin clients only
+
+    if len(seed.front_end_state) > FRONT_END_STATE_BYTES:
+        raise MalformedMessage(f"start.seed.front_end_state longer than {FRONT_END_STATE_BYTES} bytes")
+    try:
+        checkpoint = FrontEndCheckpoint.parse(seed.front_end_state)
+        check_resumable(checkpoint)
+    except ValueError as e:
+        raise MalformedMessage(f"start.seed.front_end_state: {e}") from e
+    if seed.audio_sample != checkpoint.replay_from:
+        raise MalformedMessage(f"start.seed.audio_sample {seed.audio_sample} is not where its front_end_state "
+                               f"replays from ({checkpoint.replay_from})")
+    return checkpoint
 
 
 def _parse_features(f: pb.Features) -> FeaturesIn:
@@ -229,8 +251,12 @@ def error_message(code_name: str, message: str) -> pb.ServerMessage:
 
 
 def seed_to_proto(seed: Seed) -> pb.SessionSeed:
-    return pb.SessionSeed(present=True, running_max_log10=seed.running_max_log10,
-                          context_tail=seed.context_tail, next_segment_id=seed.next_segment_id)
+    out = pb.SessionSeed(present=True, running_max_log10=seed.running_max_log10,
+                         context_tail=seed.context_tail, next_segment_id=seed.next_segment_id)
+    if seed.front_end is not None:
+        out.front_end_state = seed.front_end.serialize()
+        out.audio_sample = seed.front_end.replay_from
+    return out
 
 
 @dataclass(frozen=True)

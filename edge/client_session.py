@@ -34,11 +34,15 @@ The session semantics (those of `proto/harken.proto`):
   (`max_offline_s`): past either the stream fails with a `TransportError` saying so.
 
 Thin client (`ClientOptions(send_audio=True)`): PCM16 `Audio` messages, the server runs the edge
-pipeline. After the server lost the session the audio since the end of the last final segment (on
-the log-mel hop and VAD window grid) is replayed into a seeded session whose times are shifted back
-by the replay offset. The server's VAD then starts from a fresh state at that point, so the
-transcript is the uninterrupted one in practice (the tests see it identical), not by construction
-as in feature mode. What differs between the two modes lives in `edge/replay.py`'s buffers.
+pipeline. The seed of a final event carries the server's front end as it was at a quiet point
+(`SessionSeed.front_end_state`, opaque here) and the sample its replay starts at: the client keeps
+its audio from there, and after the server lost the session it replays that audio into a session
+seeded with it, which resumes the front end exactly: the same segments, ids, times and transcript
+as without the fault, by construction as in feature mode. A seed without one (the stream's end cut
+a segment short, a server that makes none) falls back to replaying the audio since the end of the
+last final segment (on the log-mel hop and VAD window grid) into a fresh front end, whose times
+are shifted back by the replay offset. What differs between the two modes lives in
+`edge/replay.py`'s buffers.
 """
 
 from __future__ import annotations
@@ -416,6 +420,7 @@ class ClientSession:
         if t.event.is_final:
             if t.seed is not None:
                 self.seed = t.seed
+                self.buffer.on_seed(t.seed)
             self._segment_final(t.event.segment_id, t.event.end_s)
             out.append(StreamProgress(self.bound_s()))
         return out
@@ -456,7 +461,7 @@ class ClientSession:
         self.last_event_seq = 0
         self.acked_seq = 0
         self.texts.new_session()
-        self.buffer.on_session_lost()
+        self.seed = self.buffer.on_session_lost(self.seed)
 
     def _check_buffer(self) -> None:
         if self.buffer.nbytes > self.options.max_buffer_bytes:

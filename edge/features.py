@@ -33,6 +33,12 @@ def frames_final(n_samples: int) -> int:
     return (n_samples - PAD) // HOP_LENGTH + 1
 
 
+def first_frame_from(sample: int) -> int:
+    """The first frame computed from input that starts at sample `sample`: 0 from the start (the
+    reflection stands in for what lies before), else the first whose window lies after it."""
+    return 0 if sample == 0 else -(-(sample + PAD) // HOP_LENGTH)
+
+
 def frames_total(n_samples: int) -> int:
     """Frames the reference gives for a complete input of n_samples (centred STFT minus its last)."""
     return n_samples // HOP_LENGTH
@@ -90,6 +96,19 @@ class StreamingLogMel:
         # sample of frame `frames_emitted` on (padded index 160 * frames_emitted).
         self._buffer = np.zeros(0, dtype=np.float32)
         self._left_padded = False
+        self._skip = 0  # input samples still to drop (`resume_at`)
+
+    def resume_at(self, sample: int) -> None:
+        """Continue a stream whose input before sample `sample` (> 0) is not at hand: the next
+        `push` takes the input from `sample` on, and frames start at the first one whose window
+        lies inside it (`first_frame_from`), each equal to the uninterrupted stream's."""
+        if self.n_samples or self.finished or sample <= 0:
+            raise RuntimeError("StreamingLogMel.resume_at starts a new stream past sample 0")
+        self.n_samples = sample
+        self.frames_emitted = first_frame_from(sample)
+        # the buffer starts at the first sample of frame `frames_emitted` (input index 160 t - 200)
+        self._skip = HOP_LENGTH * self.frames_emitted - PAD - sample
+        self._left_padded = True
 
     @property
     def buffered_samples(self) -> int:
@@ -103,6 +122,9 @@ class StreamingLogMel:
             raise RuntimeError("StreamingLogMel.push after flush: start a new stream")
         x = _as_pcm(pcm)
         self.n_samples += x.size
+        if self._skip:
+            dropped = min(self._skip, x.size)
+            x, self._skip = x[dropped:], self._skip - dropped
         self._buffer = np.concatenate([self._buffer, x])
         if not self._left_padded:
             if self.n_samples < MIN_SAMPLES:

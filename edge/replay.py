@@ -9,8 +9,10 @@ and how a lost session is replayed, depends on what the messages carry:
   is final. A final that comes before the segment's end (a server shutting down finalises open
   segments) splits the segment: the rest continues as the next one.
 - `AudioBuffer` (thin client: PCM16, the server segments it): audio leaves once applied and behind
-  the end of the last final segment; a replacement session gets the audio since that end, and its
-  times are shifted back by where that replay starts.
+  the replay point of the last final's seed (where the server's front-end checkpoint in it is
+  replayed from; edge/checkpoint.py); a replacement session resumes that checkpoint and gets the
+  audio from there, its times those of the lost session. A seed without a checkpoint: the audio
+  since the last final segment's end, into a fresh front end whose times start at the replay.
 
 `ReplayFilter` turns a replacement session's events, which start its segments afresh, into what
 extends the user's text. Plain data, no I/O and no proto: `edge/client_session.py` drives them.
@@ -26,12 +28,13 @@ from dataclasses import dataclass, field, replace
 from harken.edge.vad import WINDOW_SAMPLES
 from harken.shared.codec import CODEC_NAME
 from harken.shared.features_spec import FRAMES_PER_SECOND, HOP_LENGTH, SAMPLE_RATE
-from harken.shared.protocol import Audio, FeaturePacket, Features
+from harken.shared.protocol import Audio, FeaturePacket, Features, SessionSeed
 
 log = logging.getLogger("harken.transport")
 
-# thin client: a replay starts on a multiple of the log-mel hop and the VAD window (2560 samples),
-# so the server's fresh front end sees the audio on the lost session's frame and window grid
+# thin client, a seed without a front-end checkpoint: a replay starts on a multiple of the log-mel
+# hop and the VAD window (2560 samples), so the server's fresh front end sees the audio on the lost
+# session's frame and window grid
 THIN_REPLAY_ALIGN = math.lcm(HOP_LENGTH, WINDOW_SAMPLES)
 THIN_REPLAY_MAX_S = 60  # thin client: audio kept for a replay after a server restart, at most
 
@@ -108,9 +111,14 @@ class ResendBuffer:
         makes segments final here, or None when acks say nothing about finals."""
         return None
 
-    def on_session_lost(self) -> None:
-        """The next messages go to a replacement session, which counts from seq 1."""
+    def on_seed(self, seed: SessionSeed) -> None:
+        """A final event brought `seed`, the one a replacement session would start from."""
+
+    def on_session_lost(self, seed: SessionSeed | None = None) -> SessionSeed | None:
+        """The next messages go to a replacement session, which counts from seq 1. Returns the
+        seed it starts from (`seed`, the last final's, or what of it the buffer can replay)."""
         self.renumber()
+        return seed
 
 
 @dataclass
@@ -200,13 +208,20 @@ class FeatureBuffer(ResendBuffer):
 @dataclass
 class AudioBuffer(ResendBuffer):
     """Thin client: PCM16 pieces; the server runs VAD + features on them and segments them. Kept:
-    what the server has not applied, and what a lost session had not finished (the audio since the
-    last final segment's end, at most the last `THIN_REPLAY_MAX_S`)."""
+    what the server has not applied, and what a replacement session would be fed: the audio from
+    the last seed's checkpoint replay point (or, for a seed without one, from the last final
+    segment's end) on, at most the last `THIN_REPLAY_MAX_S`. Positions count samples of the stream."""
 
     piece_samples: int = SAMPLE_RATE // 10  # a replay's audio per message
     audio_position: int = 0  # samples enqueued so far
     final_end_sample: int = 0  # where the last final segment ended
-    replay_offset_s: float = 0.0  # replacement-session times are relative to this
+    checkpoint_sample: int | None = None  # where the last seed's front-end checkpoint replays from
+    session_start_sample: int = 0  # the current session's sample 0 (its times count from there)
+
+    @property
+    def replay_offset_s(self) -> float:
+        """Where the current session's time zero lies in the stream, in seconds."""
+        return self.session_start_sample / SAMPLE_RATE
 
     @property
     def time_offset_s(self) -> float:
@@ -220,6 +235,10 @@ class AudioBuffer(ResendBuffer):
         self.append(entry)
         return entry
 
+    def on_seed(self, seed: SessionSeed) -> None:
+        # the seed counts samples as the session that sent it does
+        self.checkpoint_sample = self.session_start_sample + seed.audio_sample if seed.front_end_state else None
+
     def on_final(self, segment_id: int, end_s: float | None, final_through: int, acked_seq: int) -> None:
         if end_s is not None:
             self.final_end_sample = max(self.final_end_sample,
@@ -230,16 +249,34 @@ class AudioBuffer(ResendBuffer):
         self._trim(acked_seq)
         return None
 
-    def on_session_lost(self) -> None:
-        """Replay from the end of the last final segment; the replacement session's times are
-        then relative to that point."""
-        start = self.realign_audio(self.final_end_sample, self.audio_position, self.piece_samples)
-        self.replay_offset_s = start / SAMPLE_RATE
-        log.info("thin client: replaying the audio from %.2f s", self.replay_offset_s)
+    def on_session_lost(self, seed: SessionSeed | None = None) -> SessionSeed | None:
+        """With a checkpoint in `seed` and its audio at hand, replay from its replay point: the
+        replacement session resumes the lost one's front end and counts time as it did. Else
+        replay from the end of the last final segment into a fresh front end (the seed goes
+        without its checkpoint), whose times are relative to that point."""
+        held_from = self.entries[0].first_sample if self.entries else self.audio_position
+        if seed is not None and seed.front_end_state and self.checkpoint_sample is not None \
+                and held_from <= self.checkpoint_sample:
+            self.replay_from(self.checkpoint_sample)
+            log.info("thin client: resuming the server's front end, replaying the audio from %.2f s",
+                     self.checkpoint_sample / SAMPLE_RATE)
+        else:
+            self.session_start_sample = self.replay_from(max(held_from, align_down(self.final_end_sample)))
+            self.checkpoint_sample = None
+            log.info("thin client: replaying the audio from %.2f s into a fresh front end", self.replay_offset_s)
+            if seed is not None:
+                seed = replace(seed, front_end_state=b"", audio_sample=0)
         self.renumber()
+        return seed
+
+    def replay_start(self) -> int:
+        """Where the audio a replacement session would be fed starts."""
+        if self.checkpoint_sample is not None:
+            return self.checkpoint_sample
+        return align_down(self.final_end_sample)
 
     def _trim(self, acked_seq: int) -> None:
-        keep_from = align_down(max(self.final_end_sample, self.audio_position - THIN_REPLAY_MAX_S * SAMPLE_RATE))
+        keep_from = max(self.replay_start(), align_down(self.audio_position - THIN_REPLAY_MAX_S * SAMPLE_RATE))
         self.drop_audio_before(acked_seq, keep_from)
 
     def drop_audio_before(self, seq: int, sample: int) -> None:
@@ -247,19 +284,19 @@ class AudioBuffer(ResendBuffer):
         while self.entries and self.entries[0].seq <= seq and self.entries[0].end_sample <= sample:
             self.nbytes -= self.entries.popleft().nbytes
 
-    def realign_audio(self, final_end_sample: int, audio_position: int, piece_samples: int) -> int:
-        """For a replacement session: keep the audio from the last final segment's end (on the
-        replay grid) in fresh pieces of `piece_samples`, each counted as sent once. Returns the
-        sample the replay starts at (the new session's time zero)."""
+    def replay_from(self, start: int) -> int:
+        """For a replacement session: keep the audio from sample `start` (or from the oldest held,
+        if later) in fresh pieces of `piece_samples`, each counted as sent once. Returns the sample
+        the replay starts at."""
         if not self.entries:
-            return audio_position
+            return self.audio_position
         base = self.entries[0].first_sample
-        start = max(base, align_down(final_end_sample))
+        start = max(base, start)
         pcm16 = b"".join(e.body for e in self.entries if isinstance(e.body, bytes))[2 * (start - base):]
         self.entries.clear()
         self.nbytes = 0
-        for i in range(0, len(pcm16), 2 * piece_samples):
-            piece = pcm16[i:i + 2 * piece_samples]
+        for i in range(0, len(pcm16), 2 * self.piece_samples):
+            piece = pcm16[i:i + 2 * self.piece_samples]
             first = start + i // 2
             self.append(PendingMessage(0, -1, piece, len(piece), 0, first_sample=first,
                                        end_sample=first + len(piece) // 2, times_sent=1))

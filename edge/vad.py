@@ -137,6 +137,20 @@ class SileroVad:
         self._context = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
         self._pending = np.zeros(0, dtype=np.float32)
 
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """(LSTM state [2, 1, 128], context [64]) between two windows: all `restore` needs to go on
+        exactly as this stream goes on."""
+        if self._pending.size:
+            raise RuntimeError("SileroVad.snapshot inside a window: take it on a window boundary")
+        return self._state.copy(), self._context.copy()
+
+    def restore(self, state: np.ndarray, context: np.ndarray) -> None:
+        """Continue a stream from a `snapshot`: the next sample pushed starts a window."""
+        self._state = np.zeros(STATE_SHAPE, dtype=np.float32)
+        self._state[...] = np.asarray(state, dtype=np.float32).reshape(STATE_SHAPE)
+        self._context = np.asarray(context, dtype=np.float32).reshape(CONTEXT_SAMPLES).copy()
+        self._pending = np.zeros(0, dtype=np.float32)
+
     @property
     def buffered_samples(self) -> int:
         """Samples received but not yet part of a complete window (always < 512)."""
@@ -306,13 +320,54 @@ class SpeechSegmenter:
     min_silence >= 2 * pad (the defaults) this equals silero's padding exactly.
     """
 
-    def __init__(self, options: VadOptions = VadOptions()):
+    def __init__(self, options: VadOptions = VadOptions(), first_segment_id: int = 0):
         self.options = options
+        self.first_segment_id = first_segment_id  # the first segment's id (later ones count on)
         self._limits = _Limits.from_options(options)
-        self.state = SegmenterState()
+        self.reset()
 
     def reset(self) -> None:
-        self.state = SegmenterState()
+        self.state = SegmenterState(next_segment_id=self.first_segment_id)
+
+    @property
+    def idle(self) -> bool:
+        """No segment is open or undecided, not even a burst too short to keep yet: all the state
+        says is where the stream is, where the last segment ended and the next segment's id."""
+        return not self.state.triggered and self.state.pending_end is None
+
+    def resume(self, sample: int, last_end_sample: int, next_segment_id: int) -> None:
+        """Go on from an idle state (see `idle`) `sample` samples into the stream (a multiple of
+        the window): the next window pushed is the one that starts there."""
+        if sample % WINDOW_SAMPLES:
+            raise ValueError(f"a segmenter resumes on a window boundary, not at sample {sample}")
+        self.state = SegmenterState(windows_seen=sample // WINDOW_SAMPLES, last_end_sample=last_end_sample,
+                                    next_segment_id=next_segment_id)
+
+    @property
+    def earliest_end_sample(self) -> int | None:
+        """The earliest sample at which the segment whose start was emitted and whose end was not
+        can still end (padded end), whatever the windows still to come (only the stream's end may
+        cut it shorter, and no frame exists past that); None when no such segment exists. A function of the windows seen so far, never of how the audio was cut, so the
+        frames a stream sends of an open segment (edge/pipeline.py) never run past its end.
+
+        While speech goes on, a pause may begin at the next window at the earliest; a pause in
+        progress ends the segment where it began. The padding after the raw end is at least
+        min(pad, min silence): an end's padding stops only at the next onset, which comes a whole
+        min silence after the pause began. A cut at max speech ends the segment at a past pause
+        with a padding that may stop at once, so with max speech set no padding is counted."""
+        s, lim = self.state, self._limits
+        next_window = s.windows_seen * WINDOW_SAMPLES  # where a pause can begin at the earliest
+        if s.pending_end is not None:
+            # closed, its padding still open: an onset at the next window would clip it there
+            return min(s.pending_end.raw_end_sample + lim.pad, next_window)
+        if not (s.triggered and s.confirmed):
+            return None
+        raw_end = next_window if s.silence_start_sample is None else s.silence_start_sample
+        if math.isinf(self.options.max_speech_duration_s):
+            return raw_end + min(lim.pad, lim.min_silence)
+        if s.longest_pause is not None:
+            raw_end = min(raw_end, s.longest_pause.start_sample)
+        return raw_end
 
     def push(self, probabilities) -> list[SegmentEvent]:
         """Consume the probabilities of the next full windows; return the events they decide."""
@@ -449,11 +504,11 @@ class StreamingVad:
     its own (`SileroVad.new_stream()` shares the loaded model). None loads the model.
     """
 
-    def __init__(self, options: VadOptions = VadOptions(), vad: SileroVad | None = None):
+    def __init__(self, options: VadOptions = VadOptions(), vad: SileroVad | None = None, first_segment_id: int = 0):
         self.options = options
         self.vad = vad if vad is not None else SileroVad()
         self.vad.reset()
-        self.segmenter = SpeechSegmenter(options)
+        self.segmenter = SpeechSegmenter(options, first_segment_id)
         self._samples_seen = 0
 
     @property
@@ -472,6 +527,14 @@ class StreamingVad:
         events = self.segmenter.finish(self.vad.flush(), self._samples_seen)
         self._samples_seen = 0
         return events
+
+    def resume(self, sample: int, vad_state: np.ndarray, vad_context: np.ndarray, last_end_sample: int,
+               next_segment_id: int) -> None:
+        """Go on from a stream's idle state `sample` samples in (`SileroVad.snapshot` and the
+        segmenter's fields there): the next sample pushed is the stream's sample `sample`."""
+        self.segmenter.resume(sample, last_end_sample, next_segment_id)
+        self.vad.restore(vad_state, vad_context)
+        self._samples_seen = sample
 
 
 def segments_from_events(events: list[SegmentEvent]) -> list[SpeechSegment]:

@@ -65,9 +65,11 @@ def _seed(s: pb.SessionSeed) -> SessionSeed | None:
     if not s.present:
         return None
     return SessionSeed(running_max_log10=s.running_max_log10, context_tail=s.context_tail,
-                       next_segment_id=s.next_segment_id)
+                       next_segment_id=s.next_segment_id, front_end_state=bytes(s.front_end_state),
+                       audio_sample=int(s.audio_sample))
 
 
 def _seed_message(s: SessionSeed) -> pb.SessionSeed:
     return pb.SessionSeed(present=True, running_max_log10=s.running_max_log10, context_tail=s.context_tail,
-                          next_segment_id=s.next_segment_id)
+                          next_segment_id=s.next_segment_id, front_end_state=s.front_end_state,
+                          audio_sample=s.audio_sample)

@@ -42,16 +42,20 @@ class Start(_message.Message):
     def __init__(self, language: _Optional[str] = ..., context: _Optional[str] = ..., codec: _Optional[str] = ..., session_id: _Optional[str] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., last_event_seq: _Optional[int] = ...) -> None: ...
 
 class SessionSeed(_message.Message):
-    __slots__ = ("present", "running_max_log10", "context_tail", "next_segment_id")
+    __slots__ = ("present", "running_max_log10", "context_tail", "next_segment_id", "front_end_state", "audio_sample")
     PRESENT_FIELD_NUMBER: _ClassVar[int]
     RUNNING_MAX_LOG10_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_TAIL_FIELD_NUMBER: _ClassVar[int]
     NEXT_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    FRONT_END_STATE_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_SAMPLE_FIELD_NUMBER: _ClassVar[int]
     present: bool
     running_max_log10: float
     context_tail: str
     next_segment_id: int
-    def __init__(self, present: _Optional[bool] = ..., running_max_log10: _Optional[float] = ..., context_tail: _Optional[str] = ..., next_segment_id: _Optional[int] = ...) -> None: ...
+    front_end_state: bytes
+    audio_sample: int
+    def __init__(self, present: _Optional[bool] = ..., running_max_log10: _Optional[float] = ..., context_tail: _Optional[str] = ..., next_segment_id: _Optional[int] = ..., front_end_state: _Optional[bytes] = ..., audio_sample: _Optional[int] = ...) -> None: ...
 
 class Features(_message.Message):
     __slots__ = ("seq", "segment_id", "first_frame", "frame_count", "segment_start", "segment_end", "payload", "running_max_log10", "payload_crc32c")

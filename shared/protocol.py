@@ -33,6 +33,10 @@ class SessionSeed:
     running_max_log10: float
     context_tail: str
     next_segment_id: int
+    # Thin clients: the server's front end at a quiet point (opaque bytes, edge/checkpoint.py), and
+    # the sample (in the seeding session's count) a replacement session's audio must start at.
+    front_end_state: bytes = b""
+    audio_sample: int = 0
 
 
 # ---- client -> server ----------------------------------------------------------------------------

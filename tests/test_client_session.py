@@ -332,6 +332,29 @@ def test_thin_client_trims_replays_from_the_last_final_and_shifts_times():
     assert math.isclose(event.end_s, 1.46)
 
 
+def test_thin_client_with_a_front_end_checkpoint_replays_from_it_and_keeps_its_times():
+    """The final's seed carries the server's front-end state: the replacement session is seeded with
+    it whole, gets the audio from its `audio_sample` on, and its events keep their times (the
+    resumed front end counts the stream as the lost one did)."""
+    s = ClientSession(ClientOptions(send_audio=True, audio_piece_ms=100))
+    audio = (np.arange(48_000) % 2000 - 1000).astype("<i2").tobytes()  # 3 s
+    for i in range(30):
+        s.on_audio(audio[3200 * i:3200 * (i + 1)])
+    connect(s, Ready("old", 0))
+    write_all(s)
+    seed = SessionSeed(2.5, "hello", 1, front_end_state=b"front end at 1.12 s", audio_sample=15_360)
+    s.on_server_message(transcript(0, 1, "one", final=True, start_s=0.5, end_s=1.3, seed=seed), 0.1)
+    s.on_server_message(Ack(30, 0), 0.1)
+    assert s.buffer.entries[0].first_sample == 9 * 1600  # the piece holding the replay point
+
+    s.on_disconnect(Disconnect("lost", code="NOT_FOUND"), now=1.0)
+    assert connect(s, Ready("new", 0)).seed == seed
+    replay = write_all(s)
+    assert b"".join(m.pcm16 for m in replay) == audio[2 * 15_360:]
+    (event,) = s.on_server_message(transcript(1, 1, "two", start_s=1.6, end_s=2.0), 1.1)
+    assert isinstance(event, TranscriptEvent) and (event.start_s, event.end_s) == (1.6, 2.0)
+
+
 def test_the_front_ends_do_not_mix():
     with pytest.raises(TypeError):
         ClientSession(ClientOptions(send_audio=True)).on_packets([packet(0, 0, start=True)], 0.0)

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from harken.edge.pipeline import FeatureStream
+from harken.edge.checkpoint import FrontEndCheckpoint
+from harken.edge.pipeline import CHECKPOINT_SAMPLES, FeatureStream, replay_lead_samples
 from harken.edge.features import log_mel_raw
 from harken.edge.vad import VadOptions, get_speech_timestamps
 from harken.shared.codec import decode_frames
@@ -20,6 +21,29 @@ def audio():
     return noisy(concat(silence(0.8), speech("Hello there, this is the first sentence."), silence(1.5),
                         speech("And here comes a second one, a little longer than the first."),
                         silence(1.0)), snr_db=35)
+
+
+@pytest.fixture(scope="module")
+def close_pair():
+    """Two utterances 0.1 s apart: the VAD's segments are less than 0.2 s apart, less than the time
+    it takes to decide the first one's end."""
+    return noisy(concat(silence(0.5), speech("Hello there."), silence(0.1),
+                        speech("And here comes a second one."), silence(1.0)), snr_db=35)
+
+
+def _vad_frames(audio) -> list[tuple[int, int]]:
+    """The VAD's segments of the whole recording on the frame grid: the frames centred inside
+    each, a start never before the previous segment's end frame."""
+    out: list[tuple[int, int]] = []
+    for s in get_speech_timestamps(audio, VadOptions()):
+        start = max(s.start_sample // 160, out[-1][1] if out else 0)
+        out.append((start, -(-s.end_sample // 160)))
+    return out
+
+
+def _spans(packets) -> list[tuple[int, int]]:
+    return [(ps[0].first_frame, ps[-1].first_frame + ps[-1].frame_count)
+            for _, ps in sorted(_by_segment(packets).items())]
 
 
 def _run(audio, pieces, **kw):
@@ -50,12 +74,8 @@ def test_packets_cover_each_vad_segment_contiguously(audio):
         for a, b in zip(ps, ps[1:]):
             assert a.first_frame + a.frame_count == b.first_frame
         assert ps[0].first_frame == seg.start_sample // 160
-        # frames leave as soon as final, so a segment may overrun the VAD's end by the VAD's
-        # end-decision delay (min silence - pad + a window), never fall short of it
-        sent_end = ps[-1].first_frame + ps[-1].frame_count
-        vad_end = -(-seg.end_sample // 160)
-        o = VadOptions()
-        assert vad_end <= sent_end <= vad_end + (o.min_silence_duration_ms - o.speech_pad_ms + 64) // 10 + 1
+        # exactly the VAD's end: no frame of the trailing pause that decided it
+        assert ps[-1].first_frame + ps[-1].frame_count == -(-seg.end_sample // 160)
         assert all(p.frame_count == 20 for p in ps[:-1])
 
 
@@ -70,22 +90,24 @@ def test_decoded_frames_are_the_floored_reference(audio):
             assert feature_error_db(ref, frames).rms_db < HIFI_RMS_DB
 
 
-def test_packets_do_not_depend_on_piece_sizes(audio):
-    """Up to each segment's VAD end the packets are byte-identical whatever the piece sizes; only
-    how far the tail overruns the end depends on when the end decision arrives (bounded)."""
-    rng = np.random.default_rng(7)
-    whole = _by_segment(_run(audio, [])[1])
-    pieces = _by_segment(_run(audio, rng.integers(1, 4000, size=200).tolist())[1])
-    assert sorted(whole) == sorted(pieces)
-    o = VadOptions()
-    for sid in whole:
-        w, p = whole[sid], pieces[sid]
-        full = [x for x in w if x.frame_count == 20 and not x.segment_end]
-        assert [(x.first_frame, x.frame_count, x.segment_start, x.payload) for x in full] == \
-               [(x.first_frame, x.frame_count, x.segment_start, x.payload) for x in p[:len(full)]]
-        w_end = w[-1].first_frame + w[-1].frame_count
-        p_end = p[-1].first_frame + p[-1].frame_count
-        assert w_end <= p_end <= w_end + (o.min_silence_duration_ms - o.speech_pad_ms + 64) // 10 + 20
+@pytest.mark.parametrize("name", ["audio", "close_pair"])
+def test_packets_are_a_function_of_the_samples_alone(name, request):
+    """The same audio whole, in 20 ms, 100 ms and 1000 ms pieces and in random pieces gives the same
+    packets byte for byte (segment ends included, and the running max they carry), and their
+    segments are the VAD's segments of the whole recording on the frame grid, none overlapping the
+    one before. Before: frames of an open segment left as soon as they were final, so a segment
+    ran past the VAD's end by however much audio had arrived when the end was decided: in 20 ms
+    pieces `close_pair`'s first segment ran to frame 164, into the second, which starts at 162
+    (the engine refuses that: "segment 1 starts at frame 162, before the previous segment's end")."""
+    audio = request.getfixturevalue(name)
+    whole = _run(audio, [])[1]
+    cuts = {f"{ms} ms": [16 * ms] * (audio.size // (16 * ms)) for ms in (20, 100, 1000)}
+    cuts["random"] = np.random.default_rng(7).integers(1, 4000, size=200).tolist()
+    for label, pieces in cuts.items():
+        assert _run(audio, pieces)[1] == whole, label
+    spans = _spans(whole)
+    assert spans == _vad_frames(audio) and len(spans) == 2
+    assert spans[0][1] <= spans[1][0]
 
 
 def test_silence_sends_nothing():
@@ -116,3 +138,77 @@ def test_memory_is_bounded_over_a_long_stream():
             peak = max(peak, len(stream._frames))
     # idle look-back plus one open packet plus the frames a segment end may wait for
     assert peak <= stream.lookback_frames + stream.packet_frames + 60
+
+
+def _with_checkpoints(audio, stream: FeatureStream):
+    """Push `audio` in pieces that end on the checkpoint grid; returns [(checkpoint, the packets the
+    stream sent after it)] for every checkpoint it gave, the one at sample 0 included."""
+    taken = [(stream.checkpoint(), 0)]
+    packets: list = []
+    for i in range(0, audio.size, CHECKPOINT_SAMPLES):
+        packets += stream.push(audio[i:i + CHECKPOINT_SAMPLES])
+        if (c := stream.checkpoint()) is not None:
+            taken.append((c, len(packets)))
+    packets += stream.flush()
+    return [(c, packets[n:]) for c, n in taken]
+
+
+def _fed(stream: FeatureStream, audio, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    out, i = [], 0
+    while i < audio.size:
+        n = int(rng.integers(1, 5000))
+        out += stream.push(audio[i:i + n])
+        i += n
+    return out + stream.flush()
+
+
+@pytest.fixture(scope="module")
+def noisy_three():
+    """Three utterances in noise (20 dB SNR) with short pauses."""
+    return noisy(concat(silence(0.3), speech("Hello there, this is a test of the system."), silence(0.5),
+                        speech("A second sentence follows now."), silence(0.45),
+                        speech("And the third one ends it."), silence(0.5)), snr_db=20)
+
+
+def test_a_resumed_stream_sends_exactly_what_the_checkpointed_one_sent_after_it(noisy_three):
+    """At every quiet point of the checkpoint grid the stream gives a checkpoint; a stream resumed
+    from it (through its bytes) and fed the audio from its replay point on, in other pieces, sends
+    exactly the packets the first sent after it, and gives the same checkpoint there again. A
+    stream started afresh at the same point (what a thin client's replay did before) does not: the
+    VAD's state at a pause in noise is not a fresh one's."""
+    audio = noisy_three
+    taken = _with_checkpoints(audio, FeatureStream())
+    assert len(taken) >= 6 and {c.next_segment_id for c, _ in taken} == {0, 1, 2, 3}
+    fresh_differs = False
+    for c, after in taken:
+        assert c.sample % CHECKPOINT_SAMPLES == 0
+        assert c.replay_from == max(0, c.sample - replay_lead_samples(VadOptions()))
+        resumed = FeatureStream.resume(FrontEndCheckpoint.parse(c.serialize()))
+        replay = audio[c.replay_from:]
+        lead = c.sample - c.replay_from
+        assert resumed.push(replay[:lead]) == []
+        assert resumed.checkpoint().serialize() == c.serialize()
+        assert resumed.samples == c.sample
+        assert _fed(resumed, replay[lead:], seed=c.sample) == after, c.sample
+        if c.sample:
+            fresh = FeatureStream(running_max_log10=c.running_max_log10, first_segment_id=c.next_segment_id)
+            offset = c.replay_from // 160
+            fresh_differs |= [(p.segment_id, p.first_frame + offset, p.frame_count, p.payload)
+                              for p in _fed(fresh, replay, seed=0)] != \
+                             [(p.segment_id, p.first_frame, p.frame_count, p.payload) for p in after]
+    assert fresh_differs
+
+
+def test_a_checkpoint_needs_the_settings_that_made_it(noisy_three):
+    c = FeatureStream().checkpoint()
+    assert c is not None and c.sample == 0
+    with pytest.raises(ValueError, match="other settings"):
+        FeatureStream.resume(c, VadOptions(speech_pad_ms=30))
+    with pytest.raises(ValueError, match="other settings"):
+        FeatureStream.resume(c, packet_frames=10)
+    stream = FeatureStream()
+    stream.push(noisy_three[:CHECKPOINT_SAMPLES + 100])
+    assert stream.checkpoint() is None  # off the grid
+    resumed = FeatureStream.resume(_with_checkpoints(noisy_three, FeatureStream())[-1][0])
+    assert resumed.flush() == []  # ended before the replay reached the checkpoint: nothing open

@@ -4,8 +4,10 @@ test_transport.py)."""
 
 from __future__ import annotations
 
-from harken.edge.replay import THIN_REPLAY_ALIGN, AudioBuffer, FeatureBuffer, align_down
-from harken.shared.protocol import Audio, FeaturePacket, Features
+from dataclasses import replace
+
+from harken.edge.replay import THIN_REPLAY_ALIGN, THIN_REPLAY_MAX_S, AudioBuffer, FeatureBuffer, align_down
+from harken.shared.protocol import Audio, FeaturePacket, Features, SessionSeed
 
 
 def packet(segment_id: int, first_frame: int, frames: int = 10, start: bool = False, end: bool = False):
@@ -64,3 +66,41 @@ def test_thin_client_audio_is_kept_until_applied_and_behind_the_last_final():
     assert b.replay_offset_s == 7680 / 16_000 == b.time_offset_s
     assert b.entries[0].first_sample == 7680 and sum(e.end_sample - e.first_sample for e in b.entries) == 8320
     assert all(e.times_sent == 1 for e in b.entries) and [e.seq for e in b.entries] == [1, 2, 3, 4, 5, 6]
+
+
+def test_thin_client_keeps_audio_from_the_seeds_checkpoint_and_replays_exactly_from_it():
+    """A seed with a front-end checkpoint: the audio is kept from its replay point (here before the
+    final's end), a replacement gets exactly that audio, the seed goes on whole and times are not
+    shifted (the resumed front end counts as the lost one did). The replacement's own seeds count
+    from the same zero."""
+    b = AudioBuffer(piece_samples=1600)
+    for i in range(20):
+        b.add_audio(bytes(3200))  # 0.1 s each, 2 s in all
+    seed = SessionSeed(1.0, "ctx", 1, front_end_state=b"state", audio_sample=5120)
+    b.on_seed(seed)
+    b.on_final(0, end_s=0.5, final_through=0, acked_seq=20)
+    assert b.checkpoint_sample == 5120 and b.entries[0].first_sample == 4800  # the piece holding 5120
+    assert b.on_session_lost(seed) == seed
+    assert b.time_offset_s == 0.0 and b.entries[0].first_sample == 5120
+    assert sum(e.end_sample - e.first_sample for e in b.entries) == 32_000 - 5120
+    assert [e.seq for e in b.entries] == list(range(1, len(b.entries) + 1))
+    b.on_seed(replace(seed, audio_sample=7680))
+    assert b.checkpoint_sample == 7680
+
+
+def test_thin_client_without_the_checkpoints_audio_falls_back_to_the_final_end():
+    """The checkpoint's audio is gone (older than THIN_REPLAY_MAX_S): the replacement starts a
+    fresh front end at the grid point before the last final's end, the seed goes without its
+    state, and times shift to the replay's start."""
+    b = AudioBuffer(piece_samples=16_000)
+    seed = SessionSeed(1.0, "ctx", 1, front_end_state=b"state", audio_sample=0)
+    b.on_seed(seed)
+    for _ in range(THIN_REPLAY_MAX_S + 5):
+        b.add_audio(bytes(32_000))  # 1 s each
+    b.on_final(0, end_s=61.0, final_through=0, acked_seq=THIN_REPLAY_MAX_S + 5)
+    assert b.entries[0].first_sample == 4 * 16_000  # the piece holding the cap, 60 s back
+    plain = b.on_session_lost(seed)
+    assert plain == replace(seed, front_end_state=b"", audio_sample=0)
+    start = align_down(61 * 16_000)
+    assert b.entries[0].first_sample == start and b.time_offset_s == start / 16_000
+    assert b.checkpoint_sample is None

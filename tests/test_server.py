@@ -35,7 +35,7 @@ from harken.cloud.commit import CommitPolicy
 from harken.cloud.server import ServerOptions, start_server
 from harken.proto import harken_pb2 as pb
 from harken.proto import harken_pb2_grpc
-from signals import concat, silence, speech
+from signals import concat, silence, speech, write_wav
 
 SR = 16_000
 TIMEOUT = 60  # seconds a test stream may take: a hang fails instead of blocking the run
@@ -247,6 +247,42 @@ def test_thin_client_audio_gets_the_same_transcript(asr, audio, reference):
     assert out.code == grpc.StatusCode.OK, out.details
     assert transcript_of(out.events) == transcript_of(reference)
     assert out.acks[-1].seq == len(audio_msgs(audio))
+
+
+def test_thin_client_segments_do_not_depend_on_how_the_audio_is_cut(asr, audio, tmp_path):
+    """The same PCM16 in 20 ms, 100 ms and 1000 ms `Audio` messages and in one: the server's VAD
+    gives the same segments, so the same transcript, and they are `harken vad`'s segments of the
+    same samples as a WAV file. `harken vad` reports samples (to the ms), a transcript reports
+    frames (10 ms), so its segments are compared on the frame grid: the frames centred inside
+    each, a start not before the previous end. Before, small pieces sent frames of the trailing
+    pause past the VAD's end (the end frame depended on how much audio had come when the end was
+    decided)."""
+    pieces = {"20 ms": 0.02, "100 ms": 0.1, "1000 ms": 1.0, "whole": audio.size / SR}
+
+    async def main():
+        async with serving(asr) as server:
+            return {label: await run_stream(server.address, [start_msg()] + audio_msgs(audio, piece_s=piece_s) + [END])
+                    for label, piece_s in pieces.items()}
+
+    outs = asyncio.run(main())
+    wav = tmp_path / "audio.wav"
+    write_wav(wav, audio)
+    vad = json.loads(subprocess.run([sys.executable, "-m", "harken", "vad", str(wav), "--json"], check=True,
+                                    capture_output=True, text=True, timeout=120).stdout)
+    expected: list[tuple[float, float]] = []
+    end_frame = 0
+    for seg in vad["segments"]:
+        start, end = round(seg["start_s"] * SR), round(seg["end_s"] * SR)  # whole ms: exact samples
+        first = max(start // 160, end_frame)
+        end_frame = -(-end // 160)
+        expected.append((first / 100, end_frame / 100))
+    assert len(expected) == 2
+    whole = transcript_of(outs["whole"].events)
+    for label, out in outs.items():
+        assert out.code == OK, (label, out.details)
+        got = transcript_of(out.events)
+        assert [(start_s, end_s) for _, _, start_s, end_s, _ in got] == expected, label
+        assert got == whole, label
 
 
 def test_a_client_that_half_closes_without_end_gets_its_finals_and_ok(asr, packets, reference):
@@ -1313,6 +1349,37 @@ def test_shutdown_finalises_open_segments_and_sends_their_finals(asr, packets):
     assert refused.code == grpc.StatusCode.UNAVAILABLE
 
 
+def test_a_thin_segment_the_shutdown_cuts_short_gets_a_seed_without_front_end_state(asr, audio):
+    """A graceful stop in the middle of a thin client's second utterance ends its segment where the
+    audio stops. That final's seed has no front-end state: a replacement resumed from a quiet point
+    before the segment would treat all of it as final and lose the speech after the cut; without
+    one the client replays from the cut into a fresh front end. The first final's seed has one."""
+    msgs = audio_msgs(audio)
+    cut = 30  # 3.0 s: inside the second utterance (2.1 s to 4.5 s)
+
+    async def main():
+        server = await start_server(asr, ServerOptions(port=0, policy=POLICY))
+        try:
+            out = Outcome()
+            task = asyncio.create_task(run_stream(server.address, [start_msg()] + msgs[:cut],
+                                                  hold_open=asyncio.Event(), out=out))
+            while not (out.acks and out.acks[-1].seq == cut):
+                out.progress.clear()
+                await out.progress.wait()
+            await server.stop()
+            return await task
+        finally:
+            await server.stop()
+
+    out = asyncio.run(main())
+    assert out.code == grpc.StatusCode.UNAVAILABLE, out.details
+    finals = [t for t in out.transcripts if t.is_final]
+    assert [t.segment_id for t in finals] == [0, 1] and finals[1].end_s <= cut / 10
+    assert finals[0].seed.front_end_state and finals[0].seed.next_segment_id == 1
+    assert finals[1].seed.present and finals[1].seed.next_segment_id == 2
+    assert finals[1].seed.front_end_state == b"" and finals[1].seed.audio_sample == 0
+
+
 def test_harken_serve_prints_its_addresses_and_stops_on_sigterm(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "harken", "serve", "--model", "tiny", "--idle-timeout-s", "0"],
                          capture_output=True, text=True, timeout=60)
@@ -1440,6 +1507,41 @@ def test_a_seeded_replacement_session_continues_exactly(asr, packets, reference)
     assert out.ready.last_final_segment == 0
     assert transcript_of(out.events) == [t for t in transcript_of(reference) if t[0] == 1]
     assert out.transcripts[-1].seed.next_segment_id == 2
+
+
+def test_a_thin_clients_seeded_replacement_resumes_the_front_end(asr, audio):
+    """A thin client's session to its end; then what the client does after losing it: a session
+    seeded with the first final's seed, whose front-end state resumes the server's VAD and log-mel
+    where they stood at a quiet point, fed the audio from the seed's `audio_sample` on (in other
+    pieces): the later segment comes out with the same id, times and text. A state that does not
+    parse, an `audio_sample` that is not its replay point, or audio at another rate after it is
+    INVALID_ARGUMENT."""
+    async def main():
+        async with serving(asr) as server:
+            first = await run_stream(server.address, [start_msg()] + audio_msgs(audio) + [END])
+            seed = next(t.seed for t in first.transcripts if t.is_final)
+            rest = audio[seed.audio_sample:]
+            replacement = await run_stream(server.address, [start_msg(seed=seed)]
+                                           + audio_msgs(rest, piece_s=0.37) + [END])
+            bad_seeds = [pb.SessionSeed(), pb.SessionSeed()]
+            for b in bad_seeds:
+                b.CopyFrom(seed)
+            bad_seeds[0].front_end_state = seed.front_end_state[:100] + b"!" + seed.front_end_state[101:]
+            bad_seeds[1].audio_sample = seed.audio_sample + 160
+            bad = [await run_stream(server.address, [start_msg(seed=b), END]) for b in bad_seeds]
+            bad.append(await run_stream(server.address, [start_msg(seed=seed)] + audio_msgs(rest, rate=8000)[:1]))
+            return first, seed, replacement, bad
+
+    first, seed, out, bad = asyncio.run(main())
+    print(f"\nthin replacement: replayed from sample {seed.audio_sample} ({len(seed.front_end_state)} bytes of state)")
+    assert first.code == OK and out.code == OK, (first.details, out.details)
+    assert seed.next_segment_id == 1 and seed.front_end_state and seed.audio_sample % 2560 == 0
+    assert out.ready.last_final_segment == 0
+    assert transcript_of(out.events) == [t for t in transcript_of(first.events) if t[0] == 1]
+    assert [(o.code, o.details.split(":")[0]) for o in bad] == [
+        (INVALID, "start.seed.front_end_state"), (INVALID, f"start.seed.audio_sample {seed.audio_sample + 160} is not "
+                                                            f"where its front_end_state replays from ({seed.audio_sample})"),
+        (INVALID, "start.seed.front_end_state goes on with 16 kHz audio, not 8000 Hz")]
 
 
 def test_finalize_closes_the_open_segment_of_a_thin_client(asr, audio):

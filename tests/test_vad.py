@@ -250,6 +250,46 @@ def test_segmenter_invariants_for_any_options(runs, pad_ms, min_silence_ms, min_
     _check_event_stream(_segment(probabilities, total, options), options, total)
 
 
+@settings(max_examples=300, deadline=None)
+@given(runs=probability_runs, tail=st.integers(0, WINDOW_SAMPLES - 1), pad_ms=st.integers(0, 400),
+       min_silence_ms=st.integers(0, 400), min_speech_ms=st.integers(0, 400),
+       max_speech_s=st.sampled_from([math.inf, 0.6, 1.5]))
+def test_earliest_end_never_exceeds_the_end_that_comes(runs, tail, pad_ms, min_silence_ms, min_speech_ms,
+                                                       max_speech_s):
+    """After every window, `earliest_end_sample` is set exactly while a segment is open (its start
+    emitted, its end not), and the end that segment gets, however the stream goes on, is never
+    before it (unless the stream ends first): frames before the bound can leave without running
+    past the segment's end."""
+    probabilities = [p for p, n in runs for _ in range(n)]
+    total = len(probabilities) * WINDOW_SAMPLES - (tail if probabilities else 0)
+    options = VadOptions(min_speech_duration_ms=min_speech_ms, min_silence_duration_ms=min_silence_ms,
+                         speech_pad_ms=pad_ms, max_speech_duration_s=max_speech_s)
+    segmenter = SpeechSegmenter(options)
+    open_id: int | None = None
+    bounds: dict[int, int] = {}  # segment id -> the highest bound given while it was open
+
+    def apply(events):
+        nonlocal open_id
+        for e in events:
+            if isinstance(e, SegmentStart):
+                assert open_id is None
+                open_id = e.segment_id
+            else:
+                # the stream's end cuts a segment short wherever it comes
+                assert e.segment_id == open_id and min(bounds.get(e.segment_id, 0), total) <= e.end_sample
+                open_id = None
+
+    split = max(0, len(probabilities) - 1)
+    for p in probabilities[:split]:
+        apply(segmenter.push([p]))
+        bound = segmenter.earliest_end_sample
+        assert (bound is None) == (open_id is None)
+        if bound is not None:
+            bounds[open_id] = max(bounds.get(open_id, 0), bound)
+    apply(segmenter.finish(probabilities[split:], total))
+    assert open_id is None
+
+
 def test_start_is_decided_within_min_speech_plus_pad_during_continuous_speech():
     options = VadOptions()
     onset_window = 40
