@@ -40,6 +40,7 @@ def test_committed_vectors_match_the_python_edge(computed):
         assert np.abs(np.array(probs_want) - np.array(probs_got)).max() <= 1e-5
         assert got == want, name
     assert json.loads(wv.dumps({"cases": cases})) == json.loads((wv.VECTORS / "codec.json").read_text())
+    assert json.loads(wv.dumps(wv.wire_cases())) == json.loads((wv.VECTORS / "wire.json").read_text())
     assert any(r["packets"] for r in records.values())  # speech: packets, not only silence
 
 

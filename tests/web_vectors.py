@@ -180,6 +180,43 @@ def codec_cases(name: str, mel: np.ndarray, record: dict) -> list[dict]:
     return cases
 
 
+def wire_cases() -> dict:
+    """Messages besides Features, as the Python wire writes them: a port decodes the server's and
+    writes the client's Start/End byte for byte."""
+    from harken.edge import wire
+    from harken.proto import harken_pb2 as pb
+    from harken.shared.protocol import End, SessionSeed, Start
+
+    seed = SessionSeed(running_max_log10=1.25, context_tail="hello wörld", next_segment_id=3)
+    starts = [Start(codec="harken-mel/1"), Start(language="English", context="names", codec="harken-mel/1"),
+              Start(codec="harken-mel/1", session_id="abc123", last_event_seq=7),
+              Start(codec="harken-mel/1", seed=seed)]
+
+    def seed_json(x: SessionSeed | None) -> dict | None:
+        return None if x is None else {"running_max_log10": x.running_max_log10, "context_tail": x.context_tail,
+                                       "next_segment_id": x.next_segment_id}
+
+    client = [{"start": {"language": m.language, "context": m.context, "codec": m.codec, "session_id": m.session_id,
+                         "last_event_seq": m.last_event_seq, "seed": seed_json(m.seed)},
+               "bytes": wire.client_message(m).SerializeToString().hex()} for m in starts]
+    client.append({"end": {}, "bytes": wire.client_message(End()).SerializeToString().hex()})
+    server = [
+        pb.ServerMessage(ready=pb.Ready(session_id="sid-1", resume_after_seq=5, last_final_segment=-1)),
+        pb.ServerMessage(ack=pb.Ack(seq=12, last_final_segment=-1)),
+        pb.ServerMessage(ack=pb.Ack(seq=300, last_final_segment=2)),
+        pb.ServerMessage(transcript=pb.Transcript(segment_id=2, committed_delta="héllo ", partial="wor",
+                                                  stability=0.5, start_s=1.25, end_s=2.5, language="English",
+                                                  is_final=False, event_seq=9)),
+        pb.ServerMessage(transcript=pb.Transcript(segment_id=2, committed_delta="world.", start_s=1.25, end_s=3.0,
+                                                  language="English", is_final=True, event_seq=10,
+                                                  seed=pb.SessionSeed(present=True, running_max_log10=1.25,
+                                                                      context_tail="hello", next_segment_id=3))),
+        pb.ServerMessage(error=pb.Error(code="INVALID_ARGUMENT", message="bad payload")),
+    ]
+    return {"client": client, "server": [{"bytes": m.SerializeToString().hex(),
+                                          "kind": m.WhichOneof("kind")} for m in server]}
+
+
 def compute() -> tuple[dict[str, np.ndarray], dict[str, dict], list[dict]]:
     mels, records, cases = {}, {}, []
     for wav in sorted(VECTORS.glob("*.wav")):
@@ -203,6 +240,7 @@ def main(argv: list[str]) -> None:
         mel.astype("<f4").tofile(VECTORS / f"{name}.logmel.f32")
         (VECTORS / f"{name}.json").write_text(dumps(records[name]))
     (VECTORS / "codec.json").write_text(dumps({"cases": cases}))
+    (VECTORS / "wire.json").write_text(dumps(wire_cases()))
 
 
 if __name__ == "__main__":

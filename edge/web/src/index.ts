@@ -12,3 +12,5 @@ export { decodeServerMessage, encodeClientMessage, featuresBytes } from "./proto
 export type * from "./protocol.js";
 export { DEFAULT_VAD, SileroVad, SpeechSegmenter, StreamingVad } from "./vad.js";
 export type { SegmentEvent, VadOptions } from "./vad.js";
+export { ClientSession, DEFAULT_CLIENT_OPTIONS, FeatureBuffer, ReplayFilter, StreamError } from "./session.js";
+export type { ClientOptions, Disconnect, Retry, SessionOutput, StreamProgress } from "./session.js";
