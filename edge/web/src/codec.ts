@@ -9,7 +9,7 @@ import { N_CLASSES, encodeSymbols } from "./entropy.js";
 
 export const N_MELS = 128;
 export const DYNAMIC_RANGE_LOG10 = 8.0;
-export const CODEC_NAME = "harken-mel/1";
+export { CODEC_NAME } from "./protocol.js";
 export const DEFAULT_MODE = "balanced";
 export const MAX_FRAMES = 6000;
 export const VALUE_LIMIT = 100.0;

@@ -14,3 +14,5 @@ export { DEFAULT_VAD, SileroVad, SpeechSegmenter, StreamingVad } from "./vad.js"
 export type { SegmentEvent, VadOptions } from "./vad.js";
 export { ClientSession, DEFAULT_CLIENT_OPTIONS, FeatureBuffer, ReplayFilter, StreamError } from "./session.js";
 export type { ClientOptions, Disconnect, Retry, SessionOutput, StreamProgress } from "./session.js";
+export { StreamingResampler } from "./resample.js";
+export { joinTexts, transcriptText } from "./text.js";

@@ -1,6 +1,9 @@
 // The session protocol's messages as plain data (shared/protocol.py and shared/transcript.py):
 // proto names stay in proto.ts.
 
+/** `Start.codec` of feature payloads of this codec, wire format v1 (codec.ts). */
+export const CODEC_NAME = "harken-mel/1";
+
 /** One `Features` message's worth: frames [firstFrame, firstFrame + frameCount) of a segment. */
 export interface FeaturePacket {
   segmentId: number;

@@ -17,7 +17,7 @@
 // seeded with the last final's SessionSeed, replaying every unfinished packet from seq 1, and the
 // user sees no committed text twice (ReplayFilter); a final before a segment's end splits it.
 
-import { CODEC_NAME } from "./codec.js";
+import { CODEC_NAME } from "./protocol.js";
 import type { ClientMessage, FeaturePacket, ServerMessage, SessionSeed, Start, Transcript, TranscriptEvent } from "./protocol.js";
 
 const FRAMES_PER_SECOND = 100;

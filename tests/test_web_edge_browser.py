@@ -1,0 +1,138 @@
+"""The page's "features on this device" mode in a real Chromium (Debian's chromium, headless,
+playwright), its fake microphone playing a generated speech WAV once: the AudioWorklet resamples
+the device rate to 16 kHz, the edge worker runs silero VAD, the log-mel and the codec on
+onnxruntime-web, and feature packets go over the data channel (edge/web/, served at /edge/).
+
+Checked: features mode is the default; a wrong key is refused in words; the data channel cut
+mid-stream is resumed (a new peer connection, the same session); the final transcript equals what
+`harken stream --server` (the Python edge) gives on the same 16 kHz audio the page captured; the
+live kbps shows. The tiny random checkpoint (tests/conftest.py) transcribes: its words mean
+nothing, but the same features give the same words.
+
+`make test` installs chromium and builds edge/web (npm); this test skips, loudly, only where
+chromium cannot be found outside CI. A missing browser build is a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from harken.cloud.server import ServerOptions, start_server
+from signals import concat, silence, speech, write_wav
+from test_webrtc_browser import CHROMIUM, POLICY, TIMEOUT_MS, _chromium_args
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "browser-edge-key-1"
+
+
+def _browser_build() -> Path:
+    from harken.cloud.webrtc import EDGE_WEB_DIR
+
+    assert (EDGE_WEB_DIR / "harken.js").exists(), f"no browser edge at {EDGE_WEB_DIR}: run `make web`"
+    return EDGE_WEB_DIR
+
+
+async def _harken_stream(wav: Path, grpc_port: int) -> str:
+    """`harken stream WAV --server ... --language English --json`: its last line's final text."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "harken.cli", "stream", str(wav), "--server", f"127.0.0.1:{grpc_port}",
+        "--api-key", KEY, "--language", "English", "--json", cwd=str(ROOT),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()[-3000:]
+    last = json.loads(out.decode().strip().splitlines()[-1])
+    assert last["final"] is True
+    return last["text"]
+
+
+def test_features_mode_gives_harken_streams_transcript_and_survives_a_cut_channel(asr, tmp_path):
+    if not Path(CHROMIUM).exists():
+        assert not os.environ.get("CI"), f"CI must run the browser test: no chromium at {CHROMIUM}"
+        pytest.skip(f"!!! NO CHROMIUM at {CHROMIUM}: the browser test did NOT run (apt-get install chromium) !!!")
+    playwright = pytest.importorskip("playwright.async_api", reason="!!! playwright missing: browser test NOT run !!!")
+    import soxr
+
+    _browser_build()
+    audio = concat(silence(0.5), speech("Hello there, this is a test of the browser page."), silence(1.5))
+    wav = write_wav(tmp_path / "speech.wav", soxr.resample(audio, 16_000, 48_000), rate=48_000)
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY} browser\n")
+    args = [a + "%noloop" if a.startswith("--use-file-for-fake-audio-capture=") else a for a in _chromium_args(wav)]
+
+    async def main():
+        server = await start_server(asr, ServerOptions(port=0, http_port=0, api_keys=str(keys), policy=POLICY))
+        try:
+            async with playwright.async_playwright() as p:
+                browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+                try:
+                    page = await browser.new_page()
+                    errors: list[str] = []
+                    page.on("pageerror", lambda e: errors.append(str(e)))
+                    await page.goto(f"http://127.0.0.1:{server.http_port}/?capture=1")
+                    await page.wait_for_function("document.body.dataset.edge", timeout=TIMEOUT_MS)
+                    edge = await page.evaluate("document.body.dataset.edge")
+                    default_mode = await page.evaluate("document.querySelector('input[name=mode]:checked').value")
+
+                    await page.fill("#key", KEY)
+                    await page.select_option("#language", "English")
+                    await page.click("#start")
+                    await page.wait_for_function("document.body.dataset.state === 'live'", timeout=TIMEOUT_MS)
+                    # mid-speech: cut the data channel as a network fault would; the session resumes
+                    await page.wait_for_function("window.harkenTrack.session.stats.messagesSent >= 4",
+                                                 timeout=TIMEOUT_MS)
+                    await page.evaluate("window.harkenTrack.dropChannel()")
+                    await page.wait_for_function("window.harkenTrack.session.stats.resumes >= 1", timeout=TIMEOUT_MS)
+                    # on audio time: the edge has processed the whole file (then silence) and every
+                    # segment of it is final; then Stop
+                    await page.wait_for_function(
+                        f"window.harkenTrack.session.newSegmentBoundS >= {audio.size / 16_000 + 0.5} && "
+                        "!window.harkenTrack.session.buffer.entries.length", timeout=3 * TIMEOUT_MS)
+                    kbps = await page.inner_text("#kbps")
+                    await page.click("#stop")
+                    await page.wait_for_function("document.body.dataset.state === 'idle' && window.harkenCaptured",
+                                                 timeout=TIMEOUT_MS)
+                    final = {"text": await page.evaluate("document.body.dataset.finalText"),
+                             "error": await page.inner_text("#error"),
+                             "state": await page.inner_text("#state-text"),
+                             "stats": await page.evaluate("({...window.harkenTrack.session.stats})")}
+                    captured_b64 = await page.evaluate("""() => {
+                        const b = new Uint8Array(window.harkenCaptured.buffer); let s = '';
+                        for (let i = 0; i < b.length; i += 8192) s += String.fromCharCode(...b.subarray(i, i + 8192));
+                        return btoa(s); }""")
+
+                    # (after the stream: the fake microphone plays its file from the first capture on)
+                    await page.fill("#key", "wrong-key-123")
+                    await page.click("#start")
+                    await page.wait_for_function("document.querySelector('#error').textContent !== ''",
+                                                 timeout=TIMEOUT_MS)
+                    refused = await page.inner_text("#error")
+                finally:
+                    await browser.close()
+            captured = np.frombuffer(base64.b64decode(captured_b64), dtype="<f4")
+            captured_wav = tmp_path / "captured.wav"
+            sf.write(str(captured_wav), captured, 16_000, subtype="FLOAT")  # exact float32 samples
+            reference = await _harken_stream(captured_wav, server.port)
+        finally:
+            await server.stop()
+        return edge, default_mode, refused, kbps, final, captured, reference, errors
+
+    edge, default_mode, refused, kbps, final, captured, reference, errors = asyncio.run(main())
+    assert errors == []
+    assert edge == "available" and default_mode == "features"
+    assert "did not accept the API key" in refused and "UNAUTHENTICATED" in refused
+    assert kbps.startswith("features: ") and kbps.endswith(" kbps")
+    assert final["error"] == "" and final["state"] == "finished"
+    assert final["stats"]["resumes"] >= 1 and final["stats"]["messagesResent"] >= 0
+    # the page heard the whole file (played once from the capture's start, then silence)
+    assert captured.size >= audio.size and float(np.abs(captured).max()) > 0.05
+    print(f"page: {final['text']!r}; harken stream: {reference!r}; {kbps}; stats {final['stats']}")
+    assert final["text"].strip() and final["text"] == reference
