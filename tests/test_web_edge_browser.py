@@ -6,7 +6,8 @@ onnxruntime-web, and feature packets go over the data channel (edge/web/, served
 Checked: features mode is the default; a wrong key is refused in words; the data channel cut
 mid-stream is resumed (a new peer connection, the same session); the final transcript equals what
 `harken stream --server` (the Python edge) gives on the same 16 kHz audio the page captured; the
-live kbps shows. The tiny random checkpoint (tests/conftest.py) transcribes: its words mean
+page's log-mel (onnxruntime-web) is within 1e-4 of the Python edge's on that audio; the live kbps
+shows. The tiny random checkpoint (tests/conftest.py) transcribes: its words mean
 nothing, but the same features give the same words.
 
 `make test` installs chromium and builds edge/web (npm); this test skips, loudly, only where
@@ -31,7 +32,17 @@ from signals import concat, silence, speech, write_wav
 from test_webrtc_browser import CHROMIUM, POLICY, TIMEOUT_MS, _chromium_args
 
 ROOT = Path(__file__).resolve().parents[1]
+# a Float32Array as base64 (page -> test)
+FLOAT32_B64 = """const b64 = (a) => { const b = new Uint8Array(a.buffer, a.byteOffset, a.byteLength); let s = '';
+    for (let i = 0; i < b.length; i += 8192) s += String.fromCharCode(...b.subarray(i, i + 8192)); return btoa(s); };"""
 KEY = "browser-edge-key-1"
+
+
+def features_max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    """Max abs difference of two raw log10-mel streams [128, T] as the model sees them."""
+    from harken.shared.features_spec import RunningMaxFloor
+
+    return float(np.abs((RunningMaxFloor()(a) - RunningMaxFloor()(b)) / 4.0).max())
 
 
 def _browser_build() -> Path:
@@ -104,10 +115,8 @@ def test_features_mode_gives_harken_streams_transcript_and_survives_a_cut_channe
                              "error": await page.inner_text("#error"),
                              "state": await page.inner_text("#state-text"),
                              "stats": await page.evaluate("({...window.harkenTrack.session.stats})")}
-                    captured_b64 = await page.evaluate("""() => {
-                        const b = new Uint8Array(window.harkenCaptured.buffer); let s = '';
-                        for (let i = 0; i < b.length; i += 8192) s += String.fromCharCode(...b.subarray(i, i + 8192));
-                        return btoa(s); }""")
+                    captured_b64, mel_b64 = await page.evaluate(f"""() => {{ {FLOAT32_B64}
+                        const c = window.harkenCaptured; return [b64(c.samples), b64(c.mel.data)]; }}""")
 
                     # (after the stream: the fake microphone plays its file from the first capture on)
                     await page.fill("#key", "wrong-key-123")
@@ -118,14 +127,15 @@ def test_features_mode_gives_harken_streams_transcript_and_survives_a_cut_channe
                 finally:
                     await browser.close()
             captured = np.frombuffer(base64.b64decode(captured_b64), dtype="<f4")
+            browser_mel = np.frombuffer(base64.b64decode(mel_b64), dtype="<f4").reshape(128, -1)
             captured_wav = tmp_path / "captured.wav"
             sf.write(str(captured_wav), captured, 16_000, subtype="FLOAT")  # exact float32 samples
             reference = await _harken_stream(captured_wav, server.port)
         finally:
             await server.stop()
-        return edge, default_mode, refused, kbps, final, captured, reference, errors
+        return edge, default_mode, refused, kbps, final, captured, browser_mel, reference, errors
 
-    edge, default_mode, refused, kbps, final, captured, reference, errors = asyncio.run(main())
+    edge, default_mode, refused, kbps, final, captured, browser_mel, reference, errors = asyncio.run(main())
     assert errors == []
     assert edge == "available" and default_mode == "features"
     assert "did not accept the API key" in refused and "UNAUTHENTICATED" in refused
@@ -134,5 +144,15 @@ def test_features_mode_gives_harken_streams_transcript_and_survives_a_cut_channe
     assert final["stats"]["resumes"] >= 1 and final["stats"]["messagesResent"] >= 0
     # the page heard the whole file (played once from the capture's start, then silence)
     assert captured.size >= audio.size and float(np.abs(captured).max()) > 0.05
-    print(f"page: {final['text']!r}; harken stream: {reference!r}; {kbps}; stats {final['stats']}")
+    # onnxruntime-web's log-mel in the page against the Python edge's on the same audio, as the model
+    # gets them (floored at the running max - 8, then (x + 4) / 4); raw values far below that floor
+    # (> 80 dB under the loudest bin) differ by more in float32 and never reach the model
+    from harken.edge.features import log_mel_raw
+
+    python_mel = log_mel_raw(captured)
+    assert browser_mel.shape == python_mel.shape
+    max_abs = features_max_abs(browser_mel, python_mel)
+    assert max_abs <= 1e-4
+    print(f"page: {final['text']!r}; harken stream: {reference!r}; {kbps}; log-mel max abs {max_abs:.2e}; "
+          f"stats {final['stats']}")
     assert final["text"].strip() and final["text"] == reference

@@ -21,6 +21,8 @@ export interface FeatureStreamOptions {
   packetFrames?: number;
   vad?: VadOptions;
   runningMaxLog10?: number; // seed from a previous session to continue its floor
+  /** Sees every push's raw log10-mel frames (tests and benchmarks compare them with Python's). */
+  onFrames?: (raw: Frames) => void;
 }
 
 /** The two ONNX models of the edge, loaded once and shared by every stream. */
@@ -44,6 +46,7 @@ export class FeatureStream {
   private firstBuffered = 0;
   private framesComputed = 0;
   private segments: Segment[] = [];
+  private readonly onFrames?: (raw: Frames) => void;
 
   constructor(models: EdgeModels, options: FeatureStreamOptions = {}) {
     this.mode = options.mode ?? DEFAULT_MODE;
@@ -56,6 +59,7 @@ export class FeatureStream {
     this.vad = new StreamingVad(new SileroVad(models.vad), vadOptions);
     this.floor = new RunningMaxFloor(options.runningMaxLog10 ?? -Infinity);
     this.lookbackFrames = lookbackFrames(vadOptions);
+    this.onFrames = options.onFrames;
   }
 
   /** Frames computed so far (the stream's log-mel position). */
@@ -65,12 +69,14 @@ export class FeatureStream {
 
   async push(pcm: Float32Array): Promise<FeaturePacket[]> {
     const frames = await this.mel.push(pcm);
+    this.onFrames?.(frames);
     const events = await this.vad.push(pcm);
     return this.advance(frames, events, false);
   }
 
   async flush(): Promise<FeaturePacket[]> {
     const frames = await this.mel.flush(true);
+    this.onFrames?.(frames);
     const events = await this.vad.flush();
     return this.advance(frames, events, true);
   }

@@ -145,10 +145,11 @@ export class TrackStream extends Emitter {
     this.channel?.close();
   }
 
-  /** (tests) the 16 kHz audio the edge has been fed (with TrackOptions.capture). */
-  captured(): Promise<Float32Array> {
+  /** (tests, benchmarks) the 16 kHz audio the edge has been fed and the raw log10-mel it computed,
+   * [128, k] row-major (with TrackOptions.capture). */
+  captured(): Promise<{ samples: Float32Array; mel: { data: Float32Array; k: number } }> {
     return this.conn.request({ type: "captured", id: this.id }, (m) => m.type === "captured" && m.id === this.id)
-      .then((m) => m.samples as Float32Array);
+      .then((m) => ({ samples: m.samples, mel: m.mel }));
   }
 
   private deliver(items: SessionOutput[]): void {
