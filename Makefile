@@ -62,6 +62,8 @@ bench: $(STAMP) sysdeps
 	$(VENV)/bin/harken bench model --json --threads 1
 	$(VENV)/bin/harken bench stream --model tiny --seconds 60 --streams 8 --json
 	$(VENV)/bin/harken bench load --self-serve --model tiny --streams 4 --seconds 20 --json
+	$(MAKE) web
+	$(VENV)/bin/harken bench web --json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache $(WEB)/node_modules $(WEB)/dist
