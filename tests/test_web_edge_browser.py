@@ -156,3 +156,68 @@ def test_features_mode_gives_harken_streams_transcript_and_survives_a_cut_channe
     print(f"page: {final['text']!r}; harken stream: {reference!r}; {kbps}; log-mel max abs {max_abs:.2e}; "
           f"stats {final['stats']}")
     assert final["text"].strip() and final["text"] == reference
+
+
+def test_the_meeting_app_api_runs_one_session_per_track(asr, tmp_path):
+    """`harken.connect(url, {apiKey})`, `s.addTrack(track, {speaker})` twice (two participants),
+    `s.on('transcript', ...)`, `s.close()`: as the README's meeting-app example, in the page's
+    origin. Each track's transcript equals `harken stream` on the audio that track captured."""
+    if not Path(CHROMIUM).exists():
+        assert not os.environ.get("CI"), f"CI must run the browser test: no chromium at {CHROMIUM}"
+        pytest.skip(f"!!! NO CHROMIUM at {CHROMIUM}: the browser test did NOT run (apt-get install chromium) !!!")
+    playwright = pytest.importorskip("playwright.async_api", reason="!!! playwright missing: browser test NOT run !!!")
+    import soxr
+
+    _browser_build()
+    audio = concat(silence(0.3), speech("Good morning everyone."), silence(1.2))
+    wav = write_wav(tmp_path / "speech.wav", soxr.resample(audio, 16_000, 48_000), rate=48_000)
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY} browser\n")
+    args = [a + "%noloop" if a.startswith("--use-file-for-fake-audio-capture=") else a for a in _chromium_args(wav)]
+    seconds = audio.size / 16_000
+
+    async def main():
+        server = await start_server(asr, ServerOptions(port=0, http_port=0, api_keys=str(keys), policy=POLICY))
+        try:
+            async with playwright.async_playwright() as p:
+                browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+                try:
+                    page = await browser.new_page()
+                    await page.goto(f"http://127.0.0.1:{server.http_port}/")
+                    result = await page.evaluate(f"""async () => {{ {FLOAT32_B64}
+                        const harken = await import("/edge/harken.js");
+                        const s = await harken.connect(location.origin, {{ apiKey: "{KEY}" }});
+                        const mic = await navigator.mediaDevices.getUserMedia({{ audio: true }});
+                        const track = mic.getAudioTracks()[0];
+                        const events = [];
+                        s.on("transcript", (e, {{ speaker }}) => events.push([speaker, e.committedDelta, e.isFinal]));
+                        const tracks = [s.addTrack(track, {{ speaker: "alice", language: "English", capture: true }}),
+                                        s.addTrack(track.clone(), {{ speaker: "bob", language: "English", capture: true }})];
+                        // on audio time: both edges past the file, every segment final
+                        await new Promise((resolve) => {{ const t = setInterval(() => {{
+                            if (tracks.every((x) => x.session.newSegmentBoundS >= {seconds + 0.5}
+                                                    && !x.session.buffer.entries.length)) {{ clearInterval(t); resolve(); }}
+                        }}, 100); }});
+                        for (const t of tracks) t.stop();
+                        await Promise.all(tracks.map((t) => t.done));
+                        const captured = await Promise.all(tracks.map((t) => t.captured()));
+                        const texts = await s.close();
+                        return {{ texts, events, captured: captured.map((c) => b64(c.samples)),
+                                 sessions: tracks.map((t) => t.session.sessionId) }};
+                    }}""")
+                finally:
+                    await browser.close()
+            references = []
+            for i, b in enumerate(result["captured"]):
+                path = tmp_path / f"track{i}.wav"
+                sf.write(str(path), np.frombuffer(base64.b64decode(b), dtype="<f4"), 16_000, subtype="FLOAT")
+                references.append(await _harken_stream(path, server.port))
+        finally:
+            await server.stop()
+        return result, references
+
+    result, references = asyncio.run(main())
+    assert len(set(result["sessions"])) == 2  # one session per track
+    assert {e[0] for e in result["events"]} == {"alice", "bob"}
+    assert all(t.strip() for t in result["texts"])
+    assert result["texts"] == references
