@@ -28,6 +28,7 @@ export interface ClientOptions {
   context: string;
   maxOfflineS: number;
   maxBufferBytes: number;
+  connectTimeoutS: number; // one attempt's wait for Ready
   silenceTimeoutS: number;
   backoffInitialS: number;
   backoffMaxS: number;
@@ -35,7 +36,7 @@ export interface ClientOptions {
 }
 
 export const DEFAULT_CLIENT_OPTIONS: ClientOptions = {
-  language: "", context: "", maxOfflineS: 120, maxBufferBytes: 64 << 20, silenceTimeoutS: 30,
+  language: "", context: "", maxOfflineS: 120, maxBufferBytes: 64 << 20, connectTimeoutS: 10, silenceTimeoutS: 30,
   backoffInitialS: 0.05, backoffMaxS: 2.0, backoffMultiplier: 2.0,
 };
 

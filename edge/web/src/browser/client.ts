@@ -253,7 +253,7 @@ export class TrackStream extends Emitter {
       channel.bufferedAmountLowThreshold = SEND_HIGH_WATER;
       channel.onbufferedamountlow = pump;
       const connectTimer = setTimeout(() => end(new CallEnded({ details: "no Ready in time" })),
-        session.options.silenceTimeoutS * 1000);
+        session.options.connectTimeoutS * 1000);
       const watch = setInterval(() => {
         const reason = ready ? session.checkSilence(now()) : null;
         if (reason) end(new CallEnded({ details: reason }));
@@ -393,6 +393,8 @@ export async function connect(url: string, options: ConnectOptions = {}): Promis
   worker.postMessage({ type: "init", base });
   const context = new AudioContext();
   await context.audioWorklet.addModule(new URL("capture-worklet.js", base));
+  // a context made outside a user gesture starts suspended: capture would hear nothing
+  await context.resume().catch(() => undefined);
   await ready;
   return new Connection(new URL(url, location.href).href, options, context, worker);
 }
