@@ -21,6 +21,7 @@ import base64
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -221,3 +222,62 @@ def test_the_meeting_app_api_runs_one_session_per_track(asr, tmp_path):
     assert {e[0] for e in result["events"]} == {"alice", "bob"}
     assert all(t.strip() for t in result["texts"])
     assert result["texts"] == references
+
+
+def test_a_server_restart_mid_stream_is_replayed_into_a_seeded_session(asr, tmp_path):
+    """The server is stopped gracefully mid-stream (it finalises the open segment early) and
+    started again on the same ports: the page's next call finds its session gone (NOT_FOUND), opens
+    a replacement session seeded from the last final, replays every unfinished packet, and the
+    stream finishes with every frame final and no error."""
+    if not Path(CHROMIUM).exists():
+        assert not os.environ.get("CI"), f"CI must run the browser test: no chromium at {CHROMIUM}"
+        pytest.skip(f"!!! NO CHROMIUM at {CHROMIUM}: the browser test did NOT run (apt-get install chromium) !!!")
+    playwright = pytest.importorskip("playwright.async_api", reason="!!! playwright missing: browser test NOT run !!!")
+    import soxr
+
+    _browser_build()
+    audio = concat(silence(0.5), speech("Hello there, this is a test of the browser page."), silence(1.5))
+    wav = write_wav(tmp_path / "speech.wav", soxr.resample(audio, 16_000, 48_000), rate=48_000)
+    keys = tmp_path / "keys"
+    keys.write_text(f"{KEY} browser\n")
+    args = [a + "%noloop" if a.startswith("--use-file-for-fake-audio-capture=") else a for a in _chromium_args(wav)]
+
+    async def main():
+        options = ServerOptions(port=0, http_port=0, api_keys=str(keys), policy=POLICY)
+        server = await start_server(asr, options)
+        restarted = None
+        try:
+            async with playwright.async_playwright() as p:
+                browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+                try:
+                    page = await browser.new_page()
+                    await page.goto(f"http://127.0.0.1:{server.http_port}/")
+                    await page.wait_for_function("document.body.dataset.edge", timeout=TIMEOUT_MS)
+                    await page.fill("#key", KEY)
+                    await page.select_option("#language", "English")
+                    await page.click("#start")
+                    await page.wait_for_function("window.harkenTrack && window.harkenTrack.session.stats.messagesSent >= 4",
+                                                 timeout=TIMEOUT_MS)
+                    await server.stop()
+                    restarted = await start_server(asr, replace(options, port=server.port, http_port=server.http_port))
+                    await page.wait_for_function(
+                        f"window.harkenTrack.session.newSegmentBoundS >= {audio.size / 16_000 + 0.5} && "
+                        "!window.harkenTrack.session.buffer.entries.length", timeout=3 * TIMEOUT_MS)
+                    await page.click("#stop")
+                    await page.wait_for_function("document.body.dataset.state === 'idle'", timeout=TIMEOUT_MS)
+                    return {"text": await page.evaluate("document.body.dataset.finalText"),
+                            "error": await page.inner_text("#error"),
+                            "stats": await page.evaluate("({...window.harkenTrack.session.stats})"),
+                            "mismatches": await page.evaluate("window.harkenTrack.session.texts.mismatches")}
+                finally:
+                    await browser.close()
+        finally:
+            await server.stop(0)
+            if restarted is not None:
+                await restarted.stop(0)
+
+    out = asyncio.run(main())
+    print(f"server restart: {out}")
+    assert out["error"] == "" and out["text"].strip()
+    assert out["stats"]["sessionsOpened"] == 2 and out["mismatches"] == 0
+    assert out["stats"]["framesSent"] >= out["stats"]["framesProduced"]  # every frame went out (resends too)
