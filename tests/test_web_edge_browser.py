@@ -7,7 +7,9 @@ Checked: features mode is the default; a wrong key is refused in words; the data
 mid-stream is resumed (a new peer connection, the same session); the final transcript equals what
 `harken stream --server` (the Python edge) gives on the same 16 kHz audio the page captured; the
 page's log-mel (onnxruntime-web) is within 1e-4 of the Python edge's on that audio; the live kbps
-shows. The tiny random checkpoint (tests/conftest.py) transcribes: its words mean
+shows. Also: the meeting-app API with two tracks (one session each, each text equal to `harken
+stream` on that track's audio), and a graceful server restart mid-stream (a seeded replacement
+session finishes the stream). The tiny random checkpoint (tests/conftest.py) transcribes: its words mean
 nothing, but the same features give the same words.
 
 `make test` installs chromium and builds edge/web (npm); this test skips, loudly, only where
