@@ -12,6 +12,9 @@ incoming Opus track for browsers.
         client `Audio` messages (seq after the `Ready`'s resume point); the session's own front
         end resamples to 16 kHz and runs the edge's VAD + features, exactly as for gRPC `Audio`
     GET /  the browser page (cloud/web/)
+    GET /edge/...  the TypeScript edge's browser build (edge/web/dist/browser/, `make web`): the
+        page's "features on this device" mode and meeting apps load `harken.js` from here; absent
+        from a tree without the build, in which case the page offers the audio (Opus) mode only
     GET /v1/config  what the page shows besides the transcript: the model served (`model`,
         `model_kind`, `test_model`: a random test checkpoint whose words mean nothing, `model_note`)
         and the languages a stream may be forced to (`languages`: [{name, code}])
@@ -46,6 +49,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("harken.webrtc")
 
 WEB_DIR = Path(__file__).parent / "web"
+# the browser edge, built by `make web` (npm, esbuild) in a source tree; a wheel has no copy
+EDGE_WEB_DIR = Path(__file__).resolve().parents[1] / "edge" / "web" / "dist" / "browser"
 OFFER_PATH = "/v1/webrtc/offer"
 CONFIG_PATH = "/v1/config"
 MAX_OFFER_BYTES = 64 << 10
@@ -190,6 +195,8 @@ class WebRTCEndpoint:
         app.router.add_get("/", self._page)
         app.router.add_get(CONFIG_PATH, self._config)
         app.router.add_static("/static/", WEB_DIR)
+        if EDGE_WEB_DIR.is_dir():
+            app.router.add_static("/edge/", EDGE_WEB_DIR)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_address=True)

@@ -293,6 +293,14 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    b = bsub.add_parser("web", help="the browser page's bytes on the wire, features vs Opus, and its features vs Python",
+                        description="An in-process server and the page in headless chromium (fake microphone "
+                                    "playing the sample, then 10 s of quiet noise), features mode and Opus mode: "
+                                    "features_kbps_speech/_silence, opus_kbps_speech/_silence, "
+                                    "features_max_abs_vs_python (definitions: cloud/bench_web.py).")
+    b.add_argument("--model", default="tiny", help="the server's model (default tiny)")
+    b.add_argument("--input", help="speech WAV (default: the bundled sample)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     return p
 
 
@@ -425,6 +433,10 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return bench_wer_command(WerBenchOptions(
             model=args.model, held_set=args.held_set, n=args.n, paths=paths, language=args.language,
             realtime=not args.fast, device=args.device, dtype=args.dtype))
+    if args.command == "bench" and args.bench == "web":
+        from harken.cloud.bench_web import WebBenchOptions, bench_web_command
+
+        return bench_web_command(WebBenchOptions(model=args.model, speech_wav=args.input))
     if args.command == "bench" and args.bench == "edge":
         from harken.edge.bench import bench_edge_command
 

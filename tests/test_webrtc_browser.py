@@ -65,6 +65,9 @@ def test_browser_page_streams_the_microphone_and_shows_the_transcript(asr, tmp_p
                     await page.goto(f"http://127.0.0.1:{server.http_port}/")
                     await page.wait_for_selector("#model-banner", state="visible", timeout=TIMEOUT_MS)
                     banner = await page.inner_text("#model-banner")
+                    # the Opus track path (features mode: tests/test_web_edge_browser.py)
+                    await page.wait_for_function("document.body.dataset.edge", timeout=TIMEOUT_MS)
+                    await page.check("#mode-opus")
 
                     await page.fill("#key", "wrong-key-123")
                     await page.click("#start")

@@ -1,5 +1,11 @@
-// harken browser client: microphone -> Opus track -> harken serve; the protobuf messages of
-// proto/harken.proto over a data channel "harken" (the same stream as gRPC, see cloud/webrtc.py).
+// harken browser client, two modes:
+// - features on this device (default where the browser edge is served at /edge/ and WebAssembly
+//   works): the microphone -> an AudioWorklet (16 kHz) -> a worker running silero VAD, the log-mel
+//   and the feature codec on onnxruntime-web -> feature packets over the data channel, with the
+//   session rules of the Python client (resume, replay): edge/web/ (`harken.connect`).
+// - audio (Opus): microphone -> Opus track -> harken serve, which runs the edge work itself; the
+//   protobuf messages of proto/harken.proto over a data channel "harken" (the same stream as gRPC,
+//   see cloud/webrtc.py).
 "use strict";
 
 // ---- the few protobuf messages the page needs, encoded and decoded by hand ----
@@ -76,6 +82,46 @@ const ERRORS_IN_WORDS = {
 };
 
 let pc = null, channel = null, micStream = null, segments = new Map(), ended = false;
+let edge = null, conn = null, trackStream = null, sentBytes = 0, meter = null;
+const CAPTURE = new URLSearchParams(location.search).has("capture");  // tests: keep the 16 kHz audio
+
+// The browser edge (edge/web/dist/browser/, served at /edge/): features mode where it loads.
+async function loadEdge() {
+  try {
+    if (typeof WebAssembly !== "object") throw new Error("no WebAssembly");
+    const module = await import("/edge/harken.js");
+    if (!module.edgeSupported()) throw new Error("no AudioWorklet or workers");
+    edge = module;
+  } catch (e) {
+    edge = null;
+  }
+  $("mode-features").disabled = !edge;
+  $("mode-" + (edge ? "features" : "opus")).checked = true;
+  document.body.dataset.edge = edge ? "available" : "unavailable";
+}
+
+const selectedMode = () => (document.querySelector("input[name=mode]:checked") || {}).value || "opus";
+
+// live kbps: bytes written to the server over the last second (features: the data channel;
+// Opus: the RTP track plus the data channel, from getStats)
+function startMeter() {
+  let last = 0, lastAt = performance.now();
+  sentBytes = 0;
+  $("kbps").textContent = "";
+  meter = setInterval(async () => {
+    let total = sentBytes;
+    if (pc && selectedMode() === "opus") {
+      const stats = await pc.getStats();
+      total = 0;
+      stats.forEach((r) => { if (r.type === "outbound-rtp" || r.type === "data-channel") total += r.bytesSent || 0; });
+    }
+    const t = performance.now();
+    const kbps = (8 * (total - last)) / (t - lastAt);
+    last = total;
+    lastAt = t;
+    $("kbps").textContent = `${selectedMode() === "features" ? "features" : "Opus"}: ${kbps.toFixed(1)} kbps`;
+  }, 1000);
+}
 
 // the languages a stream can be forced to, when /v1/config cannot be read (the server's list wins)
 const FALLBACK_LANGUAGES = ["Chinese", "English", "Cantonese", "Arabic", "German", "French", "Spanish",
@@ -194,6 +240,9 @@ async function start() {
     $("start").disabled = false;
     return;
   }
+  localStorage.setItem("harken-language", $("language").value);
+  startMeter();
+  if (selectedMode() === "features") return startFeatures();
   setState("connecting", "connecting…");
   pc = new RTCPeerConnection();
   for (const track of micStream.getAudioTracks()) pc.addTrack(track, micStream);
@@ -232,8 +281,56 @@ async function start() {
   }
 }
 
+// features mode: harken.connect + one track; the session rules live in the package
+async function startFeatures() {
+  setState("connecting", "starting the edge on this device…");
+  const key = $("key").value.trim();
+  localStorage.setItem("harken-key", key);
+  try {
+    conn = await edge.connect(location.origin, { apiKey: key || undefined });
+  } catch (e) {
+    ended = true;
+    showError(`The edge could not start in this browser: ${e.message || e}. Pick audio (Opus).`);
+    hangUp();
+    return;
+  }
+  setState("connecting", "connecting…");
+  const t = conn.addTrack(micStream.getAudioTracks()[0], { speaker: "me", language: $("language").value,
+                                                          capture: CAPTURE });
+  trackStream = t;
+  window.harkenTrack = t;  // tests and fault drills: t.dropChannel(), t.captured()
+  t.on("ready", () => { if (!ended) { setState("live", "live: listening"); $("stop").disabled = false; } });
+  t.on("bytes", (n) => { sentBytes += n; });
+  t.on("transcript", (e) => {
+    const s = segments.get(e.segmentId) || { committed: "", partial: "", final: false };
+    s.committed += e.committedDelta;
+    s.partial = e.partial;
+    s.final = e.isFinal;
+    segments.set(e.segmentId, s);
+    render();
+  });
+  t.on("end", async (text) => {
+    ended = true;
+    if (CAPTURE) window.harkenCaptured = await t.captured();
+    document.body.dataset.finalText = text;
+    setState("idle", "finished");
+    showEmptyResult();
+    hangUp();
+  });
+  t.on("error", (e) => {
+    ended = true;
+    showError((ERRORS_IN_WORDS[e.code] || "The stream failed.") + ` (${e.message})`);
+    hangUp();
+  });
+}
+
 function stop() {
   $("stop").disabled = true;
+  if (trackStream) {
+    setState("connecting", "finishing the last words…");
+    trackStream.stop().catch(() => {});
+    return;
+  }
   if (channel && channel.readyState === "open") {
     setState("connecting", "finishing the last words…");
     channel.send(JSON.stringify({ flush_audio: true }));
@@ -245,12 +342,15 @@ function stop() {
 function hangUp() {
   if (micStream) micStream.getTracks().forEach((t) => t.stop());
   if (pc) pc.close();
-  pc = channel = micStream = null;
+  if (conn) conn.close().catch(() => {});
+  if (meter) clearInterval(meter);
+  pc = channel = micStream = conn = trackStream = meter = null;
   $("start").disabled = false;
   $("stop").disabled = true;
 }
 
 $("key").value = localStorage.getItem("harken-key") || "";
 loadConfig();
+loadEdge();
 $("start").onclick = start;
 $("stop").onclick = stop;

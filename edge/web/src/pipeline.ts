@@ -1,0 +1,154 @@
+// The edge pipeline: PCM -> VAD-gated, compressed feature packets (a port of edge/pipeline.py).
+// Every sample goes through the streaming log-mel and the running-max floor; silero-vad decides
+// which frames belong to speech; frames of a segment leave in packets of `packetFrames`, each an
+// independent codec payload. Silence sends nothing. Same pushes, same packets as the Python edge.
+
+import { DEFAULT_MODE, N_MELS, encodeFrames } from "./codec.js";
+import type { Frames, Mode } from "./codec.js";
+import { HOP_LENGTH, RunningMaxFloor, StreamingLogMel } from "./features.js";
+import type { OrtModel } from "./ort.js";
+import type { FeaturePacket } from "./protocol.js";
+import { DEFAULT_VAD, SileroVad, StreamingVad } from "./vad.js";
+import type { SegmentEvent, VadOptions } from "./vad.js";
+
+export const MAX_PACKET_FRAMES = 72;
+const VAD_WINDOW_MS = 32;
+
+interface Segment { segmentId: number; nextFrame: number; endFrame: number | null; started: boolean }
+
+export interface FeatureStreamOptions {
+  mode?: Mode;
+  packetFrames?: number;
+  vad?: VadOptions;
+  runningMaxLog10?: number; // seed from a previous session to continue its floor
+  /** Sees every push's raw log10-mel frames (tests and benchmarks compare them with Python's). */
+  onFrames?: (raw: Frames) => void;
+}
+
+/** The two ONNX models of the edge, loaded once and shared by every stream. */
+export interface EdgeModels { logmel: OrtModel; vad: OrtModel }
+
+function lookbackFrames(o: VadOptions): number {
+  const worstMs = o.minSpeechDurationMs + o.minSilenceDurationMs + o.speechPadMs + 2 * VAD_WINDOW_MS;
+  return Math.floor(worstMs / 10) + 8;
+}
+
+/** One audio stream -> FeaturePackets: push() 16 kHz mono pieces as they arrive, flush() at the end. */
+export class FeatureStream {
+  readonly mode: Mode;
+  readonly packetFrames: number;
+  readonly lookbackFrames: number;
+  readonly mel: StreamingLogMel;
+  readonly vad: StreamingVad;
+  readonly floor: RunningMaxFloor;
+  private frames: Float32Array[] = []; // floored [128] frames, oldest first
+  private running: number[] = []; // the running max after each buffered frame
+  private firstBuffered = 0;
+  private framesComputed = 0;
+  private segments: Segment[] = [];
+  private readonly onFrames?: (raw: Frames) => void;
+
+  constructor(models: EdgeModels, options: FeatureStreamOptions = {}) {
+    this.mode = options.mode ?? DEFAULT_MODE;
+    this.packetFrames = options.packetFrames ?? 20;
+    if (!(this.packetFrames >= 1 && this.packetFrames <= MAX_PACKET_FRAMES)) {
+      throw new Error(`packetFrames must be 1..${MAX_PACKET_FRAMES}`);
+    }
+    const vadOptions = options.vad ?? DEFAULT_VAD;
+    this.mel = new StreamingLogMel(models.logmel);
+    this.vad = new StreamingVad(new SileroVad(models.vad), vadOptions);
+    this.floor = new RunningMaxFloor(options.runningMaxLog10 ?? -Infinity);
+    this.lookbackFrames = lookbackFrames(vadOptions);
+    this.onFrames = options.onFrames;
+  }
+
+  /** Frames computed so far (the stream's log-mel position). */
+  get framesDone(): number {
+    return this.framesComputed;
+  }
+
+  async push(pcm: Float32Array): Promise<FeaturePacket[]> {
+    const frames = await this.mel.push(pcm);
+    this.onFrames?.(frames);
+    const events = await this.vad.push(pcm);
+    return this.advance(frames, events, false);
+  }
+
+  async flush(): Promise<FeaturePacket[]> {
+    const frames = await this.mel.flush(true);
+    this.onFrames?.(frames);
+    const events = await this.vad.flush();
+    return this.advance(frames, events, true);
+  }
+
+  /** Raw frames and VAD events of one push -> the packets they complete (public for the tests,
+   * which feed the Python edge's own frames and events to check the packets byte for byte). */
+  advance(raw: Frames, events: SegmentEvent[], final: boolean): FeaturePacket[] {
+    const [floored, running] = this.floor.apply(raw);
+    for (let t = 0; t < floored.k; t++) {
+      const col = new Float32Array(N_MELS);
+      for (let b = 0; b < N_MELS; b++) col[b] = floored.data[b * floored.k + t];
+      this.frames.push(col);
+      this.running.push(running[t]);
+    }
+    this.framesComputed += floored.k;
+    for (const e of events) {
+      if (e.kind === "start") {
+        const first = Math.max(Math.floor(e.startSample / HOP_LENGTH), this.firstBuffered);
+        this.segments.push({ segmentId: e.segmentId, nextFrame: first, endFrame: null, started: false });
+      } else {
+        const seg = this.segments.find((s) => s.segmentId === e.segmentId);
+        if (seg) seg.endFrame = Math.max(seg.nextFrame, Math.ceil(e.endSample / HOP_LENGTH));
+      }
+    }
+    const packets = this.emit(final);
+    this.trim();
+    return packets;
+  }
+
+  private emit(final: boolean): FeaturePacket[] {
+    const packets: FeaturePacket[] = [];
+    while (this.segments.length) {
+      const seg = this.segments[0];
+      const endFrame = seg.endFrame;
+      const limit = endFrame === null ? this.framesComputed : Math.min(endFrame, this.framesComputed);
+      while (limit - seg.nextFrame >= this.packetFrames) packets.push(this.packet(seg, seg.nextFrame + this.packetFrames, false));
+      const closing = endFrame !== null && (endFrame <= this.framesComputed || final);
+      if (endFrame === null || !closing) break;
+      packets.push(this.packet(seg, Math.min(endFrame, this.framesComputed), true));
+      this.segments.shift();
+    }
+    return packets;
+  }
+
+  private packet(seg: Segment, stop: number, end: boolean): FeaturePacket {
+    const start = seg.nextFrame;
+    const k = Math.max(0, stop - start);
+    const data = new Float32Array(N_MELS * k);
+    for (let t = 0; t < k; t++) {
+      const col = this.frames[start + t - this.firstBuffered];
+      for (let b = 0; b < N_MELS; b++) data[b * k + t] = col[b];
+    }
+    // the floor in force before this packet, so values at the floor cost nothing
+    const floor = start - 1 >= this.firstBuffered ? this.running[start - 1 - this.firstBuffered] - 8.0 : null;
+    const payload = encodeFrames({ data, k }, this.mode, floor);
+    const packet: FeaturePacket = {
+      segmentId: seg.segmentId, firstFrame: start, frameCount: k, segmentStart: !seg.started, segmentEnd: end,
+      payload, runningMaxLog10: this.floor.maxLog10,
+    };
+    seg.started = true;
+    seg.nextFrame = stop;
+    return packet;
+  }
+
+  private trim(): void {
+    let keepFrom = this.framesComputed - this.lookbackFrames;
+    if (this.segments.length) keepFrom = Math.min(keepFrom, this.segments[0].nextFrame - 1);
+    const drop = Math.max(0, Math.min(this.frames.length, keepFrom - this.firstBuffered));
+    if (drop) {
+      this.frames.splice(0, drop);
+      this.running.splice(0, drop);
+      this.firstBuffered += drop;
+    }
+  }
+}

@@ -1,0 +1,54 @@
+// The session protocol's messages as plain data (shared/protocol.py and shared/transcript.py):
+// proto names stay in proto.ts.
+
+/** `Start.codec` of feature payloads of this codec, wire format v1 (codec.ts). */
+export const CODEC_NAME = "harken-mel/1";
+
+/** One `Features` message's worth: frames [firstFrame, firstFrame + frameCount) of a segment. */
+export interface FeaturePacket {
+  segmentId: number;
+  firstFrame: number;
+  frameCount: number;
+  segmentStart: boolean;
+  segmentEnd: boolean;
+  payload: Uint8Array; // one self-contained codec payload (codec.ts)
+  runningMaxLog10: number; // the floor state after these frames
+}
+
+/** The state a session carries from one segment to the next (on final events). */
+export interface SessionSeed {
+  runningMaxLog10: number;
+  contextTail: string;
+  nextSegmentId: number;
+}
+
+/** One transcript update of a segment (Riva / StreamingRecognize conventions). */
+export interface TranscriptEvent {
+  segmentId: number;
+  committedDelta: string; // appended to the segment's text, never retracted
+  partial: string; // the current guess after the committed text
+  stability: number;
+  startS: number;
+  endS: number;
+  language: string;
+  isFinal: boolean;
+}
+
+export interface Start {
+  kind: "start";
+  language: string;
+  context: string;
+  codec: string;
+  sessionId: string;
+  lastEventSeq: number;
+  seed: SessionSeed | null;
+}
+export interface Features { kind: "features"; seq: number; packet: FeaturePacket }
+export interface End { kind: "end" }
+export type ClientMessage = Start | Features | End;
+
+export interface Ready { kind: "ready"; sessionId: string; resumeAfterSeq: number; lastFinalSegment: number }
+export interface Transcript { kind: "transcript"; event: TranscriptEvent; eventSeq: number; seed: SessionSeed | null }
+export interface Ack { kind: "ack"; seq: number; lastFinalSegment: number }
+export interface ServerError { kind: "error"; code: string; message: string }
+export type ServerMessage = Ready | Transcript | Ack | ServerError;

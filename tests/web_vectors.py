@@ -1,0 +1,248 @@
+"""Test vectors for ports of the edge (the TypeScript package edge/web/, and mobile ports): input
+WAVs with the features, VAD decisions, codec payloads and wire messages the Python edge computes
+from them. tests/test_web_vectors.py checks that the committed files still match the Python edge;
+the node tests (edge/web/test/) check the TypeScript port against them.
+
+    python tests/web_vectors.py            rewrite the expectations (and the codec tables) from the WAVs
+    python tests/web_vectors.py --wavs     also regenerate the WAVs (espeak-ng; its version shapes them)
+
+Layout of edge/web/vectors/ (documented for other ports in its README.md):
+
+    NAME.wav              16 kHz mono PCM16
+    NAME.logmel.f32       raw log10-mel, float32 little-endian, [128, T] row-major (bin-major)
+    NAME.json             VAD probabilities and events, the pipeline's packets (payload, CRC32C,
+                          the serialized `ClientMessage`), all for 100 ms pushes of 1600 samples
+    codec.json            codec cases: (frames of a vector, floor, mode) -> payload bytes
+    edge/web/src/codec_tables.json   constants of the codec format the port loads (not test data)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+VECTORS = ROOT / "edge" / "web" / "vectors"
+TABLES = ROOT / "edge" / "web" / "src" / "codec_tables.json"
+PUSH_SAMPLES = 1600  # the pipeline is fed 100 ms pieces: packet boundaries depend on the push size
+PACKET_FRAMES = 20
+CODEC_CASES = ((0, 1), (3, 7), (10, 20), (25, 33), (40, 72))  # (offset, frames) inside a packet's span
+
+
+def make_wavs() -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from signals import concat, noisy, silence, speech, tone, write_wav
+
+    VECTORS.mkdir(parents=True, exist_ok=True)
+    two = concat(silence(0.3), speech("Hello there."), silence(0.8), speech("Testing vectors.", voice="en-gb"),
+                 silence(0.5))
+    write_wav(VECTORS / "two_segments.wav", noisy(two, snr_db=30.0, seed=1))
+    write_wav(VECTORS / "tone_silence.wav", concat(silence(0.4), tone(440.0, 0.6, 0.3), silence(0.3)))
+
+
+def codec_tables() -> dict:
+    """The codec's format constants as JSON numbers (exact: shortest round-trip reprs)."""
+    from harken.shared import codec, entropy
+
+    layout = codec.mel_layout()
+    single = layout.ratio_b == 0
+    a, b = entropy.class_bit_costs()
+    with np.errstate(divide="ignore"):
+        log_b = np.log(layout.ratio_b)
+    return {
+        "format": codec.CODEC_NAME,
+        "magic": codec.MAGIC, "version": codec.VERSION,
+        "modes": {m: {"id": i + 1, "step": codec._MODE_PARAMS[m].step, "rd_lambda": codec._MODE_PARAMS[m].rd_lambda,
+                      "prior_classes": codec._PRIOR_CLASSES[m].tolist()} for i, m in enumerate(codec.MODES)},
+        "mel_blocks": list(codec._MEL_BLOCKS),
+        "prior_band": codec._prior_band().tolist(),
+        "max_time_block": codec.MAX_TIME_BLOCK,
+        "floor_margin": codec.FLOOR_MARGIN,
+        "shift_limit": codec._SHIFT_LIMIT,
+        "basis": layout.basis.tolist(),
+        "dependent": layout.dependent.tolist(),
+        "source_a": layout.source_a.tolist(),
+        "source_b": layout.source_b.tolist(),
+        "log_ratio_a": np.log(layout.ratio_a).tolist(),
+        "log_ratio_b": [None if not np.isfinite(v) else float(v) for v in log_b],  # null: no second source
+        "log10_ratio_single": [float(np.log10(r)) if s else None for r, s in zip(layout.ratio_a, single)],
+        "floor_sink": layout.floor_sink.tolist(),
+        "ln10": float(np.log(10.0)),
+        "n_classes": entropy.N_CLASSES,
+        "class_bit_b": b.tolist(),
+        "value_bits": codec._value_bits().tolist(),
+        "mag_cap": codec._MAG_CAP,
+    }
+
+
+def entropy_tables() -> dict:
+    """Code lengths of every class's Huffman table: a port building the tables checks them here."""
+    from harken.shared import entropy
+
+    return {"classes": [{"group": t.group, "radius": t.radius, "lengths": t.lengths.tolist()}
+                        for t in entropy.code_book().tables]}
+
+
+def expected(wav: Path) -> tuple[np.ndarray, dict]:
+    """(raw log-mel [128, T], the JSON record) of one vector WAV, from the Python edge."""
+    from harken.edge import wire
+    from harken.edge.audio import load_audio
+    from harken.edge.features import StreamingLogMel, log_mel_raw
+    from harken.edge.pipeline import FeatureStream
+    from harken.edge.vad import SileroVad, SegmentEnd, StreamingVad
+    from harken.shared.integrity import payload_crc32c
+    from harken.shared.protocol import Features
+
+    audio = load_audio(wav)
+    mel = log_mel_raw(audio)
+    probs = SileroVad().probabilities(audio)
+    # the pipeline's pushes: frames and VAD events each produced (the last entry is the flush)
+    vad, stream_mel = StreamingVad(), StreamingLogMel()
+    events: list = []
+    pushes = []
+    for i in range(0, audio.size, PUSH_SAMPLES):
+        piece = audio[i:i + PUSH_SAMPLES]
+        new, k = vad.push(piece), stream_mel.push(piece).shape[1]
+        pushes.append({"frames": k, "events": list(range(len(events), len(events) + len(new))), "final": False})
+        events += new
+    new, k = vad.flush(), stream_mel.flush(short_ok=True).shape[1]
+    pushes.append({"frames": k, "events": list(range(len(events), len(events) + len(new))), "final": True})
+    events += new
+    stream = FeatureStream(packet_frames=PACKET_FRAMES)
+    packets = []
+    floors: list[float | None] = []
+    encode = stream_floor_recorder(floors)
+    for i in range(0, audio.size, PUSH_SAMPLES):
+        packets += encode(stream, lambda: stream.push(audio[i:i + PUSH_SAMPLES]))
+    packets += encode(stream, stream.flush)
+    record = {
+        "samples": int(audio.size), "frames": int(mel.shape[1]), "push_samples": PUSH_SAMPLES,
+        "packet_frames": PACKET_FRAMES, "codec_mode": stream.mode,
+        "pushes": pushes,
+        "vad_probabilities": [float(p) for p in probs],
+        "vad_events": [{"kind": "end" if isinstance(e, SegmentEnd) else "start", "segment_id": e.segment_id,
+                        "start_sample": e.start_sample, "end_sample": getattr(e, "end_sample", None),
+                        "decided_at_sample": e.decided_at_sample} for e in events],
+        "packets": [{"seq": n + 1, "segment_id": p.segment_id, "first_frame": p.first_frame,
+                     "frame_count": p.frame_count, "segment_start": p.segment_start, "segment_end": p.segment_end,
+                     "running_max_log10": p.running_max_log10, "floor_log10": floor, "payload": p.payload.hex(),
+                     "crc32c": payload_crc32c(p.payload),
+                     "message": wire.client_message(Features(n + 1, p)).SerializeToString().hex()}
+                    for n, (p, floor) in enumerate(zip(packets, floors))],
+    }
+    return mel, record
+
+
+def stream_floor_recorder(floors: list[float | None]):
+    """Wraps the pipeline's codec call so the floor each packet was encoded with is recorded."""
+    from harken.edge import pipeline
+
+    def run(stream, step):
+        original = pipeline.encode_frames
+
+        def recording(frames, mode, floor_log10=None):
+            floors.append(floor_log10)
+            return original(frames, mode, floor_log10=floor_log10)
+
+        pipeline.encode_frames = recording
+        try:
+            return step()
+        finally:
+            pipeline.encode_frames = original
+    return run
+
+
+def floored(mel: np.ndarray) -> np.ndarray:
+    """The running-max floor of a whole stream (what the pipeline's packets carry)."""
+    from harken.shared.features_spec import RunningMaxFloor
+
+    return RunningMaxFloor()(mel)
+
+
+def codec_cases(name: str, mel: np.ndarray, record: dict) -> list[dict]:
+    """Payloads of every mode for spans inside the WAV's packets, with and without a known floor."""
+    from harken.shared.codec import MODES, encode_frames
+
+    x = floored(mel)
+    cases = []
+    starts = sorted({p["first_frame"] for p in record["packets"]})[:3] or [0]
+    for start in starts:
+        for offset, k in CODEC_CASES:
+            a = min(start + offset, x.shape[1] - k)
+            for mode in MODES:
+                for floor in (None, float(x[:, a - 1].min()) if a > 0 else None):
+                    payload = encode_frames(x[:, a:a + k], mode, floor_log10=floor)
+                    cases.append({"wav": name, "first_frame": a, "frame_count": k, "mode": mode,
+                                  "floor_log10": floor, "payload": payload.hex()})
+    return cases
+
+
+def wire_cases() -> dict:
+    """Messages besides Features, as the Python wire writes them: a port decodes the server's and
+    writes the client's Start/End byte for byte."""
+    from harken.edge import wire
+    from harken.proto import harken_pb2 as pb
+    from harken.shared.protocol import End, SessionSeed, Start
+
+    seed = SessionSeed(running_max_log10=1.25, context_tail="hello wörld", next_segment_id=3)
+    starts = [Start(codec="harken-mel/1"), Start(language="English", context="names", codec="harken-mel/1"),
+              Start(codec="harken-mel/1", session_id="abc123", last_event_seq=7),
+              Start(codec="harken-mel/1", seed=seed)]
+
+    def seed_json(x: SessionSeed | None) -> dict | None:
+        return None if x is None else {"running_max_log10": x.running_max_log10, "context_tail": x.context_tail,
+                                       "next_segment_id": x.next_segment_id}
+
+    client = [{"start": {"language": m.language, "context": m.context, "codec": m.codec, "session_id": m.session_id,
+                         "last_event_seq": m.last_event_seq, "seed": seed_json(m.seed)},
+               "bytes": wire.client_message(m).SerializeToString().hex()} for m in starts]
+    client.append({"end": {}, "bytes": wire.client_message(End()).SerializeToString().hex()})
+    server = [
+        pb.ServerMessage(ready=pb.Ready(session_id="sid-1", resume_after_seq=5, last_final_segment=-1)),
+        pb.ServerMessage(ack=pb.Ack(seq=12, last_final_segment=-1)),
+        pb.ServerMessage(ack=pb.Ack(seq=300, last_final_segment=2)),
+        pb.ServerMessage(transcript=pb.Transcript(segment_id=2, committed_delta="héllo ", partial="wor",
+                                                  stability=0.5, start_s=1.25, end_s=2.5, language="English",
+                                                  is_final=False, event_seq=9)),
+        pb.ServerMessage(transcript=pb.Transcript(segment_id=2, committed_delta="world.", start_s=1.25, end_s=3.0,
+                                                  language="English", is_final=True, event_seq=10,
+                                                  seed=pb.SessionSeed(present=True, running_max_log10=1.25,
+                                                                      context_tail="hello", next_segment_id=3))),
+        pb.ServerMessage(error=pb.Error(code="INVALID_ARGUMENT", message="bad payload")),
+    ]
+    return {"client": client, "server": [{"bytes": m.SerializeToString().hex(),
+                                          "kind": m.WhichOneof("kind")} for m in server]}
+
+
+def compute() -> tuple[dict[str, np.ndarray], dict[str, dict], list[dict]]:
+    mels, records, cases = {}, {}, []
+    for wav in sorted(VECTORS.glob("*.wav")):
+        mel, record = expected(wav)
+        mels[wav.stem], records[wav.stem] = mel, record
+        cases += codec_cases(wav.stem, mel, record)
+    return mels, records, cases
+
+
+def dumps(obj: object) -> str:
+    return json.dumps(obj, indent=1) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    if "--wavs" in argv or not any(VECTORS.glob("*.wav")):
+        make_wavs()
+    TABLES.write_text(dumps(codec_tables()))
+    (VECTORS / "entropy_tables.json").write_text(json.dumps(entropy_tables()) + "\n")
+    mels, records, cases = compute()
+    for name, mel in mels.items():
+        mel.astype("<f4").tofile(VECTORS / f"{name}.logmel.f32")
+        (VECTORS / f"{name}.json").write_text(dumps(records[name]))
+    (VECTORS / "codec.json").write_text(dumps({"cases": cases}))
+    (VECTORS / "wire.json").write_text(dumps(wire_cases()))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    main(sys.argv[1:])
