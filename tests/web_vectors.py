@@ -185,7 +185,7 @@ def wire_cases() -> dict:
     writes the client's Start/End byte for byte."""
     from harken.edge import wire
     from harken.proto import harken_pb2 as pb
-    from harken.shared.protocol import End, SessionSeed, Start
+    from harken.shared.protocol import End, KeepAlive, SessionSeed, Start
 
     seed = SessionSeed(running_max_log10=1.25, context_tail="hello wörld", next_segment_id=3)
     starts = [Start(codec="harken-mel/1"), Start(language="English", context="names", codec="harken-mel/1"),
@@ -200,6 +200,7 @@ def wire_cases() -> dict:
                          "last_event_seq": m.last_event_seq, "seed": seed_json(m.seed)},
                "bytes": wire.client_message(m).SerializeToString().hex()} for m in starts]
     client.append({"end": {}, "bytes": wire.client_message(End()).SerializeToString().hex()})
+    client.append({"keep_alive": {}, "bytes": wire.client_message(KeepAlive()).SerializeToString().hex()})
     server = [
         pb.ServerMessage(ready=pb.Ready(session_id="sid-1", resume_after_seq=5, last_final_segment=-1)),
         pb.ServerMessage(ack=pb.Ack(seq=12, last_final_segment=-1)),

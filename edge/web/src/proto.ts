@@ -103,6 +103,8 @@ export function encodeClientMessage(msg: ClientMessage): Uint8Array {
     w.bytesField(1, s.finish(), true);
   } else if (msg.kind === "features") {
     w.bytesField(2, featuresBytes(msg.seq, msg.packet), true);
+  } else if (msg.kind === "keep_alive") {
+    w.bytesField(6, new Uint8Array(0), true);
   } else {
     w.bytesField(5, new Uint8Array(0), true);
   }

@@ -45,7 +45,9 @@ export interface Start {
 }
 export interface Features { kind: "features"; seq: number; packet: FeaturePacket }
 export interface End { kind: "end" }
-export type ClientMessage = Start | Features | End;
+/** Nothing to send for a while (features in a silence): the server's idle timeout must not reap the stream. */
+export interface KeepAlive { kind: "keep_alive" }
+export type ClientMessage = Start | Features | End | KeepAlive;
 
 export interface Ready { kind: "ready"; sessionId: string; resumeAfterSeq: number; lastFinalSegment: number }
 export interface Transcript { kind: "transcript"; event: TranscriptEvent; eventSeq: number; seed: SessionSeed | null }

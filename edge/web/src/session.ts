@@ -30,13 +30,16 @@ export interface ClientOptions {
   maxBufferBytes: number;
   connectTimeoutS: number; // one attempt's wait for Ready
   silenceTimeoutS: number;
+  /** A call that has written nothing for this long writes a KeepAlive (0 = never): the server ends
+   * streams idle past its --idle-timeout-s (30 s), and features stop in silence. */
+  keepaliveS: number;
   backoffInitialS: number;
   backoffMaxS: number;
   backoffMultiplier: number;
 }
 
 export const DEFAULT_CLIENT_OPTIONS: ClientOptions = {
-  language: "", context: "", maxOfflineS: 120, maxBufferBytes: 64 << 20, connectTimeoutS: 10, silenceTimeoutS: 30,
+  language: "", context: "", maxOfflineS: 120, maxBufferBytes: 64 << 20, connectTimeoutS: 10, silenceTimeoutS: 30, keepaliveS: 10,
   backoffInitialS: 0.05, backoffMaxS: 2.0, backoffMultiplier: 2.0,
 };
 
@@ -203,6 +206,7 @@ export interface TransportStats {
   framesProduced: number;
   payloadBytesProduced: number;
   duplicateEvents: number;
+  keepalivesSent: number;
 }
 
 export type SessionOutput = TranscriptEvent | StreamProgress;
@@ -219,12 +223,14 @@ export class ClientSession {
   sentThrough = 0;
   ackedSeq = 0;
   lastHeard = 0;
+  private now = 0; // the clock at the latest nextMessage(now)
+  private lastWritten = 0; // clock time of this call's last write
   newSegmentBoundS = 0;
   readonly buffer = new FeatureBuffer();
   readonly texts = new ReplayFilter();
   readonly stats: TransportStats = {
     sessionsOpened: 0, resumes: 0, failedAttempts: 0, lastFailure: "", messagesSent: 0, messagesResent: 0,
-    framesSent: 0, framesProduced: 0, payloadBytesProduced: 0, duplicateEvents: 0,
+    framesSent: 0, framesProduced: 0, payloadBytesProduced: 0, duplicateEvents: 0, keepalivesSent: 0,
   };
   private offlineSince: number | null = null;
   private failures = 0;
@@ -284,15 +290,33 @@ export class ClientSession {
     return [];
   }
 
-  nextMessage(): ClientMessage | null {
+  /** The next message to write (then `sent`), or null. Given the clock `now` (seconds), a KeepAlive
+   * once the call has written nothing for `keepaliveS` (see `keepaliveIn`). */
+  nextMessage(now?: number): ClientMessage | null {
     if (this.lifecycle !== "streaming") return null;
+    if (now !== undefined) this.now = now;
     this.writing = this.buffer.after(this.sentThrough);
     if (this.writing) return { kind: "features", seq: this.writing.seq, packet: this.writing.packet };
     if (this.input === "finished" || this.input === "end_sent") return { kind: "end" };
+    if (now !== undefined) {
+      const due = this.keepaliveIn(now);
+      if (due !== null && due <= 0) return { kind: "keep_alive" };
+    }
     return null;
   }
 
+  /** Seconds until a KeepAlive is due (<= 0: now), null: none will be (not streaming, or keepaliveS 0). */
+  keepaliveIn(now: number): number | null {
+    if (this.lifecycle !== "streaming" || this.options.keepaliveS <= 0) return null;
+    return this.lastWritten + this.options.keepaliveS - now;
+  }
+
   sent(msg: ClientMessage): void {
+    this.lastWritten = this.now;
+    if (msg.kind === "keep_alive") {
+      this.stats.keepalivesSent += 1;
+      return;
+    }
     if (msg.kind === "end") {
       this.input = "end_sent";
       this.lifecycle = "draining";
@@ -374,6 +398,7 @@ export class ClientSession {
       throw this.fail(new StreamError("PROTOCOL", `server applied seq ${resumeAfterSeq}, but only ${this.buffer.nextSeq - 1} were sent`));
     }
     this.sentThrough = this.ackedSeq = resumeAfterSeq;
+    this.lastWritten = this.now = this.lastHeard;
     this.connectedThisCall = true;
     this.lifecycle = "streaming";
     this.drainIfAllSent();

@@ -195,3 +195,35 @@ test("the buffer bound, silence and the offline bound", () => {
   }, (e) => e.code === "OFFLINE" && /12 feature frames \(1 messages\) were not transcribed/.test(e.message));
   assert.deepEqual(delays.slice(0, 3).map((d) => Math.round(d * 10) / 10), [0.1, 0.2, 0.4]);
 });
+
+test("a call with nothing to send writes a KeepAlive every keepaliveS", () => {
+  // as test_client_session.py's: from Ready, then from any write; End first; never outside streaming
+  const s = new ClientSession({ keepaliveS: 5 });
+  assert.equal(s.nextMessage(100), null);
+  assert.equal(s.keepaliveIn(100), null);
+  connect(s, ready("sid", 0), 10);
+  assert.equal(s.keepaliveIn(12), 3);
+  assert.equal(s.nextMessage(12), null);
+  let msg = s.nextMessage(15);
+  assert.deepEqual(msg, { kind: "keep_alive" });
+  s.sent(msg);
+  assert.equal(s.stats.keepalivesSent, 1);
+  assert.equal(s.stats.messagesSent, 0);
+  assert.equal(s.nextMessage(19), null);
+  assert.equal(s.keepaliveIn(19), 1);
+  s.onPackets([packet(0, 0, { start: true })], Infinity);
+  msg = s.nextMessage(19.5);
+  assert.equal(msg.kind, "features");
+  s.sent(msg);
+  assert.equal(s.nextMessage(24), null);
+  assert.equal(s.keepaliveIn(24), 0.5);
+  assert.deepEqual(s.nextMessage(24.5), { kind: "keep_alive" });
+  s.endInput();
+  assert.deepEqual(s.nextMessage(40), { kind: "end" });
+  s.sent({ kind: "end" });
+  assert.equal(s.nextMessage(100), null);
+  assert.equal(s.keepaliveIn(100), null);
+  const never = new ClientSession({ keepaliveS: 0 });
+  connect(never, ready("sid", 0), 0);
+  assert.equal(never.nextMessage(1e6), null);
+});

@@ -10,9 +10,9 @@ const wire = JSON.parse(readFileSync(new URL("../vectors/wire.json", import.meta
 const hex = (b) => Buffer.from(b).toString("hex");
 const bytes = (h) => new Uint8Array(Buffer.from(h, "hex"));
 
-test("Start and End messages are the Python wire's bytes", () => {
+test("Start, End and KeepAlive messages are the Python wire's bytes", () => {
   for (const c of wire.client) {
-    const msg = c.end ? { kind: "end" } : {
+    const msg = c.end ? { kind: "end" } : c.keep_alive ? { kind: "keep_alive" } : {
       kind: "start", language: c.start.language, context: c.start.context, codec: c.start.codec,
       sessionId: c.start.session_id, lastEventSeq: c.start.last_event_seq,
       seed: c.start.seed && { runningMaxLog10: c.start.seed.running_max_log10, contextTail: c.start.seed.context_tail,

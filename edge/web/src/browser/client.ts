@@ -241,7 +241,7 @@ export class TrackStream extends Emitter {
       const pump = () => {
         if (settled || !ready || channel.readyState !== "open") return;
         let msg;
-        while (channel.bufferedAmount <= SEND_HIGH_WATER && (msg = session.nextMessage()) !== null) {
+        while (channel.bufferedAmount <= SEND_HIGH_WATER && (msg = session.nextMessage(now())) !== null) {
           write(encodeClientMessage(msg));
           session.sent(msg);
         }
@@ -257,6 +257,7 @@ export class TrackStream extends Emitter {
       const watch = setInterval(() => {
         const reason = ready ? session.checkSilence(now()) : null;
         if (reason) end(new CallEnded({ details: reason }));
+        else pump(); // a KeepAlive when nothing has been written for keepaliveS
       }, 1000);
       channel.onopen = () => write(encodeClientMessage(session.startMessage()));
       channel.onclose = () => end(new CallEnded({ details: "the data channel closed", code: "UNAVAILABLE" }));
