@@ -877,8 +877,9 @@ def test_a_stream_whose_audio_is_pending_in_the_engine_is_not_reaped(asr, packet
     stream is not idle (the server owes it work). Once the engine has done that work, the stream,
     still sending nothing, is idle from then on and is reaped."""
     clock = FakeClock()
-    head = features_msgs(packets[:5])  # one segment's first 100 frames: past an update (50 frames)
-    assert head[0].features.segment_start and not any(m.features.segment_end for m in head)
+    first = packets[:next(i for i, p in enumerate(packets) if p.segment_end)]  # the first segment but its end
+    head = features_msgs(first)
+    assert head[0].features.segment_start and sum(p.frame_count for p in first) >= 50  # past an update (50 frames)
 
     async def main():
         async with serving(asr, clock=clock, idle_timeout_s=IDLE_S, grace_s=600) as server:
@@ -886,7 +887,7 @@ def test_a_stream_whose_audio_is_pending_in_the_engine_is_not_reaped(asr, packet
             out = Outcome()
             task = asyncio.create_task(run_stream(server.address, [start_msg(codec=CODEC_NAME)] + head,
                                                   hold_open=asyncio.Event(), out=out))
-            while not (out.acks and out.acks[-1].seq == 5):  # all five applied: the update is due
+            while not (out.acks and out.acks[-1].seq == len(head)):  # all applied: the update is due
                 out.progress.clear()
                 await out.progress.wait()
             clock.advance(100.0)
