@@ -10,8 +10,9 @@ Layout of edge/web/vectors/ (documented for other ports in its README.md):
 
     NAME.wav              16 kHz mono PCM16
     NAME.logmel.f32       raw log10-mel, float32 little-endian, [128, T] row-major (bin-major)
-    NAME.json             VAD probabilities and events, the pipeline's packets (payload, CRC32C,
-                          the serialized `ClientMessage`), all for 100 ms pushes of 1600 samples
+    NAME.json             VAD probabilities and events, per push the frames, events and the VAD's
+                          earliest end after it, the pipeline's packets (payload, CRC32C, the
+                          serialized `ClientMessage`), all for 100 ms pushes of 1600 samples
     codec.json            codec cases: (frames of a vector, floor, mode) -> payload bytes
     edge/web/src/codec_tables.json   constants of the codec format the port loads (not test data)
 """
@@ -99,17 +100,20 @@ def expected(wav: Path) -> tuple[np.ndarray, dict]:
     audio = load_audio(wav)
     mel = log_mel_raw(audio)
     probs = SileroVad().probabilities(audio)
-    # the pipeline's pushes: frames and VAD events each produced (the last entry is the flush)
+    # the pipeline's pushes: frames and VAD events each produced (the last entry is the flush), and
+    # the segmenter's earliest_end_sample after it (what FeatureStream._open_limit reads)
     vad, stream_mel = StreamingVad(), StreamingLogMel()
     events: list = []
     pushes = []
     for i in range(0, audio.size, PUSH_SAMPLES):
         piece = audio[i:i + PUSH_SAMPLES]
         new, k = vad.push(piece), stream_mel.push(piece).shape[1]
-        pushes.append({"frames": k, "events": list(range(len(events), len(events) + len(new))), "final": False})
+        pushes.append({"frames": k, "events": list(range(len(events), len(events) + len(new))), "final": False,
+                       "earliest_end_sample": vad.segmenter.earliest_end_sample})
         events += new
     new, k = vad.flush(), stream_mel.flush(short_ok=True).shape[1]
-    pushes.append({"frames": k, "events": list(range(len(events), len(events) + len(new))), "final": True})
+    pushes.append({"frames": k, "events": list(range(len(events), len(events) + len(new))), "final": True,
+                   "earliest_end_sample": vad.segmenter.earliest_end_sample})
     events += new
     stream = FeatureStream(packet_frames=PACKET_FRAMES)
     packets = []

@@ -2,8 +2,16 @@
 // Every sample goes through the streaming log-mel and the running-max floor; silero-vad decides
 // which frames belong to speech; frames of a segment leave in packets of `packetFrames`, each an
 // independent codec payload. Silence sends nothing. Same pushes, same packets as the Python edge.
+//
+// As edge/pipeline.py: frames of an open segment leave as soon as they are final and the VAD can no
+// longer end the segment before them (SpeechSegmenter.earliestEndSample): while speech goes on that
+// bound runs ahead of the audio, inside a pause frames past the pause's start plus the padding wait
+// for the VAD's decision. So a segment's packets end exactly at the VAD's end (on the frame grid)
+// and what a stream sends is a function of its samples alone, however they were cut into pieces.
+// On the frame grid a segment [startSample, endSample) is frames [startSample // 160,
+// ceil(endSample / 160)), except that a start never goes before the previous segment's end frame.
 
-import { DEFAULT_MODE, N_MELS, encodeFrames } from "./codec.js";
+import { DEFAULT_MODE, DYNAMIC_RANGE_LOG10, N_MELS, encodeFrames } from "./codec.js";
 import type { Frames, Mode } from "./codec.js";
 import { HOP_LENGTH, RunningMaxFloor, StreamingLogMel } from "./features.js";
 import type { OrtModel } from "./ort.js";
@@ -43,8 +51,10 @@ export class FeatureStream {
   readonly floor: RunningMaxFloor;
   private frames: Float32Array[] = []; // floored [128] frames, oldest first
   private running: number[] = []; // the running max after each buffered frame
-  private firstBuffered = 0;
+  private runningBefore: number; // the running max before this.frames[0] (Python's _running_before)
+  private firstBuffered = 0; // absolute index of this.frames[0]
   private framesComputed = 0;
+  private lastEndFrame = 0; // end frame (exclusive) of the last segment ended
   private segments: Segment[] = [];
   private readonly onFrames?: (raw: Frames) => void;
 
@@ -58,6 +68,7 @@ export class FeatureStream {
     this.mel = new StreamingLogMel(models.logmel);
     this.vad = new StreamingVad(new SileroVad(models.vad), vadOptions);
     this.floor = new RunningMaxFloor(options.runningMaxLog10 ?? -Infinity);
+    this.runningBefore = this.floor.maxLog10;
     this.lookbackFrames = lookbackFrames(vadOptions);
     this.onFrames = options.onFrames;
   }
@@ -81,9 +92,12 @@ export class FeatureStream {
     return this.advance(frames, events, true);
   }
 
-  /** Raw frames and VAD events of one push -> the packets they complete (public for the tests,
-   * which feed the Python edge's own frames and events to check the packets byte for byte). */
-  advance(raw: Frames, events: SegmentEvent[], final: boolean): FeaturePacket[] {
+  /** Raw frames and VAD events of one push -> the packets they complete. `earliestEndSample` is
+   * the VAD's SpeechSegmenter.earliestEndSample after the push (Python's `_open_limit` reads it
+   * there). Public for the tests, which feed the Python edge's own frames, events and earliest
+   * ends to check the packets byte for byte. */
+  advance(raw: Frames, events: SegmentEvent[], final: boolean,
+    earliestEndSample: number | null = this.vad.segmenter.earliestEndSample): FeaturePacket[] {
     const [floored, running] = this.floor.apply(raw);
     for (let t = 0; t < floored.k; t++) {
       const col = new Float32Array(N_MELS);
@@ -94,24 +108,30 @@ export class FeatureStream {
     this.framesComputed += floored.k;
     for (const e of events) {
       if (e.kind === "start") {
-        const first = Math.max(Math.floor(e.startSample / HOP_LENGTH), this.firstBuffered);
+        // the VAD never starts a segment before the previous end, but on the frame grid the two
+        // may fall into one frame: it belongs to the earlier segment
+        const first = Math.max(Math.floor(e.startSample / HOP_LENGTH), this.firstBuffered, this.lastEndFrame);
         this.segments.push({ segmentId: e.segmentId, nextFrame: first, endFrame: null, started: false });
       } else {
         const seg = this.segments.find((s) => s.segmentId === e.segmentId);
-        if (seg) seg.endFrame = Math.max(seg.nextFrame, Math.ceil(e.endSample / HOP_LENGTH));
+        if (seg) {
+          // no frame past the end has gone out: openLimit held them back
+          seg.endFrame = Math.max(seg.nextFrame, Math.ceil(e.endSample / HOP_LENGTH));
+          this.lastEndFrame = seg.endFrame;
+        }
       }
     }
-    const packets = this.emit(final);
+    const packets = this.emit(final, earliestEndSample);
     this.trim();
     return packets;
   }
 
-  private emit(final: boolean): FeaturePacket[] {
+  private emit(final: boolean, earliestEndSample: number | null): FeaturePacket[] {
     const packets: FeaturePacket[] = [];
     while (this.segments.length) {
       const seg = this.segments[0];
       const endFrame = seg.endFrame;
-      const limit = endFrame === null ? this.framesComputed : Math.min(endFrame, this.framesComputed);
+      const limit = endFrame === null ? this.openLimit(earliestEndSample) : Math.min(endFrame, this.framesComputed);
       while (limit - seg.nextFrame >= this.packetFrames) packets.push(this.packet(seg, seg.nextFrame + this.packetFrames, false));
       const closing = endFrame !== null && (endFrame <= this.framesComputed || final);
       if (endFrame === null || !closing) break;
@@ -119,6 +139,20 @@ export class FeatureStream {
       this.segments.shift();
     }
     return packets;
+  }
+
+  /** Frames of the open segment that may leave: those final and before the earliest end the VAD
+   * can still give it (edge/pipeline.py FeatureStream._open_limit). */
+  private openLimit(earliestEndSample: number | null): number {
+    if (earliestEndSample === null) return this.framesComputed;
+    return Math.min(this.framesComputed, Math.ceil(earliestEndSample / HOP_LENGTH));
+  }
+
+  /** The running max once frame `frame` was floored (frame -1: before the first frame)
+   * (edge/pipeline.py FeatureStream._running_after). */
+  private runningAfter(frame: number): number {
+    const i = frame - this.firstBuffered;
+    return i >= 0 ? this.running[i] : this.runningBefore;
   }
 
   private packet(seg: Segment, stop: number, end: boolean): FeaturePacket {
@@ -130,11 +164,14 @@ export class FeatureStream {
       for (let b = 0; b < N_MELS; b++) data[b * k + t] = col[b];
     }
     // the floor in force before this packet, so values at the floor cost nothing
-    const floor = start - 1 >= this.firstBuffered ? this.running[start - 1 - this.firstBuffered] - 8.0 : null;
+    const before = this.runningAfter(start - 1);
+    const floor = Number.isFinite(before) ? before - DYNAMIC_RANGE_LOG10 : null;
     const payload = encodeFrames({ data, k }, this.mode, floor);
+    // the floor state after this packet's frames, not after every frame computed so far: a
+    // function of the samples, whatever the piece that completed the packet held
     const packet: FeaturePacket = {
       segmentId: seg.segmentId, firstFrame: start, frameCount: k, segmentStart: !seg.started, segmentEnd: end,
-      payload, runningMaxLog10: this.floor.maxLog10,
+      payload, runningMaxLog10: this.runningAfter(stop - 1),
     };
     seg.started = true;
     seg.nextFrame = stop;
@@ -147,6 +184,7 @@ export class FeatureStream {
     const drop = Math.max(0, Math.min(this.frames.length, keepFrom - this.firstBuffered));
     if (drop) {
       this.frames.splice(0, drop);
+      this.runningBefore = this.running[drop - 1]; // Python's _running_before = _running.popleft()
       this.running.splice(0, drop);
       this.firstBuffered += drop;
     }

@@ -134,6 +134,30 @@ export class SpeechSegmenter {
     this.exitThreshold = options.negThreshold ?? Math.max(options.threshold - 0.15, 0.01);
   }
 
+  /** The earliest sample at which the segment whose start was emitted and whose end was not can
+   * still end (padded end), whatever the windows still to come; null when no such segment exists
+   * (edge/vad.py SpeechSegmenter.earliest_end_sample). A function of the windows seen so far, never
+   * of how the audio was cut, so the frames a stream sends of an open segment (pipeline.ts) never
+   * run past its end.
+   *
+   * While speech goes on, a pause may begin at the next window at the earliest; a pause in
+   * progress ends the segment where it began. The padding after the raw end is at least
+   * min(pad, min silence). With max speech set (a cut may end the segment at a past pause, its
+   * padding stopping at once) no padding is counted. */
+  get earliestEndSample(): number | null {
+    const s = this.state;
+    const nextWindow = s.windowsSeen * WINDOW_SAMPLES; // where a pause can begin at the earliest
+    if (s.pendingEnd !== null) {
+      // closed, its padding still open: an onset at the next window would clip it there
+      return Math.min(s.pendingEnd.rawEndSample + this.pad, nextWindow);
+    }
+    if (!(s.triggered && s.confirmed)) return null;
+    let rawEnd = s.silenceStartSample === null ? nextWindow : s.silenceStartSample;
+    if (this.options.maxSpeechDurationS === Infinity) return rawEnd + Math.min(this.pad, this.minSilence);
+    if (s.longestPause !== null) rawEnd = Math.min(rawEnd, s.longestPause.startSample);
+    return rawEnd;
+  }
+
   push(probabilities: ArrayLike<number>): SegmentEvent[] {
     const events: SegmentEvent[] = [];
     for (let i = 0; i < probabilities.length; i++) {

@@ -52,10 +52,12 @@ const models = (async () => ({
   vad: await OrtModel.load(ort, MODELS + "silero_vad_windows.onnx"),
 }))();
 
-/** The JS pipeline on a vector WAV, pushed as the Python one was: -> {mel, probs, events, packets}. */
-async function runEdge(name) {
+/** The JS pipeline on a vector WAV, pushed as the Python one was (or in pieces of `pieceSamples`):
+ * -> {mel, probs, events, packets}. */
+async function runEdge(name, pieceSamples = null) {
   const rec = record(name);
   const audio = readWav(VECTORS + name + ".wav");
+  const piece = pieceSamples ?? rec.push_samples;
   const stream = new FeatureStream(await models, { packetFrames: rec.packet_frames });
   const melParts = [], probs = [], events = [], packets = [];
   const pushMel = stream.mel.push.bind(stream.mel), flushMel = stream.mel.flush.bind(stream.mel);
@@ -64,7 +66,7 @@ async function runEdge(name) {
   const seg = stream.vad.segmenter, pushSeg = seg.push.bind(seg), finishSeg = seg.finish.bind(seg);
   seg.push = (p) => { probs.push(...p); const e = pushSeg(p); events.push(...e); return e; };
   seg.finish = (p, n) => { probs.push(...p); const e = finishSeg(p, n); events.push(...e); return e; };
-  for (let i = 0; i < audio.length; i += rec.push_samples) packets.push(...await stream.push(audio.subarray(i, i + rec.push_samples)));
+  for (let i = 0; i < audio.length; i += piece) packets.push(...await stream.push(audio.subarray(i, i + piece)));
   packets.push(...await stream.flush());
   const k = melParts.reduce((n, f) => n + f.k, 0);
   const mel = { data: new Float32Array(128 * k), k };
@@ -106,14 +108,17 @@ for (const name of names) {
     // the pipeline after the models: same floors, segments, payloads, CRCs and wire messages
     const rec = record(name);
     const ref = pythonMel(name);
-    // replay the Python pushes: the frames and VAD events each one produced
+    assert.ok(rec.pushes.every((p) => "earliest_end_sample" in p), "pushes record earliest_end_sample (tests/web_vectors.py)");
+    // replay the Python pushes: the frames and VAD events each one produced, and the VAD's
+    // earliest end after it (an open segment's frames leave only up to that)
     const stream = new FeatureStream({ logmel: null, vad: null }, { packetFrames: rec.packet_frames });
     const events = rec.vad_events.map((e) => ({ kind: e.kind, segmentId: e.segment_id, startSample: e.start_sample,
       endSample: e.end_sample, decidedAtSample: e.decided_at_sample }));
     const packets = [];
     let done = 0;
     for (const push of rec.pushes) {
-      packets.push(...stream.advance(sliceFrames(ref, done, push.frames), push.events.map((i) => events[i]), push.final));
+      packets.push(...stream.advance(sliceFrames(ref, done, push.frames), push.events.map((i) => events[i]), push.final,
+        push.earliest_end_sample));
       done += push.frames;
     }
     assert.equal(done, ref.k);
@@ -128,10 +133,23 @@ for (const name of names) {
     });
   });
 
+  const summary = (packets) => packets.map((p) => [p.segmentId, p.firstFrame, p.frameCount, p.segmentStart, p.segmentEnd,
+    p.runningMaxLog10, hex(p.payload)]);
+  const pythonSummary = (rec) => rec.packets.map((p) => [p.segment_id, p.first_frame, p.frame_count, p.segment_start,
+    p.segment_end, p.running_max_log10, p.payload]);
+
   test(`${name}: the whole JS edge (ONNX models included) sends Python's packets`, async () => {
     const { rec, packets } = await edge(name);
-    assert.deepEqual(packets.map((p) => [p.segmentId, p.firstFrame, p.frameCount, hex(p.payload)]),
-      rec.packets.map((p) => [p.segment_id, p.first_frame, p.frame_count, p.payload]));
+    assert.deepEqual(summary(packets), pythonSummary(rec));
+  });
+
+  test(`${name}: the same packets however the audio is cut (20 ms, 1 s, odd pieces, one piece)`, async () => {
+    // edge/pipeline.py: what a stream sends is a function of its samples alone (issue 14, defect 5)
+    const rec = record(name);
+    for (const piece of [320, 16000, 7919, rec.samples]) {
+      const { packets } = await runEdge(name, piece);
+      assert.deepEqual(summary(packets), pythonSummary(rec), `pieces of ${piece} samples`);
+    }
   });
 }
 
