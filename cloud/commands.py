@@ -80,16 +80,21 @@ def transcribe_command(input_path: str, model: str, language: str | None = None,
     return 0
 
 
-def make_tiny_model_command(out_dir: str, seed: int = 0, vocab: str = "real", head: str = "tied") -> int:
+def make_tiny_model_command(out_dir: str, seed: int = 0, vocab: str = "real", head: str = "tied",
+                            head_dim: int | None = None) -> int:
     """Write a tiny random checkpoint in the official format to `out_dir`."""
-    from harken.cloud.model.tiny import make_tiny_model
+    from harken.cloud.model.tiny import make_tiny_model, tiny_config
 
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
         raise HarkenError(f"{d}: exists and is not a directory")
     if d.is_dir() and (d / "model.safetensors").exists():
         raise HarkenError(f"{d}: already holds a checkpoint; choose an empty or new directory")
-    make_tiny_model(d, seed=seed, vocab=vocab, head=head)
+    try:
+        cfg = tiny_config(head_dim)
+    except ValueError as e:
+        raise HarkenError(f"--head-dim: {e}") from e
+    make_tiny_model(d, seed=seed, vocab=vocab, head=head, cfg=cfg)
     print(f"wrote a tiny random Qwen3-ASR checkpoint (seed {seed}, {vocab} vocabulary, {head} head) to {d}",
           file=sys.stderr)
     return 0
