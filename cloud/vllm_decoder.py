@@ -306,7 +306,7 @@ class VllmEngine(Engine):
     def prefix_cache_hit_rate(self) -> float | None:
         return self.vllm.prefix_cache_hit_rate
 
-    def _start(self, planned):  # type: ignore[override]
+    def _start(self, planned):
         """Encode planned passes (one batch, as `Engine._start`) and submit their prompts to vLLM.
         Returns {request id: pass} and the events of passes that needed no decode."""
         events: list = []
