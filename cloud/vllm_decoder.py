@@ -54,7 +54,11 @@ def check_decoder(name: str) -> str:
     if name == "vllm":
         import importlib.util
 
-        if importlib.util.find_spec("vllm") is None:
+        try:
+            found = importlib.util.find_spec("vllm") is not None
+        except ValueError:  # sys.modules["vllm"] is None: imports of it are blocked
+            found = False
+        if not found:
             raise HarkenError(INSTALL_HINT)
     return name
 
