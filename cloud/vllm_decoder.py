@@ -138,14 +138,10 @@ class VllmDecoder:
     greedy tokens out, one `step()` at a time. `max_seqs` requests decode at once; each may hold
     `max_model_len` positions. Counts prompt positions and those its prefix cache served."""
 
-    def __init__(self, asr, max_seqs: int, max_model_len: int, cached_seqs: int | None = None,
-                 threads: int | None = None):
+    def __init__(self, asr, max_seqs: int, max_model_len: int, cached_seqs: int | None = None):
         check_decoder("vllm")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-        if threads is not None and asr.device.type == "cpu":
-            # the CPU worker binds one OpenMP thread per core it is given; "nobind" keeps torch's
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         from vllm import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -297,10 +293,9 @@ class VllmEngine(Engine):
     loop guard and events; every pass is one vLLM request of the whole prompt (the session's KV slot
     is not kept: `Session.prefilled` is never called, so each pass's embeddings start at 0)."""
 
-    def __init__(self, asr, config: EngineConfig = EngineConfig(), threads: int | None = None):
+    def __init__(self, asr, config: EngineConfig = EngineConfig()):
         self.vllm = VllmDecoder(asr, max_seqs=min(config.max_batch, config.max_sessions),
-                                max_model_len=slot_tokens(config.slot_policy),
-                                cached_seqs=config.max_sessions, threads=threads)
+                                max_model_len=slot_tokens(config.slot_policy), cached_seqs=config.max_sessions)
         super().__init__(asr, config)
 
     def _new_cache(self):

@@ -290,6 +290,8 @@ async def _start_self_served(options: LoadBenchOptions):
 
     if not torch.cuda.is_available():
         torch.set_num_threads(1)  # small batched matmuls on a shared CPU: one thread is fastest
+        # vLLM's CPU worker would bind an OpenMP thread to every core; "nobind" keeps torch's one
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     from harken.cloud.vllm_decoder import check_decoder
 
     check_decoder(options.decoder)
