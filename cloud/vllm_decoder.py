@@ -150,9 +150,9 @@ class VllmDecoder:
         self.max_model_len = -(-max_model_len // BLOCK_SIZE) * BLOCK_SIZE
         t = asr.config.text
         per_token = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * asr.dtype.itemsize
-        # room for every request at its longest, and as much again for the prefix cache to keep
+        # room for every request at its longest, and half as much again for the prefix cache to keep
         seqs = max(max_seqs, 1) if cached_seqs is None else cached_seqs
-        kv_bytes = per_token * self.max_model_len * 2 * seqs
+        kv_bytes = per_token * self.max_model_len * 3 * seqs // 2
         args = EngineArgs(
             model=str(self.path), dtype=str(asr.dtype).removeprefix("torch."), seed=0,
             enable_prompt_embeds=True, enable_prefix_caching=True, skip_tokenizer_init=True,

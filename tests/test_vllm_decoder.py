@@ -171,3 +171,15 @@ def test_served_stream_decoder_vllm_gives_the_own_transcript(asr32):
     got = asyncio.run(transcript("vllm"))
     assert got == own
     assert len(own) >= 2 and any(t for _, t, *_ in own)
+
+
+@vllm
+def test_stream_command_decoder_vllm_prints_the_own_events(model_dir, capsys):
+    """`harken stream --decoder vllm --json`: every event line and the final text as with own."""
+    sample = str(Path(__file__).parent.parent / "harken" / "data" / "sample.wav")
+    out = {}
+    for decoder in ("own", "vllm"):
+        assert main(["stream", sample, "--model", str(model_dir), "--json", "--decoder", decoder]) == 0
+        out[decoder] = capsys.readouterr().out.splitlines()
+    assert out["vllm"] == out["own"]
+    assert len(out["own"]) > 3 and json.loads(out["own"][-1])["final"]
