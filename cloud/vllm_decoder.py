@@ -6,8 +6,7 @@ budgets and loop guard; vLLM's paged attention, prefix caching and batching.
     engine = VllmEngine(asr, EngineConfig(...))                     # = Engine, decodes on vLLM
 
 The decoder weights (`thinker.model.*`, the head) are written once as a plain `Qwen3ForCausalLM`
-directory under $HARKEN_CACHE/vllm/ (keyed by the checkpoint's files, or by the weights themselves
-for a model built in memory); vLLM serves it with `enable_prompt_embeds`: every request is the
+directory under $HARKEN_CACHE/vllm/ (keyed by the config and the weights' bytes); vLLM serves it with `enable_prompt_embeds`: every request is the
 whole prompt as embeddings (harken's prompt token embeddings, the audio rows of harken's own
 encoder with its window cache, the item's committed text). Where the own engine keeps a session's
 KV slot across updates and prefills only the suffix, vLLM re-prefills what its prefix cache misses
@@ -20,7 +19,11 @@ budget, the end-of-text ids stop it, and every token goes through the same `Engi
 vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, its `LLMEngine`), stepped by the
 engine's own worker thread (the `Scheduler`'s): every session ready in a tick is one request in
 vLLM's batch, and sessions that become ready meanwhile join between vLLM steps, as with the own
-engine. vLLM is imported only here, lazily: harken without it is unchanged.
+engine. (vLLM's AsyncLLM always puts its engine core in a second process and wants one coroutine
+per request; the engine's tick already hands vLLM every ready session at once, which is what its
+batching needs, and keeps the own engine's scheduling, failure handling and session bookkeeping.)
+In-process vLLM seeds the global RNG and, on CPU, takes over `torch.set_num_threads` for the
+process. vLLM is imported only here, lazily: harken without it is unchanged.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import torch
 
 from harken.cloud.engine import Engine, EngineConfig, TickFailed, _Running, slot_tokens
 from harken.cloud.model.decode_limits import DecodeLimits
-from harken.cloud.session import Job, Session, TranscriptEvent
+from harken.cloud.session import Session, TranscriptEvent
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import FRAMES_PER_SECOND
 
@@ -404,5 +407,5 @@ def make_engine(asr, config: EngineConfig, decoder: str = "own") -> Engine:
     return engine_class(decoder)(asr, config)
 
 
-__all__ = ["DECODERS", "INSTALL_HINT", "Job", "VllmDecoder", "VllmEngine", "check_decoder", "engine_class",
+__all__ = ["DECODERS", "INSTALL_HINT", "VllmDecoder", "VllmEngine", "check_decoder", "engine_class",
            "export_decoder", "make_engine", "transcribe_vllm"]
