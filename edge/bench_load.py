@@ -30,8 +30,9 @@ Definitions (all in ms, over every stream's events):
   the engine thread's CPU time in its ticks, GPU wall time on CUDA) — what batching saves per
   second of audio served.
 - `rtf` (`--self-serve`): the engine's busy wall time (its ticks, every thread's work in them:
-  vLLM's included) over the audio served (N x S seconds): below 1 keeps up; 1 / rtf is how many
-  such streams one engine could carry at that batch size.
+  vLLM's included) over the audio served (N x S seconds). 1 / rtf is how many such streams the
+  engine could carry at this per-stream cost: it keeps up while N x rtf < 1 (busy less than the
+  wall time); past that its updates queue and the latencies grow with the backlog.
 - `prefix_cache_hit_rate` (`--self-serve --decoder vllm`): prompt positions vLLM's prefix cache
   served / all prompt positions of the passes (None for the own engine, which keeps each session's
   KV across updates instead of re-prefilling it).
