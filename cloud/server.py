@@ -113,6 +113,7 @@ class ServerOptions:
     max_batch: int = 32
     decode_threads: int = 2  # codec decoding and the thin clients' front end
     policy: CommitPolicy = field(default_factory=CommitPolicy)  # every session's commit policy
+    decoder: str = "own"  # "vllm": the text decoder on vLLM (cloud/vllm_decoder.py)
 
     def __post_init__(self):
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -466,7 +467,8 @@ async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = t
     engine = _metered_engine(asr, EngineConfig(max_sessions=options.max_sessions, max_batch=options.max_batch,
                                                max_queued_frames=options.max_queued_frames,
                                                slot_policy=options.policy), metrics,
-                             on_failure=lambda: loop.call_soon_threadsafe(engine_failed.set))
+                             on_failure=lambda: loop.call_soon_threadsafe(engine_failed.set),
+                             decoder=options.decoder)
     scheduler = Scheduler(engine)
     await scheduler.start()
     executor = ThreadPoolExecutor(max_workers=options.decode_threads, thread_name_prefix="harken-decode")
@@ -507,14 +509,14 @@ def _bracketed(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def _metered_engine(asr, config, metrics: ServerMetrics, on_failure):
-    """The engine, reporting each tick's batch size, and calling `on_failure()` (from the engine's
-    thread) when a tick raises: the Scheduler's task ends then, and without this every session
-    would wait for events forever. (The sessions waiting for the model are read at scrape time:
-    `Engine.ready_sessions`.)"""
-    from harken.cloud.engine import Engine
+def _metered_engine(asr, config, metrics: ServerMetrics, on_failure, decoder: str = "own"):
+    """The engine (harken's own, or on vLLM: `decoder`), reporting each tick's batch size, and
+    calling `on_failure()` (from the engine's thread) when a tick raises: the Scheduler's task ends
+    then, and without this every session would wait for events forever. (The sessions waiting for
+    the model are read at scrape time: `Engine.ready_sessions`.)"""
+    from harken.cloud.vllm_decoder import engine_class
 
-    class MeteredEngine(Engine):
+    class MeteredEngine(engine_class(decoder)):  # type: ignore[misc]
         def _plan(self, exclude, room):
             planned = super()._plan(exclude, room)
             self._tick_sessions += len(planned)
@@ -573,6 +575,9 @@ def serve_command(model: str, options: ServerOptions, device: str | None = None,
     if options.api_keys:
         ApiKeys.load(options.api_keys)
     _tls_credentials(options)
+    from harken.cloud.vllm_decoder import check_decoder
+
+    check_decoder(options.decoder)  # without vLLM: one line saying how to install it, before the load
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)
     if model == "tiny":
         log.warning("the tiny model has random weights: its transcripts are meaningless", extra={"fields": {}})

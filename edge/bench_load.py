@@ -29,6 +29,15 @@ Definitions (all in ms, over every stream's events):
   alone (a second run, one client) x N / its compute for the N streams at once (`engine_compute_s`:
   the engine thread's CPU time in its ticks, GPU wall time on CUDA) — what batching saves per
   second of audio served.
+- `rtf` (`--self-serve`): the engine's busy wall time (its ticks, every thread's work in them:
+  vLLM's included) over the audio served (N x S seconds). 1 / rtf is how many such streams the
+  engine could carry at this per-stream cost: it keeps up while N x rtf < 1 (busy less than the
+  wall time); past that its updates queue and the latencies grow with the backlog.
+- `prefix_cache_hit_rate` (`--self-serve --decoder vllm`): prompt positions vLLM's prefix cache
+  served / all prompt positions of the passes (None for the own engine, which keeps each session's
+  KV across updates instead of re-prefilling it).
+- `--decoder own,vllm`: one self-served run per decoder, one after the other (the own engine first:
+  vLLM takes over torch's thread settings in its process), printed as {"runs": [...]}.
 - `drain_ms`: last piece handed over -> stream complete (its last final in). Not part of
   `realtime_ok`: it is dominated by the final pass over the segment open at the end, whose length
   is the model's business (the random tiny model never emits EOS, so its final passes run to the
@@ -72,6 +81,7 @@ class LoadBenchOptions:
     language: str = ""  # "" = detect
     self_serve: bool = False
     model: str = "tiny"  # --self-serve only
+    decoder: str = "own"  # --self-serve only: "own", "vllm" or a comma list of them
     piece_ms: int = PIECE_MS
 
     def __post_init__(self):
@@ -81,6 +91,14 @@ class LoadBenchOptions:
             raise HarkenError("--streams must be >= 1 and --seconds > 0")
         if self.tls_ca is not None and not os.path.isfile(self.tls_ca):
             raise HarkenError(f"{self.tls_ca}: no such certificate file")
+        if self.decoders != ["own"] and not self.self_serve:
+            raise HarkenError("--decoder goes with --self-serve (a --server has its own)")
+        if not self.decoders or any(d not in ("own", "vllm") for d in self.decoders):
+            raise HarkenError(f"--decoder: own, vllm or a comma list of them, got {self.decoder!r}")
+
+    @property
+    def decoders(self) -> list[str]:
+        return [d.strip() for d in self.decoder.split(",") if d.strip()]
 
 
 def tiled(audio: np.ndarray, seconds: float, offset_s: float = 0.0) -> np.ndarray:
@@ -227,6 +245,12 @@ def sample_audio() -> np.ndarray:
 
 
 async def bench_load(options: LoadBenchOptions) -> dict:
+    if len(options.decoders) > 1:
+        from harken.cloud.vllm_decoder import check_decoder  # --self-serve: torch is there anyway
+
+        for d in options.decoders:  # a missing vLLM fails before the first run, not after it
+            check_decoder(d)
+        return {"runs": [await bench_load(replace(options, decoder=d)) for d in options.decoders]}
     sample = sample_audio()
     if not options.self_serve:
         assert options.server is not None  # LoadBenchOptions: --server or --self-serve
@@ -239,6 +263,9 @@ async def bench_load(options: LoadBenchOptions) -> dict:
         engine = server.engine
         batched_s = engine.compute_s
         result["engine_compute_s"] = round(batched_s, 3)
+        result["rtf"] = round(engine.busy_s / (options.streams * options.seconds), 4)
+        hit_rate = getattr(engine, "prefix_cache_hit_rate", None)
+        result["prefix_cache_hit_rate"] = round(hit_rate, 4) if hit_rate is not None else None
         if options.streams > 1:
             # the same work one stream at a time: stream 0 alone, on the same server
             before = engine.compute_s
@@ -252,6 +279,7 @@ async def bench_load(options: LoadBenchOptions) -> dict:
         await server.stop(grace_s=2.0)
     result["server"] = "self-serve"
     result["model"] = options.model
+    result["decoder"] = options.decoder
     return result
 
 
@@ -263,9 +291,14 @@ async def _start_self_served(options: LoadBenchOptions):
 
     if not torch.cuda.is_available():
         torch.set_num_threads(1)  # small batched matmuls on a shared CPU: one thread is fastest
+        # vLLM's CPU worker would bind an OpenMP thread to every core; "nobind" keeps torch's one
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    from harken.cloud.vllm_decoder import check_decoder
+
+    check_decoder(options.decoder)
     return await start_server(options.model, ServerOptions(
         host="127.0.0.1", port=0, max_sessions=max(16, options.streams),
-        max_sessions_per_key=max(16, options.streams)))
+        max_sessions_per_key=max(16, options.streams), decoder=options.decoder))
 
 
 def bench_load_command(options: LoadBenchOptions) -> int:

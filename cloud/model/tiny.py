@@ -218,9 +218,17 @@ def write_tokenizer_files(out: str | Path, vocab: str = "real") -> None:
     _write_json(d / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
 
 
-def tiny_config() -> Qwen3ASRConfig:
-    """The tiny dims every model test uses (config.py's preset)."""
-    return Qwen3ASRConfig.tiny()
+def tiny_config(head_dim: int | None = None) -> Qwen3ASRConfig:
+    """The tiny dims every model test uses (config.py's preset); `head_dim` (a multiple of 8) other
+    than the preset's 16, with the MRoPE sections scaled to it: vLLM's kernels need head_dim >= 32."""
+    cfg = Qwen3ASRConfig.tiny()
+    if head_dim is None or head_dim == cfg.text.head_dim:
+        return cfg
+    if head_dim < 8 or head_dim % 8:
+        raise ValueError(f"head_dim must be a multiple of 8, got {head_dim}")
+    q = head_dim // 8
+    rope = dict(cfg.text.rope_scaling or {}, mrope_section=[2 * q, q, q])
+    return replace(cfg, text=replace(cfg.text, head_dim=head_dim, rope_scaling=rope))
 
 
 def config_json(cfg: Qwen3ASRConfig) -> dict:
