@@ -273,10 +273,9 @@ class Engine:
             self._fail(sid, s, err)
         return planned
 
-    def _start(self, planned: list[tuple[str, Session, Job]]) -> tuple[list[_Running], list]:
-        """Encode (one batch) and prefill (one batch) planned passes. Returns the passes that decode,
-        and the events of passes that needed no model."""
-        events, run = [], []
+    def _encode(self, planned: list[tuple[str, Session, Job]]) -> set[str]:
+        """Run the encoder windows of planned passes as one batch and commit them to their sessions'
+        window caches; returns the sessions that failed doing so (failed here: `_fail`)."""
         requests = [(sid, s, j, r) for sid, s, j in planned for r in j.requests]
         # complete 1-s chunks whose conv stem an earlier pass ran reuse it (`WindowRequest.stem`)
         outs, stems = self.asr.encoder.encode_windows([r.features for *_, r in requests],
@@ -293,6 +292,13 @@ class Engine:
             except Exception as e:  # noqa: BLE001
                 broken.add(sid)
                 self._fail(sid, s, e)
+        return broken
+
+    def _start(self, planned: list[tuple[str, Session, Job]]) -> tuple[list[_Running], list]:
+        """Encode (one batch) and prefill (one batch) planned passes. Returns the passes that decode,
+        and the events of passes that needed no model."""
+        events, run = [], []
+        broken = self._encode(planned)
         slots, embeds = [], []
         for sid, s, job in planned:
             if sid in broken:

@@ -313,21 +313,7 @@ class VllmEngine(Engine):
         Returns {request id: pass} and the events of passes that needed no decode."""
         events: list = []
         live: dict[str, _Running] = {}
-        requests = [(sid, s, j, r) for sid, s, j in planned for r in j.requests]
-        outs, stems = self.asr.encoder.encode_windows([r.features for *_, r in requests],
-                                                      [r.item_start for *_, r in requests],
-                                                      [r.stem for *_, r in requests], return_stems=True)
-        broken: set[str] = set()
-        for (sid, s, job, req), o, st in zip(requests, outs, stems):
-            if sid in broken:
-                continue
-            try:
-                enc = job.item.encoder
-                assert enc is not None  # a planned item has started
-                enc.commit(req, o, st)
-            except Exception as e:  # noqa: BLE001
-                broken.add(sid)
-                self._fail(sid, s, e)
+        broken = self._encode(planned)
         for sid, s, job in planned:
             if sid in broken:
                 continue
