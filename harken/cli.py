@@ -269,6 +269,19 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--language", help="force the language; default: detect, but English with --self-serve "
                                       "--model tiny (its random weights write text only then)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b = bsub.add_parser("fuzz", help="fuzz the wire decoders and the served session: inputs tried, crashes",
+                        description="A seeded fuzzing run (cloud/bench_fuzz.py): codec payloads, wire "
+                                    "messages, data-channel frames (both sides) and whole streams through "
+                                    "the served session (tiny model), beside a reference session whose "
+                                    "transcript must not change. Prints tried, crashes, rejections_by_code, "
+                                    "by_target, others_affected, leaked_sessions; exits 1 on any failure.")
+    b.add_argument("--examples", type=int, default=100_000, help="inputs to try (default 100000)")
+    b.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    b.add_argument("--session-share", type=float, default=0.1,
+                   help="share of the examples that are whole streams through the served session (default 0.1)")
+    b.add_argument("--concurrency", type=int, default=16, help="fuzzed streams in flight at once (default 16)")
+    b.add_argument("--model", default="tiny", help="model of the served session (default tiny)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b = bsub.add_parser("wer", help="WER, kbps, per-word latency and partial churn of every path, one run",
                         description="Render held-out recipes once and send the same audio down every path: "
                                     "offline, stream (in-process engine, paced in real time: per-word "
@@ -422,6 +435,12 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return bench_wer_command(WerBenchOptions(
             model=args.model, held_set=args.held_set, n=args.n, paths=paths, language=args.language,
             realtime=not args.fast, device=args.device, dtype=args.dtype))
+    if args.command == "bench" and args.bench == "fuzz":
+        from harken.cloud.bench_fuzz import FuzzBenchOptions, bench_fuzz_command
+
+        return bench_fuzz_command(FuzzBenchOptions(examples=args.examples, seed=args.seed,
+                                                   session_share=args.session_share,
+                                                   concurrency=args.concurrency, model=args.model))
     if args.command == "bench" and args.bench == "edge":
         from harken.edge.bench import bench_edge_command
 
