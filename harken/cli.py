@@ -282,6 +282,20 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--concurrency", type=int, default=16, help="fuzzed streams in flight at once (default 16)")
     b.add_argument("--model", default="tiny", help="model of the served session (default tiny)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b = bsub.add_parser("soak", help="one long live stream: RSS and update latency sampled every minute",
+                        description="An in-process server (--model, tiny by default) and one SDK client "
+                                    "streaming the bundled sample tiled without end, paced like a microphone "
+                                    "(--speed x real time), for --minutes; every --sample-s the process's RSS "
+                                    "and the p50/p95 update latency of that minute. Prints samples, "
+                                    "rss_growth_mb, p95_update_ms_first/last (definitions: cloud/bench_soak.py).")
+    b.add_argument("--minutes", type=float, default=30.0, help="wall minutes of streaming (default 30)")
+    b.add_argument("--speed", type=float, default=1.0,
+                   help="audio seconds handed over per wall second (default 1: real time)")
+    b.add_argument("--sample-s", type=float, default=60.0, help="seconds between samples (default 60)")
+    b.add_argument("--model", default="tiny", help="model of the in-process server (default tiny)")
+    b.add_argument("--language", default="English",
+                   help="forced language (default English: the tiny model's random weights write text only then)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b = bsub.add_parser("wer", help="WER, kbps, per-word latency and partial churn of every path, one run",
                         description="Render held-out recipes once and send the same audio down every path: "
                                     "offline, stream (in-process engine, paced in real time: per-word "
@@ -441,6 +455,11 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return bench_fuzz_command(FuzzBenchOptions(examples=args.examples, seed=args.seed,
                                                    session_share=args.session_share,
                                                    concurrency=args.concurrency, model=args.model))
+    if args.command == "bench" and args.bench == "soak":
+        from harken.cloud.bench_soak import SoakBenchOptions, bench_soak_command
+
+        return bench_soak_command(SoakBenchOptions(minutes=args.minutes, speed=args.speed, sample_s=args.sample_s,
+                                                   model=args.model, language=args.language))
     if args.command == "bench" and args.bench == "edge":
         from harken.edge.bench import bench_edge_command
 
