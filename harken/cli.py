@@ -296,6 +296,21 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--language", default="English",
                    help="forced language (default English: the tiny model's random weights write text only then)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b = bsub.add_parser("overload", help="2x the admitted sessions, and clients trying to push others out",
+                        description="Three runs on fresh in-process servers (cloud/bench_overload.py): M users "
+                                    "alone; M users while M more try to open streams again and again "
+                                    "(RESOURCE_EXHAUSTED, and how fast); the same with an attacker key "
+                                    "over-claiming frames, flooding 8 frames per byte and holding an idle "
+                                    "stream. Prints each run's p50/p95 update latency and errors, the p95 "
+                                    "ratios to alone, the refusals' p50/p95/max ms, pushed_out, the attacker's "
+                                    "outcomes.")
+    b.add_argument("--sessions", type=int, default=4, help="users admitted, M (default 4)")
+    b.add_argument("--seconds", type=float, default=20.0, help="audio per user (default 20)")
+    b.add_argument("--attacker-share", type=int, default=2,
+                   help="the per-key session limit, which the attacker fills with its flood and idle streams "
+                        "(default 2)")
+    b.add_argument("--model", default="tiny", help="model of the in-process servers (default tiny)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b = bsub.add_parser("wer", help="WER, kbps, per-word latency and partial churn of every path, one run",
                         description="Render held-out recipes once and send the same audio down every path: "
                                     "offline, stream (in-process engine, paced in real time: per-word "
@@ -460,6 +475,11 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
         return bench_soak_command(SoakBenchOptions(minutes=args.minutes, speed=args.speed, sample_s=args.sample_s,
                                                    model=args.model, language=args.language))
+    if args.command == "bench" and args.bench == "overload":
+        from harken.cloud.bench_overload import OverloadBenchOptions, bench_overload_command
+
+        return bench_overload_command(OverloadBenchOptions(sessions=args.sessions, seconds=args.seconds,
+                                                           attacker_share=args.attacker_share, model=args.model))
     if args.command == "bench" and args.bench == "edge":
         from harken.edge.bench import bench_edge_command
 
