@@ -46,6 +46,8 @@ bench: $(STAMP) sysdeps
 	$(VENV)/bin/harken bench model --json --threads 1
 	$(VENV)/bin/harken bench stream --model tiny --seconds 60 --streams 8 --json
 	$(VENV)/bin/harken bench load --self-serve --model tiny --streams 4 --seconds 20 --json
+	$(VENV)/bin/harken bench overload --json
+	$(VENV)/bin/harken bench soak --minutes 5 --json
 	$(VENV)/bin/harken bench fuzz --examples 100000 --json
 
 clean:

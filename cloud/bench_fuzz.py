@@ -37,6 +37,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from harken.cloud import fuzz
+from harken.cloud import fuzz_inputs as inputs
 from harken.shared.errors import HarkenError
 
 
@@ -88,16 +89,16 @@ def split(examples: int, session_share: float) -> dict[str, int]:
     return counts
 
 
-async def run_decoders(counts: dict[str, int], rng: random.Random, corpus: fuzz.FuzzCorpus, tally: Tally) -> None:
+async def run_decoders(counts: dict[str, int], rng: random.Random, corpus: inputs.FuzzCorpus, tally: Tally) -> None:
     for _ in range(counts["codec"]):
-        _record(tally, "codec", lambda: fuzz.check_codec(*fuzz.random_codec_input(rng, corpus)))
+        _record(tally, "codec", lambda: fuzz.check_codec(*inputs.random_codec_input(rng, corpus)))
     for _ in range(counts["wire"]):
-        _record(tally, "wire", lambda: fuzz.check_wire(fuzz.random_wire_input(rng, corpus)))
+        _record(tally, "wire", lambda: fuzz.check_wire(inputs.random_wire_input(rng, corpus)))
     for _ in range(counts["datachannel_server"]):
         _record(tally, "datachannel_server",
-                lambda: fuzz.check_datachannel_server(fuzz.random_datachannel_server_input(rng, corpus)))
+                lambda: fuzz.check_datachannel_server(inputs.random_datachannel_server_input(rng, corpus)))
     for _ in range(counts["datachannel_client"]):
-        data = fuzz.random_datachannel_client_input(rng)
+        data = inputs.random_datachannel_client_input(rng)
         try:
             tally.add("datachannel_client", await fuzz.check_datachannel_client(data))
         except fuzz.Crash as e:
@@ -122,7 +123,7 @@ async def run_sessions(n: int, options: FuzzBenchOptions, rng: random.Random, ha
         nonlocal remaining, messages
         while remaining > 0:
             remaining -= 1
-            stream = fuzz.random_stream(rng, harness.corpus, harness.resumable_ids())
+            stream = inputs.random_stream(rng, harness.corpus, harness.resumable_ids())
             messages += len(stream.messages)
             try:
                 tally.add("session", await harness.check(stream))
@@ -145,7 +146,7 @@ async def run_sessions(n: int, options: FuzzBenchOptions, rng: random.Random, ha
 async def run_fuzz(options: FuzzBenchOptions, asr) -> dict:
     t0 = time.monotonic()
     rng = random.Random(options.seed)
-    corpus = fuzz.build_corpus()
+    corpus = inputs.build_corpus()
     counts = split(options.examples, options.session_share)
     tally = Tally(keep=options.crash_examples)
     await run_decoders(counts, rng, corpus, tally)

@@ -19,8 +19,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from harken.cloud import fuzz
+from harken.cloud import fuzz_inputs as inputs
 from harken.cloud.bench_fuzz import split
 from harken.cli import main
+from harken.shared.codec import CODEC_NAME, MAX_FRAMES
 
 FEW, MANY = 400, 5_000  # decoder examples: make test / make bench
 FEW_STREAMS, MANY_STREAMS = 100, 1_500
@@ -32,32 +34,32 @@ def fuzzing(n: int):
 
 
 @pytest.fixture(scope="module")
-def corpus() -> fuzz.FuzzCorpus:
-    return fuzz.build_corpus()
+def corpus() -> inputs.FuzzCorpus:
+    return inputs.build_corpus()
 
 
 # ---- the decoders --------------------------------------------------------------------------------
 
-def decoders(corpus: fuzz.FuzzCorpus, n: int) -> None:
+def decoders(corpus: inputs.FuzzCorpus, n: int) -> None:
     @fuzzing(n)
-    @given(payload=st.binary(max_size=80) | RANDOMS.map(lambda rng: fuzz.random_codec_input(rng, corpus)[0]),
-           max_frames=st.sampled_from([fuzz.MAX_FRAMES, 0, 1, 20]))
+    @given(payload=st.binary(max_size=80) | RANDOMS.map(lambda rng: inputs.random_codec_input(rng, corpus)[0]),
+           max_frames=st.sampled_from([MAX_FRAMES, 0, 1, 20]))
     def codec(payload, max_frames):
         event(fuzz.check_codec(payload, max_frames))
 
     @fuzzing(n)
-    @given(st.binary(max_size=120) | RANDOMS.map(lambda rng: fuzz.random_wire_input(rng, corpus)))
+    @given(st.binary(max_size=120) | RANDOMS.map(lambda rng: inputs.random_wire_input(rng, corpus)))
     def wire(data):
         event(fuzz.check_wire(data))
 
     @fuzzing(n)
-    @given(st.binary(max_size=120) | st.text(max_size=120) | RANDOMS.map(fuzz.random_json_text)
-           | RANDOMS.map(lambda rng: fuzz.random_datachannel_server_input(rng, corpus)))
+    @given(st.binary(max_size=120) | st.text(max_size=120) | RANDOMS.map(inputs.random_json_text)
+           | RANDOMS.map(lambda rng: inputs.random_datachannel_server_input(rng, corpus)))
     def datachannel_server(data):
         event(fuzz.check_datachannel_server(data))
 
     @fuzzing(n)
-    @given(st.binary(max_size=120) | st.text(max_size=120) | RANDOMS.map(fuzz.random_datachannel_client_input))
+    @given(st.binary(max_size=120) | st.text(max_size=120) | RANDOMS.map(inputs.random_datachannel_client_input))
     def datachannel_client(data):
         event(asyncio.run(fuzz.check_datachannel_client(data)))
 
@@ -157,7 +159,7 @@ def fuzz_sessions(served, n: int) -> None:
     @fuzzing(n)
     @given(RANDOMS)
     def check(rng):
-        stream = fuzz.random_stream(rng, harness.corpus, harness.resumable_ids())
+        stream = inputs.random_stream(rng, harness.corpus, harness.resumable_ids())
         event(lt.run(harness.check(stream), timeout=fuzz.STREAM_DEADLINE_S + 10))
 
     try:
@@ -190,18 +192,18 @@ def test_stream_outcomes_are_classified(served):
     from harken.proto import harken_pb2 as pb
 
     lt, harness = served
-    start = pb.ClientMessage(start=pb.Start(language=fuzz.FUZZ_LANGUAGE, codec=fuzz.CODEC_NAME)).SerializeToString()
+    start = pb.ClientMessage(start=pb.Start(language=inputs.FUZZ_LANGUAGE, codec=CODEC_NAME)).SerializeToString()
     end = pb.ClientMessage(end=pb.End()).SerializeToString()
-    assert lt.run(harness.check(fuzz.FuzzStream((b"\xff",)))) == "INVALID_ARGUMENT"
-    assert lt.run(harness.check(fuzz.FuzzStream((end,)))) == "FAILED_PRECONDITION"
-    assert lt.run(harness.check(fuzz.FuzzStream((start, end)))) == "OK"
-    assert lt.run(harness.check(fuzz.FuzzStream((start,), drop=True))) == fuzz.CANCELLED
+    assert lt.run(harness.check(inputs.FuzzStream((b"\xff",)))) == "INVALID_ARGUMENT"
+    assert lt.run(harness.check(inputs.FuzzStream((end,)))) == "FAILED_PRECONDITION"
+    assert lt.run(harness.check(inputs.FuzzStream((start, end)))) == "OK"
+    assert lt.run(harness.check(inputs.FuzzStream((start,), drop=True))) == fuzz.CANCELLED
     reference = lt.submit(harness.run_reference(pace_s=0.05))
     while harness.reference_id is None and not reference.done():
         threading.Event().wait(0.01)
     assert harness.reference_id in harness.resumable_ids()
     resume = pb.ClientMessage(start=pb.Start(session_id=harness.reference_id)).SerializeToString()
-    assert lt.run(harness.check(fuzz.FuzzStream((resume,)))) == "PERMISSION_DENIED"
+    assert lt.run(harness.check(inputs.FuzzStream((resume,)))) == "PERMISSION_DENIED"
     assert reference.result(120) == lt.run(harness.run_reference())
     assert lt.run(harness.leaked_sessions()) == 0
 
@@ -238,14 +240,14 @@ def test_the_last_uint32_segment_id_is_invalid_argument_not_internal(served):
     whole = pb.ClientMessage(features=pb.Features(
         seq=1, segment_id=2**32 - 1, first_frame=p.first_frame, frame_count=p.frame_count, segment_start=True,
         segment_end=True, payload=p.payload))
-    start = pb.ClientMessage(start=pb.Start(language=fuzz.FUZZ_LANGUAGE, codec=fuzz.CODEC_NAME))
+    start = pb.ClientMessage(start=pb.Start(language=inputs.FUZZ_LANGUAGE, codec=CODEC_NAME))
     end = pb.ClientMessage(end=pb.End())
-    out = lt.run(harness.run(fuzz.FuzzStream(tuple(m.SerializeToString() for m in (start, whole, end)))))
+    out = lt.run(harness.run(inputs.FuzzStream(tuple(m.SerializeToString() for m in (start, whole, end)))))
     assert (out.code, out.details) == ("INVALID_ARGUMENT", f"features.segment_id is at most {2**32 - 2}")
-    seeded = pb.ClientMessage(start=pb.Start(language=fuzz.FUZZ_LANGUAGE, seed=pb.SessionSeed(
+    seeded = pb.ClientMessage(start=pb.Start(language=inputs.FUZZ_LANGUAGE, seed=pb.SessionSeed(
         present=True, running_max_log10=-2.0, next_segment_id=2**32 - 1)))
     audio = [pb.ClientMessage(audio=pb.Audio(seq=i + 1, pcm16=pcm, sample_rate=16_000))
              for i, pcm in enumerate(harness.corpus.pcm_pieces)]
-    out = lt.run(harness.run(fuzz.FuzzStream(tuple(m.SerializeToString() for m in (seeded, *audio, end)))))
+    out = lt.run(harness.run(inputs.FuzzStream(tuple(m.SerializeToString() for m in (seeded, *audio, end)))))
     assert out.code == "INVALID_ARGUMENT" and out.details.startswith("no segment ids left"), out.details
     assert lt.run(harness.leaked_sessions()) == 0
