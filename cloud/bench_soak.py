@@ -17,6 +17,8 @@ Every `sample_s` (60 s) one sample:
 Summary:
   rss_growth_mb       last sample's RSS minus the first's (the first minute holds the warm-up:
                       allocator pools, caches and buffers filling); rss_start_mb before the stream
+  rss_slope_mb_per_hour   least-squares slope of RSS over the second half of the samples (the
+                      trend once warm-up effects, such as the allocator handing memory back, are over)
   p95_update_ms_first / _last   the first and last samples' p95
   errors, reconnects  the stream's end (a gRPC code) if it failed, and calls it re-established
 """
@@ -43,8 +45,11 @@ class SoakBenchOptions:
     minutes: float = 30.0
     speed: float = 1.0  # audio seconds handed over per wall second
     sample_s: float = 60.0
-    model: str = "tiny"
-    language: str = "English"  # the tiny checkpoint's random weights write text only when forced
+    # `tiny-untied` never ends its answer, so every update decodes, all along. The `tiny` checkpoint
+    # falls silent for good after some minutes of this input: fed its own earlier output as context
+    # (the carried committed text), it answers end-of-text at once, which carries nothing new.
+    model: str = "tiny-untied"
+    language: str = "English"  # the tiny checkpoints' random weights write text only when forced
     piece_ms: int = PIECE_MS
 
     def __post_init__(self):
@@ -166,6 +171,7 @@ async def run_soak(options: SoakBenchOptions, server, sample: np.ndarray) -> dic
         "rss_start_mb": _round(rss_start),
         "rss_growth_mb": _round(last["rss_mb"] - first["rss_mb"]) if first and last and first["rss_mb"] else None,
         "rss_max_mb": max((s["rss_mb"] for s in samples if s["rss_mb"] is not None), default=None),
+        "rss_slope_mb_per_hour": rss_slope(samples[len(samples) // 2:]),
         "p95_update_ms_first": first["p95_update_ms"] if first else None,
         "p95_update_ms_last": last["p95_update_ms"] if last else None,
         "audio_s": round(record.audio_s, 1),
@@ -176,6 +182,15 @@ async def run_soak(options: SoakBenchOptions, server, sample: np.ndarray) -> dic
         "reconnects": client.stats.failed_attempts,
         "wall_s": round(wall_s, 1),
     }
+
+
+def rss_slope(samples: list[dict]) -> float | None:
+    """Least-squares slope of rss_mb over t_s, in MB per hour (None with fewer than 2 samples)."""
+    points = [(s["t_s"], s["rss_mb"]) for s in samples if s["rss_mb"] is not None]
+    if len(points) < 2:
+        return None
+    t, m = np.array(points).T
+    return round(float(np.polyfit(t, m, 1)[0]) * 3600, 2)
 
 
 def _round(x: float | None) -> float | None:

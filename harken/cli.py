@@ -283,18 +283,21 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model", default="tiny", help="model of the served session (default tiny)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b = bsub.add_parser("soak", help="one long live stream: RSS and update latency sampled every minute",
-                        description="An in-process server (--model, tiny by default) and one SDK client "
-                                    "streaming the bundled sample tiled without end, paced like a microphone "
-                                    "(--speed x real time), for --minutes; every --sample-s the process's RSS "
-                                    "and the p50/p95 update latency of that minute. Prints samples, "
-                                    "rss_growth_mb, p95_update_ms_first/last (definitions: cloud/bench_soak.py).")
+                        description="An in-process server (--model) and one SDK client streaming the bundled "
+                                    "sample tiled without end, paced like a microphone (--speed x real time), "
+                                    "for --minutes; every --sample-s the process's RSS and the p50/p95 update "
+                                    "latency of that minute. Prints samples, rss_growth_mb, "
+                                    "rss_slope_mb_per_hour, p95_update_ms_first/last (definitions: "
+                                    "cloud/bench_soak.py).")
     b.add_argument("--minutes", type=float, default=30.0, help="wall minutes of streaming (default 30)")
     b.add_argument("--speed", type=float, default=1.0,
                    help="audio seconds handed over per wall second (default 1: real time)")
     b.add_argument("--sample-s", type=float, default=60.0, help="seconds between samples (default 60)")
-    b.add_argument("--model", default="tiny", help="model of the in-process server (default tiny)")
+    b.add_argument("--model", default="tiny-untied",
+                   help="model of the in-process server (default tiny-untied: a tiny random checkpoint that "
+                        "never ends its answer, so every update decodes however long the stream runs)")
     b.add_argument("--language", default="English",
-                   help="forced language (default English: the tiny model's random weights write text only then)")
+                   help="forced language (default English: the tiny models' random weights write text only then)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b = bsub.add_parser("overload", help="2x the admitted sessions, and clients trying to push others out",
                         description="Three runs on fresh in-process servers (cloud/bench_overload.py): M users "

@@ -14,7 +14,7 @@ from harken.cloud.bench_soak import SoakBenchOptions, SoakRecord, endless_pieces
 from harken.shared.errors import HarkenError
 
 CONTRACT = ("minutes", "speed", "sample_s", "samples", "rss_start_mb", "rss_growth_mb", "rss_max_mb",
-            "p95_update_ms_first", "p95_update_ms_last", "audio_s", "events", "segments", "errors", "reconnects",
+            "rss_slope_mb_per_hour", "p95_update_ms_first", "p95_update_ms_last", "audio_s", "events", "segments", "errors", "reconnects",
             "wall_s")
 SAMPLE = ("t_s", "rss_mb", "updates", "p50_update_ms", "p95_update_ms", "finals", "audio_s", "events_held")
 
@@ -67,3 +67,11 @@ def test_soak_reports_samples_and_growth(capsys):
     if result["rss_start_mb"] is not None:
         assert result["rss_growth_mb"] == pytest.approx(result["samples"][-1]["rss_mb"] - result["samples"][0]["rss_mb"],
                                                         abs=0.11)
+
+
+def test_rss_slope_is_the_least_squares_trend_per_hour():
+    from harken.cloud.bench_soak import rss_slope
+
+    samples = [{"t_s": 60.0 * k, "rss_mb": 500.0 + 0.1 * k + (0.05 if k % 2 else -0.05)} for k in range(1, 11)]
+    assert rss_slope(samples) == pytest.approx(6.0, abs=0.5)  # 0.1 MB a minute
+    assert rss_slope(samples[:1]) is None
