@@ -99,7 +99,8 @@ class DataChannelCall:
         try:
             return self._deserialize(data)
         except DecodeError:
-            # what a gRPC call does with a message it cannot parse: the call fails with INTERNAL
+            # the server broke the protocol: the call fails with INTERNAL (as the gRPC driver's
+            # does with the None that grpc.aio hands over for it, edge/transport._server_message)
             self._status = (grpc.StatusCode.INTERNAL, "malformed message from the server")
             self._eof = True
             self.channel.close()
