@@ -88,6 +88,9 @@ bench: $(STAMP) sysdeps
 	$(VENV)/bin/harken bench load --self-serve --model tiny --streams 4 --seconds 20 --json
 	$(MAKE) web
 	$(VENV)/bin/harken bench web --json
+	$(VENV)/bin/harken bench overload --json
+	$(VENV)/bin/harken bench soak --minutes 5 --json
+	$(VENV)/bin/harken bench fuzz --examples 100000 --json
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .mypy_cache $(WEB)/node_modules $(WEB)/dist

@@ -399,6 +399,9 @@ class HostedSession:
     async def _feed_packets(self, packets: list[FeaturesIn]) -> None:
         """Frames the server's own front end made: the same path as a client's Features."""
         for p in packets:
+            if p.segment_id > wire.MAX_SEGMENT_ID:  # numbered on from a seed near the end of the range
+                raise MalformedMessage(f"no segment ids left: a segment would be number {p.segment_id} "
+                                       f"(at most {wire.MAX_SEGMENT_ID}); start a session without this seed")
             if self.order.closed_by_finalize == p.segment_id:
                 if p.segment_end:
                     self.order.closed_by_finalize = None

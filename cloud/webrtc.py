@@ -161,7 +161,7 @@ class _Channel:
                 return
             try:
                 control = json.loads(data)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON; or nested past the parser's recursion limit
                 control = {}
             if not isinstance(control, dict):
                 control = {}

@@ -32,7 +32,9 @@ MAX_FRAME_INDEX = 1 << 40  # ~350 years of frames: bounds the arithmetic, reject
 MAX_AUDIO_SECONDS_PER_MESSAGE = 30
 MIN_SAMPLE_RATE = 8_000
 MAX_SAMPLE_RATE = 192_000
-MAX_SEGMENT_ID = (1 << 32) - 1
+# The last id a segment may have: the seed sent with its final names the next one, which must fit
+# the proto's uint32 as well (an id of 2^32 - 1 made that seed unsendable: INTERNAL, found by fuzzing).
+MAX_SEGMENT_ID = (1 << 32) - 2
 
 
 # ---- client -> server ----------------------------------------------------------------------------
@@ -177,6 +179,8 @@ def _parse_features(f: pb.Features) -> FeaturesIn:
         raise MalformedMessage("features.seq must be >= 1")
     if f.frame_count > MAX_FRAMES_PER_MESSAGE:
         raise MalformedMessage(f"features.frame_count {f.frame_count} exceeds {MAX_FRAMES_PER_MESSAGE}")
+    if f.segment_id > MAX_SEGMENT_ID:
+        raise MalformedMessage(f"features.segment_id is at most {MAX_SEGMENT_ID}")
     if f.first_frame + f.frame_count > MAX_FRAME_INDEX:
         raise MalformedMessage("features.first_frame is out of range")
     if not f.payload:

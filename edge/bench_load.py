@@ -53,6 +53,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 
@@ -108,7 +109,7 @@ def tiled(audio: np.ndarray, seconds: float, offset_s: float = 0.0) -> np.ndarra
     return audio[(np.arange(n) + start) % audio.size]
 
 
-def sent_at(t_s: float, handed: list[float], piece_samples: int) -> float:
+def sent_at(t_s: float, handed: Sequence[float], piece_samples: int) -> float:
     """`sent(t)`: when the client had all audio before stream time `t_s`, given `handed[k]`, the
     wall time piece k (samples [k * piece_samples, (k + 1) * piece_samples)) was handed over."""
     k = math.ceil(round(t_s * SAMPLE_RATE) / piece_samples) - 1

@@ -37,7 +37,7 @@ from harken.edge.errors import (BufferOverflowError, ServerRejectedError, Server
 from harken.edge.front_end import AudioSource, Notify, as_async_pieces, audio_pieces, file_pieces, front_end
 from harken.edge.wire import features_message
 from harken.proto import harken_pb2_grpc
-from harken.shared.protocol import ServerError
+from harken.shared.protocol import ServerError, ServerMessage
 from harken.shared.text import TranscriptText
 from harken.shared.transcript import TranscriptEvent
 
@@ -200,7 +200,7 @@ class TranscriptionClient:
                 if first is grpc.aio.EOF:
                     await _raise_status(call)
                     raise _NoReady("the server closed the stream without Ready")
-                reply = wire.server_message(first)
+                reply = _server_message(first)
                 if isinstance(reply, ServerError):
                     raise _status_error(reply)
                 session.on_server_message(reply, self._clock())  # the Ready, or a protocol error
@@ -224,7 +224,7 @@ class TranscriptionClient:
     async def _receive(self, call, session: ClientSession, notify: Notify) -> bool:
         """The server's messages until it closes the call; True if the stream is done."""
         while (msg := await call.read()) is not grpc.aio.EOF:
-            reply = wire.server_message(msg)
+            reply = _server_message(msg)
             if isinstance(reply, ServerError):
                 raise _status_error(reply)
             notify(session.on_server_message(reply, self._clock()))
@@ -280,10 +280,20 @@ class _Silent(Exception):
     """The connection carried nothing while the server owed us something: presumed dead."""
 
 
+def _server_message(msg) -> ServerMessage | None:
+    """A message read from the call as shared/protocol data. grpc.aio hands over None for a
+    message it could not parse (and logs it): the server broke the protocol, and the call fails
+    with INTERNAL, as the WebRTC driver's call does."""
+    if msg is None:
+        raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                   details="malformed message from the server")
+    return wire.server_message(msg)
+
+
 def _status_error(error: ServerError) -> grpc.aio.AioRpcError:
     """The server's Error message, the stream's last: its status follows with the same code, but
     only once the server has read what this client still sends (cloud/server.py `_drain`)."""
-    code = getattr(grpc.StatusCode, error.code, grpc.StatusCode.UNKNOWN)
+    code = grpc.StatusCode.__members__.get(error.code, grpc.StatusCode.UNKNOWN)  # not getattr: "name" is no code
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=error.message)
 
 

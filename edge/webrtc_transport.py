@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from harken.edge import wire
 from harken.edge.client_session import ClientOptions
@@ -69,7 +70,7 @@ class DataChannelCall:
         try:
             status = json.loads(data)
             code = grpc.StatusCode[status["status"]]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested too deep
             code, status = grpc.StatusCode.INTERNAL, {"message": "malformed status from the server"}
         if self._status is None:
             self._status = (code, str(status.get("message", "")))
@@ -95,7 +96,15 @@ class DataChannelCall:
         if data is None:
             self._eof = True
             return grpc.aio.EOF
-        return self._deserialize(data)
+        try:
+            return self._deserialize(data)
+        except DecodeError:
+            # the server broke the protocol: the call fails with INTERNAL (as the gRPC driver's
+            # does with the None that grpc.aio hands over for it, edge/transport._server_message)
+            self._status = (grpc.StatusCode.INTERNAL, "malformed message from the server")
+            self._eof = True
+            self.channel.close()
+            raise _rpc_error(*self._status) from None
 
     async def done_writing(self) -> None:
         if self.channel.readyState == "open":

@@ -286,6 +286,51 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="--self-serve's text decoder: own (default), vllm, or a comma list (own,vllm) run one "
                         "after the other and printed side by side as {\"runs\": [...]}")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b = bsub.add_parser("fuzz", help="fuzz the wire decoders and the served session: inputs tried, crashes",
+                        description="A seeded fuzzing run (cloud/bench_fuzz.py): codec payloads, wire "
+                                    "messages, data-channel frames (both sides) and whole streams through "
+                                    "the served session (tiny model), beside a reference session whose "
+                                    "transcript must not change. Prints tried, crashes, rejections_by_code, "
+                                    "by_target, others_affected, leaked_sessions; exits 1 on any failure.")
+    b.add_argument("--examples", type=int, default=100_000, help="inputs to try (default 100000)")
+    b.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    b.add_argument("--session-share", type=float, default=0.1,
+                   help="share of the examples that are whole streams through the served session (default 0.1)")
+    b.add_argument("--concurrency", type=int, default=16, help="fuzzed streams in flight at once (default 16)")
+    b.add_argument("--model", default="tiny", help="model of the served session (default tiny)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b = bsub.add_parser("soak", help="one long live stream: RSS and update latency sampled every minute",
+                        description="An in-process server (--model) and one SDK client streaming the bundled "
+                                    "sample tiled without end, paced like a microphone (--speed x real time), "
+                                    "for --minutes; every --sample-s the process's RSS and the p50/p95 update "
+                                    "latency of that minute. Prints samples, rss_growth_mb, "
+                                    "rss_slope_mb_per_hour, p95_update_ms_first/last (definitions: "
+                                    "cloud/bench_soak.py).")
+    b.add_argument("--minutes", type=float, default=30.0, help="wall minutes of streaming (default 30)")
+    b.add_argument("--speed", type=float, default=1.0,
+                   help="audio seconds handed over per wall second (default 1: real time)")
+    b.add_argument("--sample-s", type=float, default=60.0, help="seconds between samples (default 60)")
+    b.add_argument("--model", default="tiny-untied",
+                   help="model of the in-process server (default tiny-untied: a tiny random checkpoint that "
+                        "never ends its answer, so every update decodes however long the stream runs)")
+    b.add_argument("--language", default="English",
+                   help="forced language (default English: the tiny models' random weights write text only then)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b = bsub.add_parser("overload", help="2x the admitted sessions, and clients trying to push others out",
+                        description="Three runs on fresh in-process servers (cloud/bench_overload.py): M users "
+                                    "alone; M users while M more try to open streams again and again "
+                                    "(RESOURCE_EXHAUSTED, and how fast); the same with an attacker key "
+                                    "over-claiming frames, flooding 8 frames per byte and holding an idle "
+                                    "stream. Prints each run's p50/p95 update latency and errors, the p95 "
+                                    "ratios to alone, the refusals' p50/p95/max ms, pushed_out, the attacker's "
+                                    "outcomes.")
+    b.add_argument("--sessions", type=int, default=4, help="users admitted, M (default 4)")
+    b.add_argument("--seconds", type=float, default=20.0, help="audio per user (default 20)")
+    b.add_argument("--attacker-share", type=int, default=2,
+                   help="the per-key session limit, which the attacker fills with its flood and idle streams "
+                        "(default 2)")
+    b.add_argument("--model", default="tiny", help="model of the in-process servers (default tiny)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b = bsub.add_parser("wer", help="WER, kbps, per-word latency and partial churn of every path, one run",
                         description="Render held-out recipes once and send the same audio down every path: "
                                     "offline, stream (in-process engine, paced in real time: per-word "
@@ -464,6 +509,22 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         from harken.cloud.bench_web import WebBenchOptions, bench_web_command
 
         return bench_web_command(WebBenchOptions(model=args.model, speech_wav=args.input))
+    if args.command == "bench" and args.bench == "fuzz":
+        from harken.cloud.bench_fuzz import FuzzBenchOptions, bench_fuzz_command
+
+        return bench_fuzz_command(FuzzBenchOptions(examples=args.examples, seed=args.seed,
+                                                   session_share=args.session_share,
+                                                   concurrency=args.concurrency, model=args.model))
+    if args.command == "bench" and args.bench == "soak":
+        from harken.cloud.bench_soak import SoakBenchOptions, bench_soak_command
+
+        return bench_soak_command(SoakBenchOptions(minutes=args.minutes, speed=args.speed, sample_s=args.sample_s,
+                                                   model=args.model, language=args.language))
+    if args.command == "bench" and args.bench == "overload":
+        from harken.cloud.bench_overload import OverloadBenchOptions, bench_overload_command
+
+        return bench_overload_command(OverloadBenchOptions(sessions=args.sessions, seconds=args.seconds,
+                                                           attacker_share=args.attacker_share, model=args.model))
     if args.command == "bench" and args.bench == "edge":
         from harken.edge.bench import bench_edge_command
 
