@@ -79,7 +79,8 @@ setup-vllm: $(VLLM_STAMP)
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_PY) -m pytest -q -s -m vllm tests/test_vllm_decoder.py
 
-# Slow tests (exit 5 = none selected is fine), then every benchmark; each prints one JSON object.
+# Slow tests (exit 5 = none selected is fine), then every benchmark (each prints one JSON object),
+# then the vLLM parity tests (a 3.5 GB venv of its own: not in `make test`).
 bench: $(STAMP) sysdeps
 	$(PY) -m pytest -q -m slow || test $$? -eq 5
 	$(VENV)/bin/harken bench edge --json --repeats 5
@@ -91,6 +92,7 @@ bench: $(STAMP) sysdeps
 	$(VENV)/bin/harken bench overload --json
 	$(VENV)/bin/harken bench soak --minutes 5 --json
 	$(VENV)/bin/harken bench fuzz --examples 100000 --json
+	$(MAKE) test-vllm
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .mypy_cache $(WEB)/node_modules $(WEB)/dist
