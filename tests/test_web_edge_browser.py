@@ -51,7 +51,11 @@ def features_max_abs(a: np.ndarray, b: np.ndarray) -> float:
 def _browser_build() -> Path:
     from harken.cloud.webrtc import EDGE_WEB_DIR
 
-    assert (EDGE_WEB_DIR / "harken.js").exists(), f"no browser edge at {EDGE_WEB_DIR}: run `make web`"
+    bundle = EDGE_WEB_DIR / "harken.js"
+    assert bundle.exists(), f"no browser edge at {EDGE_WEB_DIR}: run `make web`"
+    sources = (ROOT / "edge" / "web" / "src").rglob("*.ts")
+    stale = [str(p.relative_to(ROOT)) for p in sources if p.stat().st_mtime > bundle.stat().st_mtime]
+    assert not stale, f"the browser edge is older than {stale[:3]}: run `make web`"
     return EDGE_WEB_DIR
 
 
@@ -68,7 +72,10 @@ async def _harken_stream(wav: Path, grpc_port: int) -> str:
     return last["text"]
 
 
-def test_features_mode_gives_harken_streams_transcript_and_survives_a_cut_channel(asr, tmp_path):
+def _page_setup(tmp_path: Path, audio: np.ndarray):
+    """What every page test starts with: chromium and playwright present (in CI a missing one is a
+    failure, elsewhere a loud skip), the browser build made, `audio` as a 48 kHz WAV for the fake
+    microphone (played once), an API keys file. Returns (playwright module, wav, keys, chromium args)."""
     if not Path(CHROMIUM).exists():
         assert not os.environ.get("CI"), f"CI must run the browser test: no chromium at {CHROMIUM}"
         pytest.skip(f"!!! NO CHROMIUM at {CHROMIUM}: the browser test did NOT run (apt-get install chromium) !!!")
@@ -76,11 +83,16 @@ def test_features_mode_gives_harken_streams_transcript_and_survives_a_cut_channe
     import soxr
 
     _browser_build()
-    audio = concat(silence(0.5), speech("Hello there, this is a test of the browser page."), silence(1.5))
     wav = write_wav(tmp_path / "speech.wav", soxr.resample(audio, 16_000, 48_000), rate=48_000)
     keys = tmp_path / "keys"
     keys.write_text(f"{KEY} browser\n")
     args = [a + "%noloop" if a.startswith("--use-file-for-fake-audio-capture=") else a for a in _chromium_args(wav)]
+    return playwright, wav, keys, args
+
+
+def test_features_mode_gives_harken_streams_transcript_and_survives_a_cut_channel(asr, tmp_path):
+    audio = concat(silence(0.5), speech("Hello there, this is a test of the browser page."), silence(1.5))
+    playwright, wav, keys, args = _page_setup(tmp_path, audio)
 
     async def main():
         server = await start_server(asr, ServerOptions(port=0, http_port=0, api_keys=str(keys), policy=POLICY))
@@ -165,18 +177,8 @@ def test_the_meeting_app_api_runs_one_session_per_track(asr, tmp_path):
     """`harken.connect(url, {apiKey})`, `s.addTrack(track, {speaker})` twice (two participants),
     `s.on('transcript', ...)`, `s.close()`: as the README's meeting-app example, in the page's
     origin. Each track's transcript equals `harken stream` on the audio that track captured."""
-    if not Path(CHROMIUM).exists():
-        assert not os.environ.get("CI"), f"CI must run the browser test: no chromium at {CHROMIUM}"
-        pytest.skip(f"!!! NO CHROMIUM at {CHROMIUM}: the browser test did NOT run (apt-get install chromium) !!!")
-    playwright = pytest.importorskip("playwright.async_api", reason="!!! playwright missing: browser test NOT run !!!")
-    import soxr
-
-    _browser_build()
     audio = concat(silence(0.3), speech("Good morning everyone."), silence(1.2))
-    wav = write_wav(tmp_path / "speech.wav", soxr.resample(audio, 16_000, 48_000), rate=48_000)
-    keys = tmp_path / "keys"
-    keys.write_text(f"{KEY} browser\n")
-    args = [a + "%noloop" if a.startswith("--use-file-for-fake-audio-capture=") else a for a in _chromium_args(wav)]
+    playwright, wav, keys, args = _page_setup(tmp_path, audio)
     seconds = audio.size / 16_000
 
     async def main():
@@ -231,18 +233,8 @@ def test_a_server_restart_mid_stream_is_replayed_into_a_seeded_session(asr, tmp_
     started again on the same ports: the page's next call finds its session gone (NOT_FOUND), opens
     a replacement session seeded from the last final, replays every unfinished packet, and the
     stream finishes with every frame final and no error."""
-    if not Path(CHROMIUM).exists():
-        assert not os.environ.get("CI"), f"CI must run the browser test: no chromium at {CHROMIUM}"
-        pytest.skip(f"!!! NO CHROMIUM at {CHROMIUM}: the browser test did NOT run (apt-get install chromium) !!!")
-    playwright = pytest.importorskip("playwright.async_api", reason="!!! playwright missing: browser test NOT run !!!")
-    import soxr
-
-    _browser_build()
     audio = concat(silence(0.5), speech("Hello there, this is a test of the browser page."), silence(1.5))
-    wav = write_wav(tmp_path / "speech.wav", soxr.resample(audio, 16_000, 48_000), rate=48_000)
-    keys = tmp_path / "keys"
-    keys.write_text(f"{KEY} browser\n")
-    args = [a + "%noloop" if a.startswith("--use-file-for-fake-audio-capture=") else a for a in _chromium_args(wav)]
+    playwright, wav, keys, args = _page_setup(tmp_path, audio)
 
     async def main():
         options = ServerOptions(port=0, http_port=0, api_keys=str(keys), policy=POLICY)
