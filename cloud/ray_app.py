@@ -48,6 +48,7 @@ LOCAL_OBJECT_STORE_BYTES = 256 << 20
 # Drain on scale-down (`TranscriptionReplica._drain_when_stopping`): how often a replica reads its
 # state, after how many failed reads it says so, and Serve's deadline beyond shutdown_grace_s.
 DRAIN_POLL_S = 0.5
+DRAIN_POLL_TIMEOUT_S = 2.0  # a poll that takes longer counts as failed
 DRAIN_POLL_FAILURES = 5
 DRAIN_MARGIN_S = 5.0
 ROUTER = "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter"
@@ -136,7 +137,9 @@ class TranscriptionReplica:
         self.options = options
         self.core: ServingCore = await start_core(asr, options)
         self.service = TranscriptionService(self.core.table, keys, self.core.metrics, options.max_message_bytes)
-        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        context = serve.get_replica_context()
+        self.replica_id = context.replica_id.unique_id
+        self.app, self.deployment = context.app_name, context.deployment  # `serve run` names the app "default"
         self._closing: asyncio.Task | None = None
         self._drain_watch = asyncio.create_task(self._drain_when_stopping())
 
@@ -195,7 +198,8 @@ class TranscriptionReplica:
         while True:
             await asyncio.sleep(DRAIN_POLL_S)
             try:
-                state = await replica_state(self.replica_id)
+                state = await asyncio.wait_for(replica_state(self.app, self.deployment, self.replica_id),
+                                               DRAIN_POLL_TIMEOUT_S)
             except Exception as e:  # the controller moved or its API changed: Serve's own stop still applies
                 failures += 1
                 if failures == DRAIN_POLL_FAILURES:
@@ -221,15 +225,20 @@ class TranscriptionReplica:
         await self._close()
 
 
-async def replica_state(replica_id: str) -> str | None:
+_controller: Any = None
+
+
+async def replica_state(app: str, deployment_name: str, replica_id: str) -> str | None:
     """A replica's state at the Serve controller ("RUNNING", "STOPPING", ...; None: unknown).
     (The controller's own details call, which Serve's REST API and CLI use; Serve has no public
-    per-replica call.)"""
-    import ray
-    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+    per-replica call.) The controller's handle is looked up once, off the event loop (a GCS call)."""
+    global _controller
+    if _controller is None:
+        import ray
+        from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 
-    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
-    details = await controller.get_deployment_details.remote(APP_NAME, DEPLOYMENT_NAME)
+        _controller = await asyncio.to_thread(ray.get_actor, SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    details = await _controller.get_deployment_details.remote(app, deployment_name)
     for r in details.replicas:
         if r.replica_id == replica_id:
             return str(getattr(r.state, "value", r.state))

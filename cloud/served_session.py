@@ -251,6 +251,8 @@ class HostedSession:
                 old.reader.cancel()
                 await asyncio.wait([old.reader])
         async with self._apply_lock:  # a message being applied finishes first
+            if self.lifecycle is Lifecycle.CLOSED:  # dropped meanwhile (grace expiry, given way)
+                raise SessionNotFound("the session was closed: open a new session with the last seed")
             a = Attachment(sent_event_seq=min(last_event_seq, self.next_event_seq - 1),
                            quiet_since=self._clock())
             self.attachment = a
@@ -629,7 +631,7 @@ class SessionTable:
                    or self.queued_frames_of_key(s.key_id) > limits.max_queued_frames_per_key):
                 try:  # a tick normally ends sooner; the timeout only re-checks after a stall
                     await asyncio.wait_for(self.scheduler.next_tick(), timeout=1.0)
-                except TimeoutError:
+                except asyncio.TimeoutError:  # (not the builtin before Python 3.11)
                     pass
         finally:
             s.held_back = False
