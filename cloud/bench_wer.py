@@ -16,7 +16,7 @@ Each held-out recipe (`synth/heldout.jsonl`, or a JSONL of recipes) is rendered 
     webrtc                    the SDK over a WebRTC data channel (`WebRTCTranscriptionClient`),
                               balanced features
 
-WER: `synth.train.wer` (jiwer after the Whisper English normaliser) over all utterances.
+WER: `synth.evaluation.wer` (jiwer after the Whisper English normaliser) over all utterances.
 kbps during speech: feature paths, codec payload bytes per second of feature frames sent (the VAD's
 speech; nothing is sent in silence); served_audio and opus, payload bytes per second of audio (they
 send all the time); offline sends nothing (None). Latency and churn: `word_latency.py`, on the
@@ -282,7 +282,7 @@ def bench_wer(options: WerBenchOptions, log=lambda s: None) -> dict:
     import torch
 
     from harken.cloud.model.asr import Qwen3ASR
-    from harken.cloud.synth.train import wer
+    from harken.cloud.synth.evaluation import wer
 
     utterances = load_utterances(options.held_set, options.n)
     log(f"{len(utterances)} utterances rendered")

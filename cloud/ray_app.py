@@ -33,8 +33,9 @@ from typing import Any
 import grpc
 
 from harken.cloud.auth import ApiKeys
+from harken.cloud.logs import configure_logging
 from harken.cloud.server import (ServerOptions, ServingCore, TranscriptionService, _service_handler,
-                                 configure_logging, start_core)
+                                 start_core)
 from harken.shared.errors import HarkenError
 
 APP_NAME = "harken"

@@ -18,10 +18,8 @@ they reconnect and, the server being gone, replay into a new one), then `server.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,8 +33,10 @@ from harken.cloud.auth import OPEN_ACCESS, ApiKeys, Caller
 from harken.cloud.commit import CommitPolicy
 from harken.cloud.errors import (EngineFailed, IdleTimeout, MalformedMessage, MessageTooLarge, NotYourSession,
                                  SessionNotFound, ShuttingDown, Superseded, Unauthenticated)
-from harken.cloud.served_session import CLOSED_OK, Attachment, HostedSession, SessionLimits, SessionTable
+from harken.cloud.served_session import CLOSED_OK, Attachment, HostedSession, SessionLimits
+from harken.cloud.session_table import SessionTable
 from harken.cloud.wire import EndIn
+from harken.cloud.logs import configure_logging
 from harken.cloud.metrics import MetricsEndpoint, ServerMetrics, serve_metrics
 from harken.proto import harken_pb2, harken_pb2_grpc
 from harken.shared.errors import (CodecError, EngineOverloaded, HarkenError, StreamInputError,
@@ -542,27 +542,6 @@ def _metered_engine(asr, config, metrics: ServerMetrics, on_failure, decoder: st
 
 
 # ---- `harken serve` ----------------------------------------------------------------------------
-
-class JsonLogFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, and the record's `fields`."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out = {"ts": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
-               "msg": record.getMessage()}
-        out.update(getattr(record, "fields", None) or {})
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLogFormatter())
-    root = logging.getLogger("harken")
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    root.propagate = False
-
 
 def serve_command(model: str, options: ServerOptions, device: str | None = None,
                   dtype: str | None = None) -> int:

@@ -1448,7 +1448,7 @@ def test_event_log_keeps_only_unfinished_segments_and_a_tail(asr, packets):
 
 
 def test_logs_are_json_without_keys_or_transcript_text(asr, packets, tmp_path):
-    from harken.cloud.server import JsonLogFormatter
+    from harken.cloud.logs import JsonLogFormatter
 
     keys = tmp_path / "keys"
     keys.write_text(f"{KEY_A} alice\n")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from harken.cloud.synth import corpus, speech, text
+from harken.cloud.synth import alignment, corpus, evaluation, speech, text
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_subset_vocabulary_loss_is_the_full_vocabulary_loss(tmp_path):
     model.eval()
     with torch.no_grad():
         ce = T.losses(model, batch, (prefix, suffix))["ce"].item()
-    T.export_checkpoint(model, tmp_path / "ckpt")
+    evaluation.export_checkpoint(model, tmp_path / "ckpt")
     asr = Qwen3ASR.load(str(tmp_path / "ckpt"), dtype="fp64", device="cpu")
     total, n = 0.0, 0
     with torch.no_grad():
@@ -157,7 +157,7 @@ def test_guided_attention_loss_prefers_the_diagonal():
     enc = AudioEncoder(T.tiny_train_config().audio)
     feats = torch.full((128, 400), -1.0)
     feats[:, 100:300] = 0.5  # speech from 1 s to 3 s: audio rows 13..39 of 52
-    a0, a1 = T.speech_rows(feats, enc)
+    a0, a1 = alignment.speech_rows(feats, enc)
     assert (a0, a1) == (enc.num_tokens(100), enc.num_tokens(300))
     n_prefix, K, start, rows = 2, 6, 3, enc.num_tokens(400)
     S = start + rows + 2 + n_prefix + K + 1
@@ -174,7 +174,7 @@ def test_guided_attention_loss_prefers_the_diagonal():
     uniform = torch.zeros(1, S, S)
     uniform[0, :, start:start + rows] = 1.0 / rows
     wrong = [start + rows - 1 - (c - start) for c in centre]
-    losses = [T.guided_attention_loss([w], batch, [rows], start, [(0, s, n_prefix + K + 1)], enc).item()
+    losses = [alignment.guided_attention_loss([w], batch, [rows], start, [(0, s, n_prefix + K + 1)], enc).item()
               for w in (attention(centre), uniform, attention(wrong))]
     assert losses[0] < 0.1 and losses[0] < losses[1] < losses[2]
 
@@ -290,26 +290,25 @@ def test_ctc_forced_alignment_finds_the_path_and_words_own_their_tokens(tmp_path
     needs its blank), and each transcript token belongs to the word of its first non-space byte."""
     from harken.cloud.model.tiny import write_tokenizer_files
     from harken.cloud.model.tokenizer import Tokenizer
-    from harken.cloud.synth import train as T
 
     path = [0, 3, 3, 0, 5, 0, 5, 5, 0]  # labels 3, 5, 5 first emitted at frames 1, 4, 6
     logp = np.full((len(path), 7), math.log(0.1 / 6))
     logp[np.arange(len(path)), path] = math.log(0.9)
-    assert T.ctc_align(logp, [3, 5, 5]) == [1, 4, 6]
-    assert T.ctc_align(logp[:2], [3, 5, 5]) is None  # too few frames for three labels
+    assert alignment.ctc_align(logp, [3, 5, 5]) == [1, 4, 6]
+    assert alignment.ctc_align(logp[:2], [3, 5, 5]) is None  # too few frames for three labels
     write_tokenizer_files(tmp_path, "real")
     tok = Tokenizer.from_dir(tmp_path)
     table = {c: i + 1 for i, c in enumerate("abcdefghijklmnopqrstuvwxyzðəɪ")}
     ids = tok.encode("Thorn, by  name.")
-    per_word, token_word = T.word_structure(tok, "Thorn, by  name.", "θɔːn baɪ neɪm", table, ids)
+    per_word, token_word = alignment.word_structure(tok, "Thorn, by  name.", "θɔːn baɪ neɪm", table, ids)
     assert per_word == [1, 3, 4]  # phonemes outside the table are not counted
     text_of = {}
     for t, w in zip(ids, token_word):
         text_of[w] = text_of.get(w, "") + tok.decode([t])
     assert [text_of[w].strip() for w in range(3)] == ["Thorn,", "by", "name."]
-    assert T.word_structure(tok, "Room 428", "ɹuːm fɔː hʌndɹəd twɛnti eɪt", table, tok.encode("Room 428")) is None
+    assert alignment.word_structure(tok, "Room 428", "ɹuːm fɔː hʌndɹəd twɛnti eɪt", table, tok.encode("Room 428")) is None
     # spans: two words, the second with two tokens sharing its rows
     logp2 = np.full((12, 7), math.log(0.1 / 6))
     logp2[np.arange(12), [0, 1, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]] = math.log(0.9)
-    centre, width = T.token_rows(logp2, [1, 2, 3], ([2, 1], [0, 1, 1]))
+    centre, width = alignment.token_rows(logp2, [1, 2, 3], ([2, 1], [0, 1, 1]))
     assert centre[0] == pytest.approx((0.5 + 4) / 2) and centre[1] < centre[2] and (width >= 1).all()

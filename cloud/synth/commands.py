@@ -53,7 +53,7 @@ def eval_command(model: str, held_set: str = "held-out", n: int | None = None, a
     of each synthesised utterance -> one greedy pass -> jiwer after the Whisper normaliser."""
     from harken.cloud.model.asr import Qwen3ASR
     from harken.cloud.synth import corpus
-    from harken.cloud.synth.train import wer
+    from harken.cloud.synth.evaluation import wer
 
     path = corpus.HELD_OUT_FILE if held_set == "held-out" else Path(held_set)
     if not path.exists():

@@ -43,9 +43,12 @@ from harken.cloud.model.encoder import AudioEncoder
 from harken.cloud.model.prompt import build_prompt
 from harken.cloud.model.tokenizer import Tokenizer
 from harken.cloud.synth import corpus, pieces
+from harken.cloud.synth.alignment import guided_attention_loss, guided_heads, token_rows
+from harken.cloud.synth.evaluation import evaluate, export_checkpoint, plot_curve
+from harken.cloud.synth.examples import (TARGET_PREFIX, Example, TextExample, Vocab, batches, corpus_shards,
+                                         load_examples, load_texts, phone_table_of, target_ids, text_files)
 from harken.cloud.synth.pieces import Pieces
 
-TARGET_PREFIX = "language English<asr_text>"
 
 
 def synth_en_config() -> Qwen3ASRConfig:
@@ -70,42 +73,6 @@ def tiny_train_config() -> Qwen3ASRConfig:
                                rope_scaling={"mrope_section": [6, 5, 5], "interleaved": True,
                                              "rope_type": "default"}),
     )
-
-
-# --- data ---------------------------------------------------------------------------------------
-
-@dataclass
-class Example:
-    feats: np.ndarray  # fp16 [128, T] (a view into its shard)
-    target: list[int]  # token ids: language English<asr_text>{text}<|im_end|>
-    phones: list[int]  # phoneme ids (1-based; 0 is the CTC blank)
-    text: str
-    words: tuple[list[int], list[int]] | None = None  # (phonemes of each word, word of each transcript
-    # token) when espeak-ng's words match the text's one to one (`word_structure`), else None
-
-
-class Vocab:
-    """The vocabulary rows trained: every token of the training text and the prompt."""
-
-    def __init__(self, ids: list[int], vocab_size: int):
-        self.ids = torch.tensor(sorted(set(ids)), dtype=torch.long)
-        self.vocab_size = vocab_size
-        self.index = torch.full((vocab_size,), -1, dtype=torch.long)
-        self.index[self.ids] = torch.arange(len(self.ids))
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def sub(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
-        idx = self.index[torch.as_tensor(token_ids, dtype=torch.long)]
-        if (idx < 0).any():
-            raise ValueError("token outside the trained vocabulary")
-        return idx
-
-
-def phone_table(examples_phonemes: list[str]) -> dict[str, int]:
-    chars = sorted({c for p in examples_phonemes for c in p if c != " "})
-    return {c: i + 1 for i, c in enumerate(chars)}
 
 
 # --- the model being trained --------------------------------------------------------------------
@@ -322,136 +289,6 @@ def init_phone_embeddings(model: Trainee, examples: list[Example], n: int = 200)
     model.ph_emb.weight[seen.to(dev)] = (total[seen] / count[seen, None]).to(dev)
 
 
-def guided_heads(n_layers: int) -> dict[int, list[int]]:
-    """(decoder layer: query heads) steered to the audio by the guided-attention loss: head 0 of
-    the second and third layers (of the last layer in a model with fewer than three)."""
-    return {1: [0], 2: [0]} if n_layers >= 3 else {n_layers - 1: [0]}
-
-
-def speech_rows(feats: torch.Tensor, encoder, drop: float = 0.4) -> tuple[int, int]:
-    """[first, last + 1) audio rows of the speech in an utterance: the frames whose mean log-mel
-    is within `drop` (normalised units, 40 dB each) of the loudest frame's."""
-    e = feats.float().mean(0)
-    loud = torch.nonzero(e > e.max() - drop)[:, 0]
-    a, b = int(loud[0]), int(loud[-1]) + 1
-    return encoder.num_tokens(a), max(encoder.num_tokens(b), encoder.num_tokens(a) + 1)
-
-
-def guided_attention_loss(attn: list[torch.Tensor], batch: Batch, audio_rows: list[int], audio_start: int,
-                          tgt_pos: list[tuple[int, int, int]], encoder,
-                          spans: list[tuple[np.ndarray, np.ndarray] | None] | None = None) -> torch.Tensor:
-    """Steer the probed heads to the audio where each transcript token is spoken, assumed spread
-    evenly over the speech (a diagonal prior, as in guided attention for TTS): for the query that
-    predicts transcript token k of K, -log of its attention mass under a Gaussian window over the
-    audio rows centred at (k + 1/2) / K of the speech (width 10% of it, at least 1.5 rows). It only
-    gets alignment started; the content decides the rest.
-
-    `spans[b]` (when given): each transcript token's (centre, width) in audio rows from the phoneme
-    CTC's forced alignment (`token_rows`), a far sharper target than the diagonal."""
-    total, count = 0.0, 0
-    for b, (_, s, n) in enumerate(tgt_pos):
-        K = n - batch.n_prefix - 1  # transcript tokens, without the language prefix and <|im_end|>
-        if K <= 0:
-            continue
-        dev = attn[0].device
-        j = torch.arange(audio_rows[b], device=dev, dtype=torch.float32)
-        if spans is not None and spans[b] is not None and len(spans[b][0]) == K:
-            centre = torch.as_tensor(spans[b][0], device=dev, dtype=torch.float32)
-            sigma = torch.as_tensor(spans[b][1], device=dev, dtype=torch.float32)[:, None]
-        else:
-            a0, a1 = speech_rows(batch.feats[b], encoder)
-            a1 = min(a1, audio_rows[b])
-            a0 = min(a0, a1 - 1)
-            centre = a0 + (a1 - a0) * (torch.arange(K, device=dev, dtype=torch.float32) + 0.5) / K
-            sigma = max(1.5, 0.1 * (a1 - a0))
-        window = torch.exp(-0.5 * ((j[None, :] - centre[:, None]) / sigma) ** 2)  # [K, rows]
-        q0 = s + batch.n_prefix  # the query that predicts transcript token 0
-        for w in attn:
-            mass = (w[b, q0:q0 + K, audio_start:audio_start + audio_rows[b]] * window).sum(-1)
-            total = total - torch.log(mass + 1e-6).sum()
-            count += K
-    return total / max(count, 1)
-
-
-def ctc_align(logp: np.ndarray, target: list[int]) -> list[int] | None:
-    """CTC forced alignment (Viterbi, blank 0): the frame where each target label is first emitted
-    on the best path through `logp` [frames, classes] (log-probabilities); None if no path fits."""
-    T, L = logp.shape[0], len(target)
-    ext = np.zeros(2 * L + 1, dtype=np.int64)
-    ext[1::2] = target
-    S = len(ext)
-    emit = logp[:, ext]  # [T, S]
-    skip = np.zeros(S, dtype=bool)
-    skip[2:] = (ext[2:] != 0) & (ext[2:] != ext[:-2])
-    neg = -1e30
-    alpha = np.full(S, neg)
-    alpha[:2] = emit[0, :2]
-    back = np.zeros((T, S), dtype=np.int8)
-    for t in range(1, T):
-        cand = np.full((3, S), neg)
-        cand[0] = alpha
-        cand[1, 1:] = alpha[:-1]
-        cand[2, 2:] = np.where(skip[2:], alpha[:-2], neg)
-        back[t] = cand.argmax(0)
-        alpha = cand.max(0) + emit[t]
-    s = S - 1 if S == 1 or alpha[S - 1] >= alpha[S - 2] else S - 2
-    if alpha[s] < neg / 2:
-        return None
-    first: list[int | None] = [None] * L
-    for t in range(T - 1, -1, -1):
-        if s % 2:
-            first[s // 2] = t
-        s -= int(back[t, s])
-    return first if all(f is not None for f in first) else None  # type: ignore[return-value]
-
-
-def token_rows(logp: np.ndarray, phones: list[int], words: tuple[list[int], list[int]]
-               ) -> tuple[np.ndarray, np.ndarray] | None:
-    """(centre, width) in audio rows of each transcript token: the phoneme CTC (two slots a row) is
-    force-aligned to the utterance's phonemes; a word spans from its first phoneme's slot to the next
-    word's; a word's tokens share its span evenly."""
-    per_word, token_word = words
-    first = ctc_align(logp, phones)
-    if first is None or sum(per_word) != len(phones):
-        return None
-    starts = np.cumsum([0] + per_word)
-    bounds = [first[i] for i in starts[:-1]] + [first[-1] + 2]
-    centre, width = [], []
-    for w in range(len(per_word)):
-        toks = [k for k, tw in enumerate(token_word) if tw == w]
-        r0, r1 = bounds[w] / 2, max(bounds[w + 1], bounds[w] + 1) / 2
-        for i, _ in enumerate(toks):
-            centre.append(r0 + (r1 - r0) * (i + 0.5) / len(toks))
-            width.append(max(1.0, 0.5 * (r1 - r0) / len(toks)))
-    if len(centre) != len(token_word):
-        return None
-    return np.array(centre), np.array(width)
-
-
-def word_structure(tok: Tokenizer, text: str, phonemes: str, table: dict[str, int], transcript: list[int]
-                   ) -> tuple[list[int], list[int]] | None:
-    """(phonemes of each word, word of each transcript token) when espeak-ng's words and the text's
-    whitespace words match one to one (numbers and some contractions do not: None). A token belongs
-    to the word of its first non-space byte; a lone space to the next word."""
-    per_word = [sum(c in table for c in w) for w in phonemes.split()]
-    if len(per_word) != len(text.split()) or 0 in per_word:
-        return None
-    token_word, w, prev_space = [], -1, True
-    for t in transcript:
-        own = None
-        for ch in tok.token_bytes(t):
-            space = ch in b" \t\n"
-            if not space and prev_space:
-                w += 1
-            if not space and own is None:
-                own = w
-            prev_space = space
-        token_word.append(own if own is not None else w + 1)
-    if max(token_word, default=-1) != len(per_word) - 1:
-        return None
-    return per_word, token_word
-
-
 def _corrupt(t: torch.Tensor, keep: int, p: float, n: int) -> torch.Tensor:
     """`t` with each token after the first `keep` replaced, with probability p, by a uniformly
     drawn trained-vocabulary row (the labels stay the true tokens)."""
@@ -460,63 +297,6 @@ def _corrupt(t: torch.Tensor, keep: int, p: float, n: int) -> torch.Tensor:
     return torch.where(hit, torch.randint(0, n, t.shape, device=t.device), t)
 
 
-# --- export -------------------------------------------------------------------------------------
-
-def export_state_dict(model: Trainee) -> dict[str, np.ndarray]:
-    """The official tensor names (`thinker.*`), fp32, untrained vocabulary rows zero."""
-    out = {f"thinker.audio_tower.{k}": v.detach().float().cpu().numpy().copy() for k, v in model.encoder.state_dict().items()}
-    for i, layer in enumerate(model.layers):
-        for k, v in layer.state_dict().items():
-            out[f"thinker.model.layers.{i}.{k}"] = v.detach().float().cpu().numpy().copy()
-    out["thinker.model.norm.weight"] = model.norm.weight.detach().float().cpu().numpy().copy()
-    emb = np.zeros((model.cfg.text.vocab_size, model.cfg.text.hidden_size), np.float32)
-    emb[model.vocab.ids.numpy()] = model.emb.detach().float().cpu().numpy()
-    out["thinker.model.embed_tokens.weight"] = emb
-    return out
-
-
-def export_checkpoint(model: Trainee, out: Path) -> Path:
-    """Write an official-layout checkpoint directory (config, safetensors, tokenizer files)."""
-    from safetensors.numpy import save_file
-
-    from harken.cloud.model.tiny import _write_json, config_json, write_tokenizer_files
-
-    out.mkdir(parents=True, exist_ok=True)
-    if not (out / "tokenizer.json").exists():
-        write_tokenizer_files(out, "real")
-    _write_json(out / "config.json", config_json(model.cfg))
-    _write_json(out / "generation_config.json", {"eos_token_id": [151645, 151643], "pad_token_id": 151643,
-                                                 "do_sample": False})
-    tmp = out / "model.safetensors.tmp"
-    save_file(export_state_dict(model), str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, out / "model.safetensors")
-    return out
-
-
-# --- evaluation ---------------------------------------------------------------------------------
-
-def wer(refs: list[str], hyps: list[str]) -> float:
-    """Word error rate with jiwer after the Whisper English normaliser (Open ASR Leaderboard)."""
-    import jiwer
-    from whisper_normalizer.english import EnglishTextNormalizer
-
-    norm = EnglishTextNormalizer()
-    pairs = [(norm(r), norm(h)) for r, h in zip(refs, hyps)]
-    pairs = [(r, h) for r, h in pairs if r.strip()]
-    return float(jiwer.wer([r for r, _ in pairs], [h for _, h in pairs]))
-
-
-def evaluate(ckpt_dir: Path, feats: list[np.ndarray], refs: list[str]) -> tuple[float, list[str]]:
-    from harken.cloud.model.asr import Qwen3ASR
-
-    from harken.cloud.model.decode_limits import DecodeLimits
-
-    asr = Qwen3ASR.load(str(ckpt_dir), dtype="fp32", device="cpu")
-    hyps = [asr.transcribe(f.astype(np.float32), limits=DecodeLimits()).text for f in feats]
-    return wer(refs, hyps), hyps
-
-
-@torch.no_grad()
 def audio_gain(model: Trainee, feats: list[np.ndarray], targets: list[list[int]],
                prompt_ids: tuple[list[int], list[int]], n_prefix: int) -> float:
     """Held-out transcript cross-entropy with another utterance's audio minus with its own (nats
@@ -563,92 +343,6 @@ class TrainOptions:
     init_from: Path | None = None  # a new run starts from another run's state.pt (`warm_start`)
     whole_tokens: int = 1000  # `pieces.choose`: the output vocabulary synth-en writes with
     part_tokens: int = 600
-
-
-def corpus_shards(opts: TrainOptions) -> list[Path]:
-    """The finished shards: full utterances (`train-*`, at most `max_shards`) and phrases (`phrase-*`)."""
-    def done(pattern: str) -> list[Path]:
-        return sorted(p for p in opts.corpus.glob(pattern) if not p.name.endswith(".tmp.npz"))
-
-    return done("train-*.npz")[:opts.max_shards] + done("phrase-*.npz")
-
-
-def target_ids(tok: Tokenizer, spell: Pieces, text: str) -> list[int]:
-    """`language English<asr_text>{text}<|im_end|>`, the text spelled with synth-en's pieces."""
-    return tok.encode(TARGET_PREFIX) + spell.encode(text) + [tok.token_id("<|im_end|>")]
-
-
-def load_examples(shards: list[Path], tok: Tokenizer, table: dict[str, int], spell: Pieces,
-                  vocab: Vocab | None = None) -> list[Example]:
-    """The utterances of `shards`; phoneme symbols outside `table` are dropped, and (with `vocab`)
-    utterances with a token outside it are skipped."""
-    out = []
-    n_prefix = len(tok.encode(TARGET_PREFIX))
-    for s in shards:
-        feats, lengths, meta = corpus.load_shard(s)
-        offs = np.concatenate([[0], np.cumsum(lengths)])
-        for i, m in enumerate(meta):
-            target = target_ids(tok, spell, m["text"])
-            if vocab is not None and (vocab.index[torch.tensor(target)] < 0).any():
-                continue
-            out.append(Example(feats[:, offs[i]:offs[i + 1]], target,
-                               [table[c] for c in m["phonemes"] if c in table], m["text"],
-                               word_structure(tok, m["text"], m["phonemes"], table, target[n_prefix:-1])))
-    return out
-
-
-@dataclass
-class TextExample:
-    target: list[int]
-    phones: list[int]
-    words: list[int]  # index in `phones` of each word's first phoneme
-
-
-def load_texts(paths: list[Path], tok: Tokenizer, table: dict[str, int], spell: Pieces, vocab: Vocab
-               ) -> list[TextExample]:
-    """Texts without audio (`corpus.build_text_phonemes`) whose tokens are all trained rows."""
-    out = []
-    for path in paths:
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if not line.strip():
-                continue
-            d = json.loads(line)
-            target = target_ids(tok, spell, d["text"])
-            if (vocab.index[torch.tensor(target)] < 0).any():
-                continue
-            phones, words = [], []
-            for word in d["phonemes"].split():
-                ids = [table[c] for c in word if c in table]
-                if ids:
-                    words.append(len(phones))
-                    phones += ids
-            if phones:
-                out.append(TextExample(target, phones, words))
-    return out
-
-
-def text_files(opts: TrainOptions) -> list[Path]:
-    return sorted(opts.corpus.glob("text-*.jsonl"))
-
-
-def phone_table_of(shards: list[Path]) -> dict[str, int]:
-    return phone_table([m["phonemes"] for s in shards for m in corpus.load_shard(s)[2]])
-
-
-def batches(examples: list[Example], rng: random.Random, batch_frames: int, max_frames: int):
-    """Length-bucketed batches of at most `batch_frames` frames (padding counted)."""
-    pool = [e for e in examples if e.feats.shape[1] <= max_frames]
-    rng.shuffle(pool)
-    for i in range(0, len(pool), 512):
-        chunk = sorted(pool[i:i + 512], key=lambda e: e.feats.shape[1])
-        group: list[Example] = []
-        for e in chunk:
-            if group and (len(group) + 1) * e.feats.shape[1] > batch_frames:
-                yield group
-                group = []
-            group.append(e)
-        if group:
-            yield group
 
 
 def train(opts: TrainOptions, log=print) -> Path:
@@ -808,33 +502,6 @@ def train(opts: TrainOptions, log=print) -> Path:
                 last_save = time.time()
     save()
     return export_checkpoint(model, out / "checkpoint")
-
-
-def plot_curve(log_path: Path, png: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    recs = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
-    if not recs:
-        return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    steps = [r["step"] for r in recs]
-    ax.plot(steps, [r["ce"] for r in recs], label="transcript CE")
-    ax.plot(steps, [r["ctc_tok"] for r in recs], label="token CTC (aux)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats)")
-    ax2 = ax.twinx()
-    ax2.plot(steps, [100 * r["heldout_wer"] for r in recs], "k--", label="held-out WER %")
-    ax2.set_ylabel("WER %")
-    ax.legend(loc="upper left")
-    ax2.legend(loc="upper right")
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,97 @@
+"""synth-en's checkpoint and its measures: the official-layout export, held-out WER (jiwer after the
+Whisper English normaliser), the loss/WER curve."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from harken.cloud.synth.train import Trainee
+
+
+# --- export -------------------------------------------------------------------------------------
+
+def export_state_dict(model: Trainee) -> dict[str, np.ndarray]:
+    """The official tensor names (`thinker.*`), fp32, untrained vocabulary rows zero."""
+    out = {f"thinker.audio_tower.{k}": v.detach().float().cpu().numpy().copy() for k, v in model.encoder.state_dict().items()}
+    for i, layer in enumerate(model.layers):
+        for k, v in layer.state_dict().items():
+            out[f"thinker.model.layers.{i}.{k}"] = v.detach().float().cpu().numpy().copy()
+    out["thinker.model.norm.weight"] = model.norm.weight.detach().float().cpu().numpy().copy()
+    emb = np.zeros((model.cfg.text.vocab_size, model.cfg.text.hidden_size), np.float32)
+    emb[model.vocab.ids.numpy()] = model.emb.detach().float().cpu().numpy()
+    out["thinker.model.embed_tokens.weight"] = emb
+    return out
+
+
+def export_checkpoint(model: Trainee, out: Path) -> Path:
+    """Write an official-layout checkpoint directory (config, safetensors, tokenizer files)."""
+    from safetensors.numpy import save_file
+
+    from harken.cloud.model.tiny import _write_json, config_json, write_tokenizer_files
+
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / "tokenizer.json").exists():
+        write_tokenizer_files(out, "real")
+    _write_json(out / "config.json", config_json(model.cfg))
+    _write_json(out / "generation_config.json", {"eos_token_id": [151645, 151643], "pad_token_id": 151643,
+                                                 "do_sample": False})
+    tmp = out / "model.safetensors.tmp"
+    save_file(export_state_dict(model), str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out / "model.safetensors")
+    return out
+
+
+# --- evaluation ---------------------------------------------------------------------------------
+
+def wer(refs: list[str], hyps: list[str]) -> float:
+    """Word error rate with jiwer after the Whisper English normaliser (Open ASR Leaderboard)."""
+    import jiwer
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    norm = EnglishTextNormalizer()
+    pairs = [(norm(r), norm(h)) for r, h in zip(refs, hyps)]
+    pairs = [(r, h) for r, h in pairs if r.strip()]
+    return float(jiwer.wer([r for r, _ in pairs], [h for _, h in pairs]))
+
+
+def evaluate(ckpt_dir: Path, feats: list[np.ndarray], refs: list[str]) -> tuple[float, list[str]]:
+    from harken.cloud.model.asr import Qwen3ASR
+
+    from harken.cloud.model.decode_limits import DecodeLimits
+
+    asr = Qwen3ASR.load(str(ckpt_dir), dtype="fp32", device="cpu")
+    hyps = [asr.transcribe(f.astype(np.float32), limits=DecodeLimits()).text for f in feats]
+    return wer(refs, hyps), hyps
+
+
+def plot_curve(log_path: Path, png: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    recs = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    if not recs:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [r["step"] for r in recs]
+    ax.plot(steps, [r["ce"] for r in recs], label="transcript CE")
+    ax.plot(steps, [r["ctc_tok"] for r in recs], label="token CTC (aux)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats)")
+    ax2 = ax.twinx()
+    ax2.plot(steps, [100 * r["heldout_wer"] for r in recs], "k--", label="held-out WER %")
+    ax2.set_ylabel("WER %")
+    ax.legend(loc="upper left")
+    ax2.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)

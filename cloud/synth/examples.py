@@ -1,0 +1,143 @@
+"""synth-en's training data as the loop takes it: corpus shards -> `Example`s (features, target
+tokens, phonemes, word structure), texts without audio, length-bucketed batches."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from harken.cloud.model.tokenizer import Tokenizer
+from harken.cloud.synth import corpus
+from harken.cloud.synth.alignment import word_structure
+from harken.cloud.synth.pieces import Pieces
+
+if TYPE_CHECKING:
+    from harken.cloud.synth.train import TrainOptions
+
+TARGET_PREFIX = "language English<asr_text>"
+
+
+@dataclass
+class Example:
+    feats: np.ndarray  # fp16 [128, T] (a view into its shard)
+    target: list[int]  # token ids: language English<asr_text>{text}<|im_end|>
+    phones: list[int]  # phoneme ids (1-based; 0 is the CTC blank)
+    text: str
+    words: tuple[list[int], list[int]] | None = None  # (phonemes of each word, word of each transcript
+    # token) when espeak-ng's words match the text's one to one (`word_structure`), else None
+
+
+class Vocab:
+    """The vocabulary rows trained: every token of the training text and the prompt."""
+
+    def __init__(self, ids: list[int], vocab_size: int):
+        self.ids = torch.tensor(sorted(set(ids)), dtype=torch.long)
+        self.vocab_size = vocab_size
+        self.index = torch.full((vocab_size,), -1, dtype=torch.long)
+        self.index[self.ids] = torch.arange(len(self.ids))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def sub(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
+        idx = self.index[torch.as_tensor(token_ids, dtype=torch.long)]
+        if (idx < 0).any():
+            raise ValueError("token outside the trained vocabulary")
+        return idx
+
+
+def phone_table(examples_phonemes: list[str]) -> dict[str, int]:
+    chars = sorted({c for p in examples_phonemes for c in p if c != " "})
+    return {c: i + 1 for i, c in enumerate(chars)}
+
+
+def corpus_shards(opts: TrainOptions) -> list[Path]:
+    """The finished shards: full utterances (`train-*`, at most `max_shards`) and phrases (`phrase-*`)."""
+    def done(pattern: str) -> list[Path]:
+        return sorted(p for p in opts.corpus.glob(pattern) if not p.name.endswith(".tmp.npz"))
+
+    return done("train-*.npz")[:opts.max_shards] + done("phrase-*.npz")
+
+
+def target_ids(tok: Tokenizer, spell: Pieces, text: str) -> list[int]:
+    """`language English<asr_text>{text}<|im_end|>`, the text spelled with synth-en's pieces."""
+    return tok.encode(TARGET_PREFIX) + spell.encode(text) + [tok.token_id("<|im_end|>")]
+
+
+def load_examples(shards: list[Path], tok: Tokenizer, table: dict[str, int], spell: Pieces,
+                  vocab: Vocab | None = None) -> list[Example]:
+    """The utterances of `shards`; phoneme symbols outside `table` are dropped, and (with `vocab`)
+    utterances with a token outside it are skipped."""
+    out = []
+    n_prefix = len(tok.encode(TARGET_PREFIX))
+    for s in shards:
+        feats, lengths, meta = corpus.load_shard(s)
+        offs = np.concatenate([[0], np.cumsum(lengths)])
+        for i, m in enumerate(meta):
+            target = target_ids(tok, spell, m["text"])
+            if vocab is not None and (vocab.index[torch.tensor(target)] < 0).any():
+                continue
+            out.append(Example(feats[:, offs[i]:offs[i + 1]], target,
+                               [table[c] for c in m["phonemes"] if c in table], m["text"],
+                               word_structure(tok, m["text"], m["phonemes"], table, target[n_prefix:-1])))
+    return out
+
+
+@dataclass
+class TextExample:
+    target: list[int]
+    phones: list[int]
+    words: list[int]  # index in `phones` of each word's first phoneme
+
+
+def load_texts(paths: list[Path], tok: Tokenizer, table: dict[str, int], spell: Pieces, vocab: Vocab
+               ) -> list[TextExample]:
+    """Texts without audio (`corpus.build_text_phonemes`) whose tokens are all trained rows."""
+    out = []
+    for path in paths:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            d = json.loads(line)
+            target = target_ids(tok, spell, d["text"])
+            if (vocab.index[torch.tensor(target)] < 0).any():
+                continue
+            phones, words = [], []
+            for word in d["phonemes"].split():
+                ids = [table[c] for c in word if c in table]
+                if ids:
+                    words.append(len(phones))
+                    phones += ids
+            if phones:
+                out.append(TextExample(target, phones, words))
+    return out
+
+
+def text_files(opts: TrainOptions) -> list[Path]:
+    return sorted(opts.corpus.glob("text-*.jsonl"))
+
+
+def phone_table_of(shards: list[Path]) -> dict[str, int]:
+    return phone_table([m["phonemes"] for s in shards for m in corpus.load_shard(s)[2]])
+
+
+def batches(examples: list[Example], rng: random.Random, batch_frames: int, max_frames: int):
+    """Length-bucketed batches of at most `batch_frames` frames (padding counted)."""
+    pool = [e for e in examples if e.feats.shape[1] <= max_frames]
+    rng.shuffle(pool)
+    for i in range(0, len(pool), 512):
+        chunk = sorted(pool[i:i + 512], key=lambda e: e.feats.shape[1])
+        group: list[Example] = []
+        for e in chunk:
+            if group and (len(group) + 1) * e.feats.shape[1] > batch_frames:
+                yield group
+                group = []
+            group.append(e)
+        if group:
+            yield group
