@@ -1,18 +1,18 @@
 """The thin clients' front end on the server: PCM at any rate -> the edge's VAD + log-mel + codec ->
-the `FeaturesIn` packets a Features client would have sent, with checkpoints for exact replay."""
+the `FeaturePacket`s a Features client would have sent, with checkpoints for exact replay."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from harken.cloud.wire import FeaturesIn
 from harken.edge.checkpoint import FrontEndCheckpoint
 from harken.shared.features_spec import SAMPLE_RATE
+from harken.shared.protocol import FeaturePacket
 
 
 class AudioFrontEnd:
     """Thin clients: PCM at any rate -> the edge's FeatureStream (VAD + features + codec) ->
-    `FeaturesIn` packets, exactly what a Features client would send. Runs in the executor.
+    `FeaturePacket`s, exactly what a Features client would send. Runs in the executor.
 
     At 16 kHz it also checkpoints the stream (edge/checkpoint.py) at every point of the checkpoint
     grid where one can be taken (the audio is pushed in pieces that end there; what the stream sends
@@ -40,10 +40,10 @@ class AudioFrontEnd:
 
             self.resampler = soxr.ResampleStream(sample_rate, SAMPLE_RATE, 1, dtype="float32", quality="VHQ")
 
-    def push(self, samples: np.ndarray) -> tuple[list[FeaturesIn], list[FrontEndCheckpoint]]:
+    def push(self, samples: np.ndarray) -> tuple[list[FeaturePacket], list[FrontEndCheckpoint]]:
         """The packets `samples` complete, and the checkpoints taken on the way."""
         if self.resampler is not None:
-            return self._packets(self.stream.push(self.resampler.resample_chunk(samples))), []
+            return self.stream.push(self.resampler.resample_chunk(samples)), []
         packets, checkpoints, i = [], [], 0
         while i < samples.size:
             j = min(samples.size, i + self.grid - self.stream.samples % self.grid)
@@ -51,25 +51,19 @@ class AudioFrontEnd:
             i = j
             if (c := self.stream.checkpoint()) is not None:
                 checkpoints.append(c)
-        return self._packets(packets), checkpoints
+        return packets, checkpoints
 
     def _checkpoint(self) -> FrontEndCheckpoint:
         c = self.stream.checkpoint()
         assert c is not None, "a new stream is idle at sample 0"
         return c
 
-    def flush(self) -> list[FeaturesIn]:
+    def flush(self) -> list[FeaturePacket]:
         packets = []
         if self.resampler is not None:
             packets += self.stream.push(self.resampler.resample_chunk(np.zeros(0, np.float32), last=True))
-        return self._packets(packets + self.stream.flush())
+        return packets + self.stream.flush()
 
     @property
     def running_max_log10(self) -> float:
         return self.stream.floor.max_log10
-
-    def _packets(self, packets) -> list[FeaturesIn]:
-        return [FeaturesIn(seq=0, segment_id=p.segment_id, first_frame=p.first_frame,
-                           frame_count=p.frame_count, segment_start=p.segment_start,
-                           segment_end=p.segment_end, payload=p.payload,
-                           running_max_log10=p.running_max_log10) for p in packets]

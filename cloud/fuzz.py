@@ -50,7 +50,7 @@ from harken.proto import harken_pb2 as pb
 from harken.shared.codec import CODEC_NAME, MAX_FRAMES, VALUE_LIMIT, decode_frames
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import N_MELS
-from harken.shared.protocol import ServerError
+from harken.shared.protocol import Audio, Features, ServerError
 
 TARGETS = ("codec", "wire", "datachannel_server", "datachannel_client", "session")
 SERVER_TARGETS = ("codec", "wire", "datachannel_server", "session")  # what a client can send
@@ -112,14 +112,14 @@ def check_codec(payload: bytes, max_frames: int = MAX_FRAMES) -> str:
 def check_wire(data: bytes, target: str = "wire") -> str:
     try:
         item = wire.parse_client_message(wire.client_message_from_bytes(data))
-        if isinstance(item, wire.FeaturesIn):
-            frames = wire.decode_features(item)
+        if isinstance(item, Features):
+            frames = wire.decode_features(item.packet)
     except Exception as e:
         return _rejection(target, e, data)
-    if isinstance(item, wire.FeaturesIn):
-        _check_frames(target, frames, item.frame_count, data)
-    elif isinstance(item, wire.AudioIn):
-        s = item.samples
+    if isinstance(item, Features):
+        _check_frames(target, frames, item.packet.frame_count, data)
+    elif isinstance(item, Audio):
+        s = item.samples()
         if not (s.dtype == np.float32 and s.ndim == 1 and (s.size == 0 or float(np.abs(s).max()) <= 1.0)
                 and wire.MIN_SAMPLE_RATE <= item.sample_rate <= wire.MAX_SAMPLE_RATE):
             raise Crash(target, "accepted audio out of its bounds", data)

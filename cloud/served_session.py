@@ -54,10 +54,11 @@ from harken.cloud import wire
 from harken.cloud.audio_front_end import AudioFrontEnd
 from harken.cloud.errors import MalformedMessage, OutOfOrder, SessionNotFound, ShuttingDown, Superseded
 from harken.cloud.metrics import ServerMetrics
-from harken.cloud.wire import (AudioIn, EndIn, FeaturesIn, FinalizeIn, KeepAliveIn, Seed, StartRequest,
-                              TranscriptOut)
 from harken.edge.checkpoint import FrontEndCheckpoint
 from harken.shared.features_spec import SAMPLE_RATE
+from harken.shared.protocol import (Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive,
+                                    SessionSeed, Start, Transcript)
+from harken.shared.transcript import TranscriptEvent
 
 if TYPE_CHECKING:
     from harken.cloud.commit import CommitPolicy
@@ -140,7 +141,7 @@ class _FrameOrder:
     closed_by_finalize: int | None = None  # audio path: VAD frames of this segment are dropped
     seeded_final: int = -1  # segments up to this one were final before the session began (seed)
 
-    def check(self, f: FeaturesIn) -> bool:
+    def check(self, f: FeaturePacket) -> bool:
         """Raises OutOfOrder; False for frames of a segment the seed says is final (a replacement
         session ignores them, as the engine does: their text is with the client)."""
         if f.frame_count == 0 and not f.segment_start and not f.segment_end:
@@ -164,7 +165,7 @@ class _FrameOrder:
                              f"{self.next_frame}, got {f.first_frame})")
         return True
 
-    def apply(self, f: FeaturesIn) -> None:
+    def apply(self, f: FeaturePacket) -> None:
         if f.frame_count == 0 and not f.segment_start and not f.segment_end:
             return
         if f.segment_start:
@@ -179,7 +180,7 @@ class _FrameOrder:
 class HostedSession:
     """One session on this server. Created by `SessionTable`; driven by stream handlers."""
 
-    def __init__(self, session_id: str, key_id: str, start: StartRequest, scheduler,
+    def __init__(self, session_id: str, key_id: str, start: Start, scheduler,
                  limits: SessionLimits, metrics: ServerMetrics, executor: Executor,
                  on_ended: Callable[["HostedSession"], None], clock: Callable[[], float] = time.monotonic):
         """Opens the engine's session (EngineOverloaded / StreamInputError when it cannot).
@@ -195,7 +196,7 @@ class HostedSession:
             resume = ResumeState(start.seed.running_max_log10, start.seed.context_tail,
                                  start.seed.next_segment_id)
         policy = {} if limits.policy is None else {"policy": limits.policy}
-        options = SessionOptions(language=start.language, context=start.context, resume=resume, **policy)
+        options = SessionOptions(language=start.language or None, context=start.context, resume=resume, **policy)
         _, self._engine_events = scheduler.open_session(options, session_id)
         self.limits = limits
         self.metrics = metrics
@@ -210,7 +211,7 @@ class HostedSession:
         # thin clients: the front end's latest checkpoint per next segment id, for the seeds
         self._checkpoints: dict[int, FrontEndCheckpoint] = {}
         self._cut_by_end: set[int] = set()  # segments the front end's flush ended (End, shutdown)
-        self.events: deque[TranscriptOut] = deque()
+        self.events: deque[Transcript] = deque()
         self.next_event_seq = 1
         self.delivered_event_seq = 0  # highest event_seq handed to some stream
         self.attachment: Attachment | None = None
@@ -291,7 +292,7 @@ class HostedSession:
             return 0
         return self.scheduler.engine.queued_frames(self.session_id)
 
-    def events_after(self, event_seq: int) -> list[TranscriptOut]:
+    def events_after(self, event_seq: int) -> list[Transcript]:
         """Held events with a higher event_seq, in order (what a stream sends next)."""
         if not self.events or self.events[-1].event_seq <= event_seq:
             return []
@@ -310,14 +311,14 @@ class HostedSession:
 
     # ---- input -----------------------------------------------------------------------------------
 
-    async def apply(self, item: wire.ClientInput) -> None:
+    async def apply(self, item: ClientMessage) -> None:
         """Apply one client message (after `start`). Bad input raises (StreamInputError,
         StreamOrderError, CodecError); what the session has applied changes only once a message
         is known good."""
-        if isinstance(item, KeepAliveIn):
+        if isinstance(item, KeepAlive):
             return  # (the stream's reader takes these; nothing to apply)
         async with self._apply_lock:
-            if isinstance(item, StartRequest):
+            if isinstance(item, Start):
                 raise OutOfOrder("start may only be the first message of a stream")
             if self.lifecycle is Lifecycle.CLOSED:
                 raise SessionNotFound("the session was closed: open a new session with the last seed")
@@ -326,45 +327,45 @@ class HostedSession:
                     raise ShuttingDown(SHUTDOWN_MESSAGE)
                 # A client that resumes after its connection dropped between End and the last
                 # finals repeats End and may resend applied messages: both are replays, not errors.
-                if isinstance(item, EndIn) or getattr(item, "seq", 0) <= self.applied_seq:
+                if isinstance(item, End) or getattr(item, "seq", 0) <= self.applied_seq:
                     return
                 raise OutOfOrder("the session has ended: no input after end")
-            if isinstance(item, FinalizeIn):
+            if isinstance(item, Finalize):
                 self._finalize()
                 return
-            if isinstance(item, EndIn):
+            if isinstance(item, End):
                 await self._end()
                 return
             if item.seq <= self.applied_seq:
                 return  # a duplicate resent after a reconnect: already applied
             if item.seq != self.applied_seq + 1:
                 raise OutOfOrder(f"seq {item.seq} leaves a gap: the last applied was {self.applied_seq}")
-            kind = "features" if isinstance(item, FeaturesIn) else "audio"
+            kind = "features" if isinstance(item, Features) else "audio"
             if self.input_kind not in (None, kind):
                 raise OutOfOrder(f"{kind} in a session that receives {self.input_kind}: do not mix them")
             self.input_kind = kind
-            if isinstance(item, FeaturesIn):
-                await self._apply_features(item)
-                self.metrics.bytes_in.labels("features").inc(len(item.payload))
+            if isinstance(item, Features):
+                await self._apply_features(item.packet)
+                self.metrics.bytes_in.labels("features").inc(len(item.packet.payload))
             else:
                 await self._apply_audio(item)
-                self.metrics.bytes_in.labels("audio").inc(2 * item.samples.size)
+                self.metrics.bytes_in.labels("audio").inc(len(item.pcm16))
             self.metrics.messages_in.labels(kind).inc()
             self.applied_seq = item.seq
             self._msgs_since_ack += 1
-            if self._msgs_since_ack >= ACK_EVERY or (isinstance(item, FeaturesIn) and item.segment_end):
+            if self._msgs_since_ack >= ACK_EVERY or (isinstance(item, Features) and item.packet.segment_end):
                 self._ack()
 
-    async def _apply_features(self, f: FeaturesIn) -> None:
+    async def _apply_features(self, f: FeaturePacket) -> None:
         if not self.order.check(f):
             return
         frames = await _run(self.executor, wire.decode_features, f)
         self._feed(f, frames)
 
-    async def _apply_audio(self, a: AudioIn) -> None:
+    async def _apply_audio(self, a: Audio) -> None:
         if self.audio is None:
             seed = self.start.seed
-            resume = seed.front_end if seed is not None else None
+            resume = wire.front_end_checkpoint(seed)
             if resume is not None and a.sample_rate != SAMPLE_RATE:
                 raise MalformedMessage(f"start.seed.front_end_state goes on with 16 kHz audio, not {a.sample_rate} Hz")
             seed_max = seed.running_max_log10 if seed is not None else float("-inf")
@@ -373,7 +374,7 @@ class HostedSession:
             self._keep_checkpoints(self.audio.checkpoints_at_start)
         elif a.sample_rate != self.audio.sample_rate:
             raise MalformedMessage(f"audio.sample_rate changed from {self.audio.sample_rate} to {a.sample_rate}")
-        packets, checkpoints = await _run(self.executor, self.audio.push, a.samples)
+        packets, checkpoints = await _run(self.executor, self.audio.push, a.samples())
         self._keep_checkpoints(checkpoints)
         await self._feed_packets(packets)
 
@@ -397,7 +398,7 @@ class HostedSession:
             del self._checkpoints[k]
         return self._checkpoints[best]
 
-    async def _feed_packets(self, packets: list[FeaturesIn]) -> None:
+    async def _feed_packets(self, packets: list[FeaturePacket]) -> None:
         """Frames the server's own front end made: the same path as a client's Features."""
         for p in packets:
             if p.segment_id > wire.MAX_SEGMENT_ID:  # numbered on from a seed near the end of the range
@@ -411,7 +412,7 @@ class HostedSession:
             if self.order.check(p):
                 self._feed(p, frames)
 
-    def _feed(self, f: FeaturesIn, frames: np.ndarray) -> None:
+    def _feed(self, f: FeaturePacket, frames: np.ndarray) -> None:
         now = time.monotonic()
         if f.segment_start:
             self._segment_started_at[f.segment_id] = now
@@ -497,12 +498,12 @@ class HostedSession:
 
     def _record(self, ev) -> None:
         now = time.monotonic()
-        out = TranscriptOut(event_seq=self.next_event_seq, segment_id=ev.segment_id,
-                            committed_delta=ev.committed_delta, partial=ev.partial,
-                            stability=ev.stability, start_s=ev.start_s, end_s=ev.end_s,
-                            language=ev.language, is_final=ev.is_final,
-                            seed=_seed(ev.resume, self._front_end_after(ev.segment_id))
-                            if ev.is_final and ev.resume is not None else None)
+        event = TranscriptEvent(segment_id=ev.segment_id, committed_delta=ev.committed_delta, partial=ev.partial,
+                                stability=ev.stability, start_s=ev.start_s, end_s=ev.end_s,
+                                language=ev.language, is_final=ev.is_final)
+        out = Transcript(event, event_seq=self.next_event_seq,
+                         seed=_seed(ev.resume, self._front_end_after(ev.segment_id))
+                         if ev.is_final and ev.resume is not None else None)
         self.next_event_seq += 1
         self.events.append(out)
         self.metrics.events_out.inc()
@@ -538,7 +539,7 @@ class HostedSession:
     def _trim_events(self) -> None:
         keep_after = self.delivered_event_seq - self.limits.replay_tail
         while self.events and (
-                (self.events[0].event_seq <= keep_after and self.events[0].segment_id <= self.last_final_segment)
+                (self.events[0].event_seq <= keep_after and self.events[0].event.segment_id <= self.last_final_segment)
                 or len(self.events) > self.limits.max_events_held):
             self.events.popleft()
 
@@ -564,9 +565,11 @@ class HostedSession:
         await self.release_engine()
 
 
-def _seed(r, front_end: FrontEndCheckpoint | None) -> Seed:
-    return Seed(running_max_log10=r.running_max_log10, context_tail=r.context_tail,
-                next_segment_id=r.next_segment_id, front_end=front_end)
+def _seed(r, front_end: FrontEndCheckpoint | None) -> SessionSeed:
+    if front_end is None:
+        return SessionSeed(r.running_max_log10, r.context_tail, r.next_segment_id)
+    return SessionSeed(r.running_max_log10, r.context_tail, r.next_segment_id,
+                       front_end_state=front_end.serialize(), audio_sample=front_end.replay_from)
 
 
 async def _run(executor: Executor, fn, *args):

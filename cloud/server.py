@@ -35,10 +35,10 @@ from harken.cloud.errors import (EngineFailed, IdleTimeout, MalformedMessage, Me
                                  SessionNotFound, ShuttingDown, Superseded, Unauthenticated)
 from harken.cloud.served_session import CLOSED_OK, Attachment, HostedSession, SessionLimits
 from harken.cloud.session_table import SessionTable
-from harken.cloud.wire import EndIn
 from harken.cloud.logs import configure_logging
 from harken.cloud.metrics import MetricsEndpoint, ServerMetrics, serve_metrics
 from harken.proto import harken_pb2, harken_pb2_grpc
+from harken.shared.protocol import ClientMessage, End, KeepAlive
 from harken.shared.errors import (CodecError, EngineOverloaded, HarkenError, StreamInputError,
                                   StreamOrderError, UnknownSession)
 
@@ -195,7 +195,7 @@ class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
         return self.keys.authenticate(context.invocation_metadata())
 
 
-async def _apply(session: HostedSession, item: wire.ClientInput) -> None:
+async def _apply(session: HostedSession, item: ClientMessage) -> None:
     """Apply one message; if the stream is cancelled meanwhile, the message is still finished."""
     applying = asyncio.ensure_future(session.apply(item))
     try:
@@ -247,7 +247,7 @@ async def _read(requests, table: SessionTable, session: HostedSession, attachmen
         async for data in requests:
             session.heard(attachment)
             item = wire.parse_client_message(wire.client_message_from_bytes(data, max_bytes))
-            if isinstance(item, wire.KeepAliveIn):
+            if isinstance(item, KeepAlive):
                 continue  # heard: that was all it was for
             await table.wait_for_room(session)
             await _apply(session, item)
@@ -257,7 +257,7 @@ async def _read(requests, table: SessionTable, session: HostedSession, attachmen
         # task); such a client will resume, and its session must not end. So wait for that
         # cancellation a little before taking the half-close for `end`.
         await asyncio.sleep(HALF_CLOSE_SETTLE_S)
-        await _apply(session, EndIn())
+        await _apply(session, End())
     except asyncio.CancelledError:
         raise
     except ShuttingDown:

@@ -13,7 +13,7 @@ from concurrent.futures import Executor
 from harken.cloud.errors import IdleTimeout, NotYourSession, Overloaded, SessionNotFound, ShuttingDown
 from harken.cloud.metrics import ServerMetrics
 from harken.cloud.served_session import HostedSession, SessionLimits, short_id
-from harken.cloud.wire import StartRequest
+from harken.shared.protocol import Start
 
 log = logging.getLogger("harken.server")
 
@@ -36,7 +36,7 @@ class SessionTable:
         self._reaper = asyncio.get_running_loop().create_task(self._reap(), name="session-reaper")
         self._closing: set[asyncio.Task] = set()
 
-    async def open(self, key_id: str, start: StartRequest) -> HostedSession:
+    async def open(self, key_id: str, start: Start) -> HostedSession:
         if self.failed is not None:
             raise self.failed
         if self.shutting_down:

@@ -1,7 +1,9 @@
-"""The wire boundary: `harken.v1` proto messages <-> the service's domain objects.
+"""The server's wire boundary: `harken.v1` proto messages <-> shared/protocol messages.
 
-Proto names stop here. Everything a message can get wrong on its own (sizes, counts, values,
-a payload the codec rejects) raises `MalformedMessage` or `CodecError` here, so nothing malformed
+Proto names stop here, as they do in `edge/wire.py` for the client: the service works with the
+client's own types, one per concept (`FeaturePacket`, `SessionSeed`, `Start`, `Transcript`, ...).
+Everything a message can get wrong on its own (sizes, counts, values, a payload's checksum, a
+payload the codec rejects) raises `MalformedMessage` or `CodecError` here, so nothing malformed
 gets further in; what depends on the session's state (order, gaps, ownership) is checked by
 `cloud/served_session.py`.
 """
@@ -9,7 +11,6 @@ gets further in; what depends on the session's state (order, gaps, ownership) is
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -22,7 +23,8 @@ from harken.shared.codec import (CODEC_NAME, MAX_FRAMES, MAX_FRAMES_PER_PAYLOAD_
                                  max_frames_for_payload)
 from harken.shared.features_spec import N_MELS
 from harken.shared.integrity import payload_crc32c
-from harken.shared.transcript import TranscriptEvent
+from harken.shared.protocol import (Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive,
+                                    SessionSeed, Start, Transcript)
 
 MAX_LANGUAGE_CHARS = 64
 MAX_CONTEXT_CHARS = 8_000
@@ -39,69 +41,6 @@ MAX_SEGMENT_ID = (1 << 32) - 2
 
 # ---- client -> server ----------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Seed:
-    """The state a replacement session starts from (proto `SessionSeed`)."""
-
-    running_max_log10: float
-    context_tail: str
-    next_segment_id: int
-    # thin clients: where the server's front end resumes; the audio replays from its `replay_from`
-    front_end: FrontEndCheckpoint | None = None
-
-
-@dataclass(frozen=True)
-class StartRequest:
-    language: str | None  # None = detect
-    context: str
-    codec: str
-    session_id: str  # "" = new session
-    seed: Seed | None
-    last_event_seq: int
-
-
-@dataclass(frozen=True)
-class FeaturesIn:
-    """One `Features` message; `payload` still encoded (decoded only once its seq is due)."""
-
-    seq: int
-    segment_id: int
-    first_frame: int
-    frame_count: int
-    segment_start: bool
-    segment_end: bool
-    payload: bytes
-    running_max_log10: float | None = None  # the edge's floor reference after these frames
-    payload_crc32c: int | None = None  # the sender's CRC32C of `payload`; None = not sent (unchecked)
-
-
-@dataclass(frozen=True)
-class AudioIn:
-    """One `Audio` message: PCM16 as float32 in [-1, 1), at `sample_rate`."""
-
-    seq: int
-    samples: np.ndarray
-    sample_rate: int
-
-
-@dataclass(frozen=True)
-class FinalizeIn:
-    pass
-
-
-@dataclass(frozen=True)
-class EndIn:
-    pass
-
-
-@dataclass(frozen=True)
-class KeepAliveIn:
-    """The client is there (it has nothing to send): resets the stream's idle time, nothing else."""
-
-
-ClientInput = StartRequest | FeaturesIn | AudioIn | FinalizeIn | EndIn | KeepAliveIn
-
-
 def client_message_from_bytes(data: bytes, max_bytes: int | None = None) -> pb.ClientMessage:
     """The raw request bytes -> ClientMessage (the service parses them itself, so that bytes that
     are no ClientMessage get INVALID_ARGUMENT with a reason instead of a generic failure). More
@@ -114,7 +53,7 @@ def client_message_from_bytes(data: bytes, max_bytes: int | None = None) -> pb.C
         raise MalformedMessage(f"not a harken.v1.ClientMessage ({e})") from e
 
 
-def parse_client_message(msg: pb.ClientMessage) -> ClientInput:
+def parse_client_message(msg: pb.ClientMessage) -> ClientMessage:
     """Proto -> domain, validating everything the message holds on its own."""
     kind = msg.WhichOneof("kind")
     if kind is None:
@@ -126,13 +65,13 @@ def parse_client_message(msg: pb.ClientMessage) -> ClientInput:
     if kind == "audio":
         return _parse_audio(msg.audio)
     if kind == "finalize":
-        return FinalizeIn()
+        return Finalize()
     if kind == "keep_alive":
-        return KeepAliveIn()
-    return EndIn()
+        return KeepAlive()
+    return End()
 
 
-def _parse_start(s: pb.Start) -> StartRequest:
+def _parse_start(s: pb.Start) -> Start:
     if len(s.language) > MAX_LANGUAGE_CHARS:
         raise MalformedMessage(f"start.language longer than {MAX_LANGUAGE_CHARS} characters")
     if len(s.context) > MAX_CONTEXT_CHARS:
@@ -149,16 +88,20 @@ def _parse_start(s: pb.Start) -> StartRequest:
             raise MalformedMessage("start.seed.running_max_log10 is not a log10-mel value")
         if len(s.seed.context_tail) > MAX_CONTEXT_CHARS:
             raise MalformedMessage(f"start.seed.context_tail longer than {MAX_CONTEXT_CHARS} characters")
-        seed = Seed(float(s.seed.running_max_log10), s.seed.context_tail, int(s.seed.next_segment_id),
-                    _parse_front_end(s.seed) if s.seed.front_end_state else None)
+        if s.seed.front_end_state:
+            _check_front_end(s.seed)
+        seed = SessionSeed(float(s.seed.running_max_log10), s.seed.context_tail, int(s.seed.next_segment_id),
+                           bytes(s.seed.front_end_state),
+                           int(s.seed.audio_sample) if s.seed.front_end_state else 0)
     if s.session_id and seed is not None:
         raise MalformedMessage("start: a resume (session_id) takes no seed; a seed starts a new session")
-    return StartRequest(language=s.language or None, context=s.context, codec=s.codec,
-                        session_id=s.session_id, seed=seed, last_event_seq=int(s.last_event_seq))
+    return Start(language=s.language, context=s.context, codec=s.codec, session_id=s.session_id,
+                 last_event_seq=int(s.last_event_seq), seed=seed)
 
 
-def _parse_front_end(seed: pb.SessionSeed) -> FrontEndCheckpoint:
-    """A thin client's `front_end_state`: a checkpoint this server's front end can resume."""
+def _check_front_end(seed: pb.SessionSeed) -> None:
+    """A thin client's `front_end_state` must be a checkpoint this server's front end can resume
+    (`front_end_checkpoint` parses it again when the audio comes)."""
     from harken.edge.pipeline import check_resumable  # loads the edge's models: thin clients only
 
     if len(seed.front_end_state) > FRONT_END_STATE_BYTES:
@@ -171,10 +114,16 @@ def _parse_front_end(seed: pb.SessionSeed) -> FrontEndCheckpoint:
     if seed.audio_sample != checkpoint.replay_from:
         raise MalformedMessage(f"start.seed.audio_sample {seed.audio_sample} is not where its front_end_state "
                                f"replays from ({checkpoint.replay_from})")
-    return checkpoint
 
 
-def _parse_features(f: pb.Features) -> FeaturesIn:
+def front_end_checkpoint(seed: SessionSeed | None) -> FrontEndCheckpoint | None:
+    """The thin-client front end a seed resumes (checked when its Start was parsed), if any."""
+    if seed is None or not seed.front_end_state:
+        return None
+    return FrontEndCheckpoint.parse(seed.front_end_state)
+
+
+def _parse_features(f: pb.Features) -> Features:
     if f.seq < 1:
         raise MalformedMessage("features.seq must be >= 1")
     if f.frame_count > MAX_FRAMES_PER_MESSAGE:
@@ -193,14 +142,18 @@ def _parse_features(f: pb.Features) -> FeaturesIn:
         running_max = float(f.running_max_log10)
         if not abs(running_max) <= 100:
             raise MalformedMessage("features.running_max_log10 must be a finite log10-mel value")
-    return FeaturesIn(seq=int(f.seq), segment_id=int(f.segment_id), first_frame=int(f.first_frame),
-                      frame_count=int(f.frame_count), segment_start=bool(f.segment_start),
-                      segment_end=bool(f.segment_end), payload=bytes(f.payload),
-                      running_max_log10=running_max,
-                      payload_crc32c=int(f.payload_crc32c) if f.HasField("payload_crc32c") else None)
+    # a corrupted payload is never decoded; a message without a checksum (a client older than the
+    # field) is taken unchecked
+    if f.HasField("payload_crc32c") and payload_crc32c(f.payload) != f.payload_crc32c:
+        raise MalformedMessage("features.payload_crc32c does not match the payload: it was corrupted "
+                               "on the way (CRC32C of the payload bytes)")
+    return Features(int(f.seq), FeaturePacket(
+        segment_id=int(f.segment_id), first_frame=int(f.first_frame), frame_count=int(f.frame_count),
+        segment_start=bool(f.segment_start), segment_end=bool(f.segment_end), payload=bytes(f.payload),
+        running_max_log10=running_max))
 
 
-def _parse_audio(a: pb.Audio) -> AudioIn:
+def _parse_audio(a: pb.Audio) -> Audio:
     if a.seq < 1:
         raise MalformedMessage("audio.seq must be >= 1")
     if not MIN_SAMPLE_RATE <= a.sample_rate <= MAX_SAMPLE_RATE:
@@ -210,18 +163,12 @@ def _parse_audio(a: pb.Audio) -> AudioIn:
     n = len(a.pcm16) // 2
     if n > MAX_AUDIO_SECONDS_PER_MESSAGE * a.sample_rate:
         raise MalformedMessage(f"audio message longer than {MAX_AUDIO_SECONDS_PER_MESSAGE} s")
-    samples = np.frombuffer(a.pcm16, dtype="<i2").astype(np.float32) / 32768.0
-    return AudioIn(seq=int(a.seq), samples=samples, sample_rate=int(a.sample_rate))
+    return Audio(seq=int(a.seq), pcm16=bytes(a.pcm16), sample_rate=int(a.sample_rate))
 
 
-def decode_features(f: FeaturesIn) -> np.ndarray:
+def decode_features(f: FeaturePacket) -> np.ndarray:
     """The payload's frames [128, frame_count] float32. CodecError for a bad payload,
-    MalformedMessage when it disagrees with the message (its CRC32C first: a corrupted payload is
-    never decoded) or holds non-finite values. A message without a checksum (a client older than
-    the field) is decoded unchecked."""
-    if f.payload_crc32c is not None and payload_crc32c(f.payload) != f.payload_crc32c:
-        raise MalformedMessage("features.payload_crc32c does not match the payload: it was corrupted "
-                               "on the way (CRC32C of the payload bytes)")
+    MalformedMessage when it disagrees with the message or holds non-finite values."""
     frames = decode_frames(f.payload, max_frames=f.frame_count)
     if frames.shape != (N_MELS, f.frame_count):
         raise MalformedMessage(f"features.frame_count is {f.frame_count} but the payload holds "
@@ -231,7 +178,7 @@ def decode_features(f: FeaturesIn) -> np.ndarray:
     return frames
 
 
-def require_start(msg: pb.ClientMessage) -> StartRequest:
+def require_start(msg: pb.ClientMessage) -> Start:
     """The first message of a stream: it must be `start`."""
     kind = msg.WhichOneof("kind")
     if kind != "start":
@@ -254,28 +201,17 @@ def error_message(code_name: str, message: str) -> pb.ServerMessage:
     return pb.ServerMessage(error=pb.Error(code=code_name, message=message))
 
 
-def seed_to_proto(seed: Seed) -> pb.SessionSeed:
-    out = pb.SessionSeed(present=True, running_max_log10=seed.running_max_log10,
-                         context_tail=seed.context_tail, next_segment_id=seed.next_segment_id)
-    if seed.front_end is not None:
-        out.front_end_state = seed.front_end.serialize()
-        out.audio_sample = seed.front_end.replay_from
-    return out
+def seed_to_proto(seed: SessionSeed) -> pb.SessionSeed:
+    return pb.SessionSeed(present=True, running_max_log10=seed.running_max_log10, context_tail=seed.context_tail,
+                          next_segment_id=seed.next_segment_id, front_end_state=seed.front_end_state,
+                          audio_sample=seed.audio_sample)
 
 
-@dataclass(frozen=True)
-class TranscriptOut(TranscriptEvent):
-    """One transcript event as the service sends it: the engine's event plus its event_seq and,
-    on final events, the seed."""
-
-    event_seq: int = 0
-    seed: Seed | None = None
-
-
-def transcript_message(t: TranscriptOut) -> pb.ServerMessage:
-    out = pb.Transcript(segment_id=t.segment_id, committed_delta=t.committed_delta, partial=t.partial,
-                        stability=t.stability, start_s=t.start_s, end_s=t.end_s, language=t.language,
-                        is_final=t.is_final, event_seq=t.event_seq)
+def transcript_message(t: Transcript) -> pb.ServerMessage:
+    e = t.event
+    out = pb.Transcript(segment_id=e.segment_id, committed_delta=e.committed_delta, partial=e.partial,
+                        stability=e.stability, start_s=e.start_s, end_s=e.end_s, language=e.language,
+                        is_final=e.is_final, event_seq=t.event_seq)
     if t.seed is not None:
         out.seed.CopyFrom(seed_to_proto(t.seed))
     return pb.ServerMessage(transcript=out)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from harken.proto import harken_pb2 as pb
 from harken.shared.integrity import payload_crc32c
-from harken.shared.protocol import (Ack, Audio, ClientMessage, End, FeaturePacket, Features, KeepAlive, Ready,
-                                    ServerError, ServerMessage, SessionSeed, Start, Transcript)
+from harken.shared.protocol import (Ack, Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive,
+                                    Ready, ServerError, ServerMessage, SessionSeed, Start, Transcript)
 from harken.shared.transcript import TranscriptEvent
 
 
@@ -27,18 +27,20 @@ def client_message(msg: ClientMessage) -> pb.ClientMessage:
         return pb.ClientMessage(start=start)
     if isinstance(msg, KeepAlive):
         return pb.ClientMessage(keep_alive=pb.KeepAlive())
-    return pb.ClientMessage(end=pb.End())
+    if isinstance(msg, Finalize):
+        return pb.ClientMessage(finalize=pb.Finalize())
+    if isinstance(msg, End):
+        return pb.ClientMessage(end=pb.End())
+    raise TypeError(f"not a client message: {msg!r}")
 
 
-def features_message(p: FeaturePacket, seq: int = 0, segment_id: int | None = None,
-                     segment_start: bool | None = None) -> pb.ClientMessage:
+def features_message(p: FeaturePacket, seq: int = 0) -> pb.ClientMessage:
     """The `Features` message of one edge packet, its payload's CRC32C beside it (the server
-    rejects a payload that does not match). `segment_id`/`segment_start` override the packet's."""
+    rejects a payload that does not match)."""
     return pb.ClientMessage(features=pb.Features(
-        seq=seq, segment_id=p.segment_id if segment_id is None else segment_id, first_frame=p.first_frame,
-        frame_count=p.frame_count, segment_start=p.segment_start if segment_start is None else segment_start,
-        segment_end=p.segment_end, payload=p.payload, running_max_log10=p.running_max_log10,
-        payload_crc32c=payload_crc32c(p.payload)))
+        seq=seq, segment_id=p.segment_id, first_frame=p.first_frame, frame_count=p.frame_count,
+        segment_start=p.segment_start, segment_end=p.segment_end, payload=p.payload,
+        running_max_log10=p.running_max_log10, payload_crc32c=payload_crc32c(p.payload)))
 
 
 def server_message(msg: pb.ServerMessage) -> ServerMessage | None:

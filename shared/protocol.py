@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from harken.shared.transcript import TranscriptEvent
 
 
@@ -22,7 +24,9 @@ class FeaturePacket:
     segment_start: bool
     segment_end: bool
     payload: bytes  # one self-contained codec payload (shared/codec.py)
-    running_max_log10: float  # the floor state after these frames (travels with final segments)
+    # the floor state after these frames (travels with final segments); None from a client older
+    # than the field (the server keeps the segment's own)
+    running_max_log10: float | None
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,15 @@ class Audio:
     pcm16: bytes
     sample_rate: int
 
+    def samples(self) -> np.ndarray:
+        """The PCM as float32 in [-1, 1)."""
+        return np.frombuffer(self.pcm16, dtype="<i2").astype(np.float32) / 32768.0
+
+
+@dataclass(frozen=True)
+class Finalize:
+    """Close the open segment now (its final follows); the session goes on."""
+
 
 @dataclass(frozen=True)
 class End:
@@ -80,7 +93,7 @@ class KeepAlive:
     not take the stream for an abandoned one."""
 
 
-ClientMessage = Start | Features | Audio | End | KeepAlive
+ClientMessage = Start | Features | Audio | Finalize | End | KeepAlive
 
 
 # ---- server -> client ----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from harken.proto import harken_pb2 as pb
 from harken.proto import harken_pb2_grpc
 from harken.shared.codec import CodecError, decode_frames
 from harken.shared.integrity import payload_crc32c
+from harken.shared.protocol import Features
 from signals import concat, silence, speech
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -41,7 +42,7 @@ def _decode(data: bytes) -> np.ndarray | None:
     """What the server does with the bytes of one Features message: parse, check, decode (None when
     they parse as another kind of message: no features at all)."""
     item = wire.parse_client_message(wire.client_message_from_bytes(data))
-    return wire.decode_features(item) if isinstance(item, wire.FeaturesIn) else None
+    return wire.decode_features(item.packet) if isinstance(item, Features) else None
 
 
 def _rejected(data: bytes) -> bool:

@@ -12,6 +12,7 @@ from harken.cloud import wire
 from harken.cloud.server import status_of
 from harken.proto import harken_pb2 as pb
 from harken.shared.codec import MAX_FRAMES_PER_PAYLOAD_BYTE, MAX_PACKET_FRAMES, encode_frames
+from harken.shared.protocol import Features
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -27,7 +28,7 @@ def _features(payload: bytes, frame_count: int) -> bytes:
 
 def _decode(data: bytes):
     item = wire.parse_client_message(wire.client_message_from_bytes(data))
-    return wire.decode_features(item) if isinstance(item, wire.FeaturesIn) else None
+    return wire.decode_features(item.packet) if isinstance(item, Features) else None
 
 
 @pytest.mark.parametrize("frames", [1, 20, MAX_PACKET_FRAMES])
