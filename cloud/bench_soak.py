@@ -128,7 +128,7 @@ async def run_soak(options: SoakBenchOptions, server, sample: np.ndarray) -> dic
     error: str | None = None
 
     def events_held() -> int:
-        return sum(len(s.events) for s in server._table.sessions.values())
+        return sum(len(s.core.events) for s in server._table.sessions.values())
 
     async def sampler() -> None:
         n = 1

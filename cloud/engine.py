@@ -79,7 +79,7 @@ class EngineConfig:
     max_sessions: sessions at once (one KV slot each). max_batch: passes batched in one tick.
     max_queued_frames: feature frames received but not yet encoded, over all sessions, beyond which
     new sessions are refused (the server also bounds them per session and per key, see
-    cloud/served_session.SessionLimits, so that one client cannot reach this alone). slot_policy: the largest policy a session may use (it sizes the slots).
+    cloud/server_session.SessionLimits, so that one client cannot reach this alone). slot_policy: the largest policy a session may use (it sizes the slots).
     """
 
     max_sessions: int = 16

@@ -33,7 +33,8 @@ from harken.cloud.auth import OPEN_ACCESS, ApiKeys, Caller
 from harken.cloud.commit import CommitPolicy
 from harken.cloud.errors import (EngineFailed, IdleTimeout, MalformedMessage, MessageTooLarge, NotYourSession,
                                  SessionNotFound, ShuttingDown, Superseded, Unauthenticated)
-from harken.cloud.served_session import CLOSED_OK, Attachment, HostedSession, SessionLimits
+from harken.cloud.served_session import HostedSession, woken
+from harken.cloud.server_session import CLOSED_OK, Attachment, SessionLimits
 from harken.cloud.session_table import SessionTable
 from harken.cloud.logs import configure_logging
 from harken.cloud.metrics import MetricsEndpoint, ServerMetrics, serve_metrics
@@ -263,17 +264,14 @@ async def _read(requests, table: SessionTable, session: HostedSession, attachmen
     except ShuttingDown:
         return  # input while the server stops: the session sends its finals, then ends the stream
     except Exception as e:
-        if attachment.end is None:  # the first reason to end the stream is the one it ends with
-            attachment.end = e
-        attachment.wake.set()
+        attachment.notify(end=e)  # (the first reason to end the stream is the one it ends with)
 
 
 async def _outgoing(session: HostedSession, a: Attachment):
     """What the stream sends after Ready: events after `a.sent_event_seq` (replay first), Acks,
     and at the end the remaining events, a last Ack, then OK or the stream's error."""
     while True:
-        await a.wake.wait()
-        a.wake.clear()
+        await woken(a)
         end = a.end
         for event in session.events_after(a.sent_event_seq):
             yield wire.transcript_message(event)

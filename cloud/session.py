@@ -13,7 +13,7 @@ API (driven by `harken.cloud.engine.Engine`, which owns the model and the KV cac
     ... engine: encode job.requests, then session.prefill_embeds(job) -> [S, hidden] after
         cache.truncate(slot, job.keep), prefill + greedy decode <= job.budget tokens ...
     session.finish_job(job, new_tokens) -> list[TranscriptEvent]
-    session.resume_state() -> ResumeState     # what travels with a final segment (running max, context)
+    session.resume_state() -> SessionSeed     # what travels with a final segment (running max, context)
 
 Audio items. Each VAD segment is decoded as its own audio item; a segment longer than
 `policy.segment_limit_s` is cut at the last 8-s window boundary at or before the limit and continues
@@ -51,31 +51,23 @@ from harken.cloud.model.encoder import IncrementalEncoder, WindowRequest
 from harken.cloud.model.prompt import forced_language, prompt_text_parts
 from harken.shared.errors import HarkenError, StreamInputError, StreamOrderError
 from harken.shared.features_spec import FRAMES_PER_SECOND, N_MELS
+from harken.shared.protocol import SessionSeed
 from harken.shared.transcript import TranscriptEvent as BaseTranscriptEvent
 
 MAX_CONTEXT_TOKENS = 256  # system turn incl. carried text; the KV slot is sized for it
 
 
 @dataclass(frozen=True)
-class ResumeState:
-    """The little state one segment hands to the next: a replacement session seeded with it
-    continues exactly where this one was (see proto `SessionSeed`)."""
-
-    running_max_log10: float = float("-inf")
-    context_tail: str = ""
-    next_segment_id: int = 0
-
-
-@dataclass(frozen=True)
 class SessionOptions:
     """Per-stream options: forced language (None = detect), user context (at most 128 tokens: it
     shares the system turn with the carried text), commit policy, and the seed of a replacement
-    session (`ResumeState` from the last final event of the session it replaces)."""
+    session (the `SessionSeed` of the last final event of the session it replaces; a thin
+    client's front-end fields are the service's, not the engine's)."""
 
     language: str | None = None
     context: str = ""
     policy: CommitPolicy = field(default_factory=CommitPolicy)
-    resume: ResumeState | None = None
+    resume: SessionSeed | None = None
 
 
 @dataclass(frozen=True)
@@ -84,7 +76,7 @@ class TranscriptEvent(BaseTranscriptEvent):
     `resume` comes with final events only; `token_ids` with the final pass of an audio item (all
     the ids it generated, EOS excluded), for tests and diagnostics."""
 
-    resume: ResumeState | None = None
+    resume: SessionSeed | None = None
     token_ids: tuple[int, ...] | None = None
 
 
@@ -153,7 +145,7 @@ class SessionState:
     timeline_end: int = 0  # frame after the last frame of the last segment
     context_tail: str = ""  # the last `context_tail_chars` of all committed text
     running_max_log10: float = float("-inf")
-    resume: ResumeState = field(default_factory=ResumeState)
+    resume: SessionSeed = field(default_factory=lambda: SessionSeed(float("-inf"), "", 0))
     final_segments: int = 0
     events: int = 0
 
@@ -196,7 +188,7 @@ class Session:
                 if self.policy.context_tail_chars else ""
             self.state.running_max_log10 = r.running_max_log10
             self.state.next_segment_id = r.next_segment_id
-            self.state.resume = r
+            self.state.resume = SessionSeed(r.running_max_log10, r.context_tail, r.next_segment_id)  # the engine's part
 
     # -- input -----------------------------------------------------------------------------------
 
@@ -446,7 +438,7 @@ class Session:
                 del st.segments[item.segment_id]
                 st.next_segment_id = item.segment_id + 1
                 st.final_segments += 1
-                resume = ResumeState(seg.running_max_log10, st.context_tail, st.next_segment_id)
+                resume = SessionSeed(seg.running_max_log10, st.context_tail, st.next_segment_id)
                 st.resume = resume
             events.append(TranscriptEvent(item.segment_id, delta, "", 1.0, start_s, end_s,
                                           item.language, is_final, resume, tuple(item.committed)))
@@ -467,7 +459,7 @@ class Session:
             if not seg.ended:
                 self._end_segment(seg)
 
-    def resume_state(self) -> ResumeState:
+    def resume_state(self) -> SessionSeed:
         """The state as of the last final segment (running max, carried context, next segment id)."""
         return self.state.resume
 

@@ -12,7 +12,8 @@ from concurrent.futures import Executor
 
 from harken.cloud.errors import IdleTimeout, NotYourSession, Overloaded, SessionNotFound, ShuttingDown
 from harken.cloud.metrics import ServerMetrics
-from harken.cloud.served_session import HostedSession, SessionLimits, short_id
+from harken.cloud.served_session import HostedSession, short_id
+from harken.cloud.server_session import SessionLimits
 from harken.shared.protocol import Start
 
 log = logging.getLogger("harken.server")
@@ -106,7 +107,7 @@ class SessionTable:
         now; the session itself stays until a stream has sent it all (`done`) or the grace
         period ends."""
         log.info("session ended", extra={"fields": {"session": short_id(s.session_id), "key": s.key_id,
-                                                    "events": s.next_event_seq - 1}})
+                                                    "events": s.core.next_event_seq - 1}})
         t = asyncio.get_running_loop().create_task(s.release_engine())
         self._closing.add(t)
         t.add_done_callback(self._closing.discard)
@@ -174,9 +175,8 @@ class SessionTable:
         """The engine failed: end every stream with `error`, drop every session, admit none."""
         self.failed = error
         for s in list(self.sessions.values()):
-            if s.attachment is not None and s.attachment.end is None:
-                s.attachment.end = error
-                s.attachment.wake.set()
+            if s.attachment is not None:
+                s.attachment.notify(end=error)
             del self.sessions[s.session_id]
             await s.close()
         self.metrics.sessions.set(0)

@@ -10,11 +10,37 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def asr():
     """The cached tiny random checkpoint (fp32, CPU), torch on one thread: the test machine is
-    shared, and one thread is several times faster here. Modules that need another model (a
-    talkative one, a fresh random one) define their own `asr`."""
+    shared, and one thread is several times faster here. The talkative variant is
+    `talkative_asr`; test_reencode_baseline.py defines its own `asr` (a fresh random model)."""
     import torch
 
     from harken.cloud.model.asr import Qwen3ASR
 
     torch.set_num_threads(1)
     return Qwen3ASR.load("tiny")
+
+
+@pytest.fixture(scope="module")
+def talkative_asr():
+    """The tiny checkpoint with its <|im_end|> row at a fixed norm (streaming.py's `talkative_tiny`):
+    answers both empty and cut by the token budgets. One fresh copy per module."""
+    from streaming import talkative_tiny
+
+    return talkative_tiny()
+
+
+@pytest.fixture(scope="module")
+def reference(asr, audio):
+    """The in-process engine's events (cloud/embedded.py) for the requesting module's own `audio`
+    fixture, forced to English, as the client's `TranscriptEvent`s (stability rounded to float32 as on the wire)."""
+    import numpy as np
+
+    from harken.cloud.embedded import stream_audio
+    from harken.cloud.engine import Engine, EngineConfig
+    from harken.cloud.session import SessionOptions
+    from harken.shared.transcript import TranscriptEvent
+
+    engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1))
+    return [TranscriptEvent(e.segment_id, e.committed_delta, e.partial, float(np.float32(e.stability)),
+                            e.start_s, e.end_s, e.language, e.is_final)
+            for e in stream_audio(audio, engine, SessionOptions(language="English"))]

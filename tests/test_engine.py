@@ -17,14 +17,9 @@ from harken.cloud.session import SessionOptions
 from harken.shared.errors import EngineOverloaded
 from harken.shared.text import transcript_text as transcript_of
 from signals import concat, silence, speech, write_wav
-from streaming import item_tokens, make_segments, packets, run_alone, segment_texts, talkative_tiny
+from streaming import item_tokens, make_segments, packets, run_alone, segment_texts
 
 POLICY = CommitPolicy(max_item_tokens=10, max_new_tokens_per_update=4, rollback_tokens=2)
-
-
-@pytest.fixture(scope="module")
-def asr():
-    return talkative_tiny()
 
 
 def workloads(n: int):
@@ -70,20 +65,20 @@ def run_batched(engine, work):
 
 
 @pytest.mark.parametrize("n, max_batch", [(6, 4)])
-def test_batched_sessions_equal_separate_runs(asr, n, max_batch):
+def test_batched_sessions_equal_separate_runs(talkative_asr, n, max_batch):
     work = workloads(n)
-    alone = alone_runs(asr, n)
-    engine = Engine(asr, EngineConfig(max_sessions=n, max_batch=max_batch, slot_policy=POLICY))
+    alone = alone_runs(talkative_asr, n)
+    engine = Engine(talkative_asr, EngineConfig(max_sessions=n, max_batch=max_batch, slot_policy=POLICY))
     batched = run_batched(engine, work)
     for a, b in zip(alone, batched):
         assert b == a  # every event: text, partials, stability, times, language, tokens
     assert any(any(e.committed_delta for e in a) for a in alone)
 
 
-def test_every_ready_session_is_served_each_tick(asr):
+def test_every_ready_session_is_served_each_tick(talkative_asr):
     """More ready sessions than the batch holds: one tick still serves each of them once (they join
     as places free up), and none twice."""
-    engine = Engine(asr, EngineConfig(max_sessions=5, max_batch=2, slot_policy=POLICY))
+    engine = Engine(talkative_asr, EngineConfig(max_sessions=5, max_batch=2, slot_policy=POLICY))
     work = workloads(5)
     sids = [engine.open_session(o) for o, _, _ in work]
     for sid, (_, segments, _) in zip(sids, work):
@@ -95,10 +90,10 @@ def test_every_ready_session_is_served_each_tick(asr):
     assert served <= set(sids)
 
 
-def test_admission_control(asr):
+def test_admission_control(talkative_asr):
     work = workloads(3)
-    alone = alone_runs(asr, 2)
-    engine = Engine(asr, EngineConfig(max_sessions=2, slot_policy=POLICY, max_queued_frames=150))
+    alone = alone_runs(talkative_asr, 2)
+    engine = Engine(talkative_asr, EngineConfig(max_sessions=2, slot_policy=POLICY, max_queued_frames=150))
     sids = [engine.open_session(o) for o, _, _ in work[:2]]
     with pytest.raises(EngineOverloaded):
         engine.open_session(work[2][0])
@@ -126,15 +121,15 @@ def test_admission_control(asr):
     engine.open_session(work[0][0])
 
 
-def test_asyncio_scheduler_commits_what_a_synchronous_run_commits(asr):
+def test_asyncio_scheduler_commits_what_a_synchronous_run_commits(talkative_asr):
     """Sessions fed from the event loop while the engine steps in its worker thread, timing
     uncontrolled: the committed text and final tokens are those of synchronous runs (commits are a
     function of the features alone); every segment gets its final event."""
     work = workloads(3)
-    alone = alone_runs(asr, 3)
+    alone = alone_runs(talkative_asr, 3)
 
     async def main():
-        scheduler = Scheduler(Engine(asr, EngineConfig(max_sessions=3, slot_policy=POLICY)))
+        scheduler = Scheduler(Engine(talkative_asr, EngineConfig(max_sessions=3, slot_policy=POLICY)))
         await scheduler.start()
         try:
             async def one(options, segments, pieces):
@@ -157,12 +152,12 @@ def test_asyncio_scheduler_commits_what_a_synchronous_run_commits(asr):
         assert item_tokens(b) == item_tokens(a)
 
 
-def test_embedded_stream_of_speech(asr):
+def test_embedded_stream_of_speech(talkative_asr):
     """The real wire path (VAD, log-mel, codec) into the engine: one final per VAD segment, in order,
     and the transcript is the committed text of all of them."""
     audio = concat(silence(0.4), speech("Streaming speech recognition."), silence(0.8),
                    speech("Second sentence here."), silence(0.5))
-    engine = Engine(asr, EngineConfig(max_sessions=1, slot_policy=POLICY))
+    engine = Engine(talkative_asr, EngineConfig(max_sessions=1, slot_policy=POLICY))
     events = list(stream_audio(audio, engine, SessionOptions(policy=POLICY)))
     finals = [e.segment_id for e in events if e.is_final]
     assert finals == sorted(set(e.segment_id for e in events)) and len(finals) >= 2
@@ -186,12 +181,12 @@ def test_cli_stream_json(tmp_path):
     assert both.returncode == 2 and "not both" in both.stderr and len(both.stderr.splitlines()) == 1
 
 
-def test_a_failing_session_does_not_affect_the_others(asr):
+def test_a_failing_session_does_not_affect_the_others(talkative_asr):
     """A fault in one session's own processing takes only that session out; the others' events are
     those of their separate runs, and the Scheduler hands the error to that session's queue."""
     work = workloads(3)
-    alone = alone_runs(asr, 3)
-    engine = Engine(asr, EngineConfig(max_sessions=3, slot_policy=POLICY))
+    alone = alone_runs(talkative_asr, 3)
+    engine = Engine(talkative_asr, EngineConfig(max_sessions=3, slot_policy=POLICY))
     sids = [engine.open_session(o) for o, _, _ in work]
     bad = engine.session(sids[1])
     fault = RuntimeError("injected fault")
@@ -214,7 +209,7 @@ def test_a_failing_session_does_not_affect_the_others(asr):
     engine.open_session(work[1][0])  # its slot came back
 
     async def main():
-        scheduler = Scheduler(Engine(asr, EngineConfig(max_sessions=2, slot_policy=POLICY)))
+        scheduler = Scheduler(Engine(talkative_asr, EngineConfig(max_sessions=2, slot_policy=POLICY)))
         await scheduler.start()
         try:
             sid, queue = scheduler.open_session(work[0][0])
@@ -228,13 +223,13 @@ def test_a_failing_session_does_not_affect_the_others(asr):
     assert asyncio.run(main()) is fault
 
 
-def test_a_failed_tick_is_retried_with_the_same_result(asr, monkeypatch):
+def test_a_failed_tick_is_retried_with_the_same_result(talkative_asr, monkeypatch):
     """The model failing mid-tick (a fault in one decode step) leaves every session as it was before
     that tick: the retry produces exactly the events of an undisturbed run."""
     import harken.cloud.engine as scheduler_module
 
     work = workloads(3)
-    alone = alone_runs(asr, 3)
+    alone = alone_runs(talkative_asr, 3)
     calls = {"n": 0}
     real = scheduler_module.decode_step
 
@@ -245,7 +240,7 @@ def test_a_failed_tick_is_retried_with_the_same_result(asr, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(scheduler_module, "decode_step", flaky)
-    engine = Engine(asr, EngineConfig(max_sessions=3, slot_policy=POLICY))
+    engine = Engine(talkative_asr, EngineConfig(max_sessions=3, slot_policy=POLICY))
     sids = [engine.open_session(o) for o, _, _ in work]
     streams = [list(packets(s, p)) for _, s, p in work]
     events = {sid: [] for sid in sids}

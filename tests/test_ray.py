@@ -48,19 +48,6 @@ def audio() -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def reference(asr, audio) -> list[TranscriptEvent]:
-    """The in-process engine's events for `audio` (cloud/embedded.py), as client events."""
-    from harken.cloud.embedded import stream_audio
-    from harken.cloud.engine import Engine, EngineConfig
-    from harken.cloud.session import SessionOptions
-
-    engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1))
-    return [TranscriptEvent(e.segment_id, e.committed_delta, e.partial, float(np.float32(e.stability)),
-                            e.start_s, e.end_s, e.language, e.is_final)
-            for e in stream_audio(audio, engine, SessionOptions(language=LANGUAGE))]
-
-
-@pytest.fixture(scope="module")
 def serving():
     """Two replicas of the tiny model on a local Ray cluster; Serve and Ray shut down after."""
     from harken.cloud.ray_app import Scaling, start_ray

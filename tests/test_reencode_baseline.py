@@ -32,6 +32,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def asr() -> Qwen3ASR:
+    # not conftest's `asr`: freshly initialised random weights (seed 0), not the cached checkpoint
     cfg = Qwen3ASRConfig.tiny()
     torch.manual_seed(0)
     encoder, decoder = AudioEncoder(cfg.audio), Qwen3Decoder(cfg.text, tie_word_embeddings=True)

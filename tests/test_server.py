@@ -1429,10 +1429,10 @@ def test_event_log_keeps_only_unfinished_segments_and_a_tail(asr, packets):
                 await out.progress.wait()
             session = server._table.sessions[out.ready.session_id]
             for _ in range(500):  # the server books a message as sent just after the client got it
-                if session.delivered_event_seq == out.transcripts[-1].event_seq:
+                if session.core.delivered_event_seq == out.transcripts[-1].event_seq:
                     break
                 await asyncio.sleep(0.01)
-            held = [e.event_seq for e in session.events]
+            held = [e.event_seq for e in session.core.events]
             # a client that claims to miss more than is held must recover as from a lost session
             too_old = await run_stream(server.address, [start_msg(session_id=out.ready.session_id,
                                                                   last_event_seq=held[0] - 2)])

@@ -16,13 +16,7 @@ from harken.cloud.model.prompt import collapse_repeats
 from harken.cloud.engine import Engine, EngineConfig, slot_tokens
 from harken.cloud.session import SessionOptions
 from harken.shared.errors import StreamInputError, StreamOrderError
-from streaming import (floored_frames, item_tokens, make_segments, packets, run_alone, segment_texts,
-                       talkative_tiny)
-
-
-@pytest.fixture(scope="module")
-def asr():
-    return talkative_tiny()
+from streaming import floored_frames, item_tokens, make_segments, packets, run_alone, segment_texts
 
 
 def offline(asr, frames, language, context, max_tokens):
@@ -35,23 +29,23 @@ def final_events(events):
 
 
 @pytest.mark.parametrize("language", [None, "English"])
-def test_final_text_equals_offline_transcription(asr, language):
+def test_final_text_equals_offline_transcription(talkative_asr, language):
     """Intermediate commits off: each segment's final pass is offline transcription of its
     features with the context the session carried (the previous segments' text)."""
     policy = CommitPolicy(intermediate_commits=False, max_item_tokens=20, max_new_tokens_per_update=3)
     options = SessionOptions(language=language, context="hot words: harken", policy=policy)
     lengths = [3.3, 9.1, 0.45] if language is None else [8.0, 2.2]
     segments = make_segments(lengths, [0.2, 1.0, 0.7], seed=11 if language is None else 12)
-    engine = Engine(asr, EngineConfig(max_sessions=1, slot_policy=policy))
+    engine = Engine(talkative_asr, EngineConfig(max_sessions=1, slot_policy=policy))
     events = run_alone(engine, options, segments, [37, 150, 11])
     finals = final_events(events)
     assert [e.segment_id for e in finals] == [s.segment_id for s in segments]
     texts = segment_texts(events)
     tail = ""
     for seg, fin in zip(segments, finals):
-        ref = offline(asr, seg.frames, language, compose_context(options.context, tail), 20)
+        ref = offline(talkative_asr, seg.frames, language, compose_context(options.context, tail), 20)
         assert list(fin.token_ids) == ref.token_ids, seg.segment_id
-        whole = ItemText(asr.tokenizer.token_bytes, fin.language if language else None)
+        whole = ItemText(talkative_asr.tokenizer.token_bytes, fin.language if language else None)
         uncollapsed = whole.update(ref.token_ids, [], True).committed
         assert texts[seg.segment_id] == uncollapsed
         if collapse_repeats(uncollapsed) == uncollapsed:  # no degenerate repetition to collapse
@@ -66,14 +60,14 @@ def test_final_text_equals_offline_transcription(asr, language):
     assert any(len(t) for t in item_tokens(events).values())  # the model did say something
 
 
-def test_long_segment_is_cut_at_window_boundaries(asr):
+def test_long_segment_is_cut_at_window_boundaries(talkative_asr):
     """A 21-s segment with a 12-s limit: audio items [0, 8), [8, 16), [16, 21) s, each the offline
     transcription of its frames, the later ones with the text so far as context."""
     policy = CommitPolicy(intermediate_commits=False, max_item_tokens=12, max_new_tokens_per_update=2,
                           segment_limit_s=12.0, update_interval_s=2.0)
     options = SessionOptions(context="ctx", policy=policy)
     segments = make_segments([21.0], [0.3], seed=5)
-    engine = Engine(asr, EngineConfig(max_sessions=1, slot_policy=policy))
+    engine = Engine(talkative_asr, EngineConfig(max_sessions=1, slot_policy=policy))
     events = run_alone(engine, options, segments, [250, 90])
     passes = [e for e in events if e.token_ids is not None]
     assert [e.is_final for e in passes] == [False, False, True]
@@ -81,7 +75,7 @@ def test_long_segment_is_cut_at_window_boundaries(asr):
     frames = segments[0].frames
     text = ""
     for e, (a, b) in zip(passes, [(0, 800), (800, 1600), (1600, 2100)]):
-        ref = offline(asr, frames[:, a:b], None, compose_context("ctx", text[-200:]), 12)
+        ref = offline(talkative_asr, frames[:, a:b], None, compose_context("ctx", text[-200:]), 12)
         assert list(e.token_ids) == ref.token_ids
         text += e.committed_delta
     assert text == segment_texts(events)[0]
@@ -103,7 +97,7 @@ def recompute(asr, frames, language, context, committed, budget):
 
 
 @pytest.mark.parametrize("agreement", ["local-agreement", "rollback-only"])
-def test_every_pass_equals_a_recompute_from_scratch(asr, agreement):
+def test_every_pass_equals_a_recompute_from_scratch(talkative_asr, agreement):
     """With commits on, each pass (update or final) reuses the slot's KV prefix and the encoder's
     completed windows; its tokens equal a from-scratch pass over the same audio with the same
     committed tokens forced — across a window boundary and a segment cut."""
@@ -111,7 +105,7 @@ def test_every_pass_equals_a_recompute_from_scratch(asr, agreement):
                           segment_limit_s=12.0, update_interval_s=1.5, agreement=agreement)
     options = SessionOptions(context="ctx", policy=policy)
     segments = make_segments([13.5, 2.0], [0.3, 0.4], seed=21 if agreement == "rollback-only" else 22)
-    engine = Engine(asr, EngineConfig(max_sessions=1, slot_policy=policy))
+    engine = Engine(talkative_asr, EngineConfig(max_sessions=1, slot_policy=policy))
     sid = engine.open_session(options)
     session = engine.session(sid)
     passes = []
@@ -134,7 +128,7 @@ def test_every_pass_equals_a_recompute_from_scratch(asr, agreement):
     for seg_id, first, n, budget, context, committed, tokens in passes:
         seg = frames[seg_id]
         a = first - seg.first_frame
-        ref = recompute(asr, seg.frames[:, a:a + n], None, context, committed, budget)
+        ref = recompute(talkative_asr, seg.frames[:, a:a + n], None, context, committed, budget)
         assert tokens == ref, (seg_id, first, n)
     assert sum(e.is_final for e in events) == 2
 
@@ -146,7 +140,7 @@ def test_every_pass_equals_a_recompute_from_scratch(asr, agreement):
        pieces_b=st.lists(st.integers(1, 400), min_size=1, max_size=4),
        lag=st.integers(1, 4), seed=st.integers(0, 1000), agreement=st.sampled_from(["local-agreement", "rollback-only"]))
 def test_random_layouts_and_timings_never_retract_and_finish_every_segment(
-        asr, lengths, gaps, pieces_a, pieces_b, lag, seed, agreement):
+        talkative_asr, lengths, gaps, pieces_a, pieces_b, lag, seed, agreement):
     """Whatever the segment layout, packet sizes and how far the engine lags behind the input:
     exactly one final event per segment, in order; the committed text at every event is a prefix of
     the text of the item's final tokens; commits are a function of the features alone."""
@@ -154,7 +148,7 @@ def test_random_layouts_and_timings_never_retract_and_finish_every_segment(
                           agreement=agreement)
     options = SessionOptions(policy=policy)
     segments = make_segments(lengths, gaps, seed)
-    engine = Engine(asr, EngineConfig(max_sessions=2, slot_policy=policy))
+    engine = Engine(talkative_asr, EngineConfig(max_sessions=2, slot_policy=policy))
 
     a = run_alone(engine, options, segments, pieces_a)
     # the other run: other pieces, and the engine only steps every `lag` pieces
@@ -176,16 +170,16 @@ def test_random_layouts_and_timings_never_retract_and_finish_every_segment(
             shown[e.segment_id] = shown.get(e.segment_id, "") + e.committed_delta
             if e.is_final:
                 # the text of the final tokens, decoded in one go, is what was committed bit by bit
-                whole = ItemText(asr.tokenizer.token_bytes, None)
+                whole = ItemText(talkative_asr.tokenizer.token_bytes, None)
                 assert whole.update(list(e.token_ids), [], True).committed == shown[e.segment_id]
             assert e.start_s <= e.end_s
     assert segment_texts(a) == segment_texts(b)
     assert item_tokens(a) == item_tokens(b)
 
 
-def test_ingest_validation_and_duplicates(asr):
+def test_ingest_validation_and_duplicates(talkative_asr):
     policy = CommitPolicy(max_item_tokens=8, max_new_tokens_per_update=2)
-    engine = Engine(asr, EngineConfig(max_sessions=2, slot_policy=policy))
+    engine = Engine(talkative_asr, EngineConfig(max_sessions=2, slot_policy=policy))
     sid = engine.open_session(SessionOptions(policy=policy))
     frames, _ = floored_frames(1.0, 1)
     with pytest.raises(StreamInputError):
@@ -217,13 +211,13 @@ def test_ingest_validation_and_duplicates(asr):
         engine.open_session(SessionOptions(language="Klingon"))
 
 
-def test_thirty_minute_stream_keeps_state_bounded(asr):
+def test_thirty_minute_stream_keeps_state_bounded(talkative_asr):
     """30 minutes of segments of 5-40 s (some past the 30-s limit, so cut into items), fast-forwarded:
     each segment arrives as one packet and the engine catches up (final passes only, to keep the
     test quick on 2 cores). What the session holds stays within bounds set by the policy and the
     largest packet, not by the stream's length; the second half peaks no higher than the first."""
     policy = CommitPolicy(intermediate_commits=False, max_item_tokens=4)
-    engine = Engine(asr, EngineConfig(max_sessions=1, slot_policy=policy))
+    engine = Engine(talkative_asr, EngineConfig(max_sessions=1, slot_policy=policy))
     sid = engine.open_session(SessionOptions(context="meeting", policy=policy))
     session = engine.session(sid)
     rng = np.random.default_rng(3)
@@ -268,8 +262,9 @@ def test_thirty_minute_stream_keeps_state_bounded(asr):
     for peak in halves:
         assert peak["items"] <= 2 and peak["segments"] <= 1
         # the head item's completed windows: at most the cut point's worth (24 s = 3 windows)
-        assert peak["encoder_outputs"] <= 3 * asr.encoder.window_tokens * asr.config.audio.output_dim
-        assert peak["encoder_frames"] <= asr.encoder.window_frames
+        encoder = talkative_asr.encoder
+        assert peak["encoder_outputs"] <= 3 * encoder.window_tokens * talkative_asr.config.audio.output_dim
+        assert peak["encoder_frames"] <= encoder.window_frames
         # frames not yet encoded: at most the largest packet (40 s)
         assert peak["pending_frames"] <= 4000
         assert peak["committed"] <= policy.max_item_tokens

@@ -35,8 +35,9 @@ from harken.edge.audio import peak_normalize
 from harken.edge.transport import (BufferOverflowError, ClientOptions, ServerRejectedError,
                                    ServerUnavailableError, TranscriptEvent, TranscriptionClient,
                                    TransportSecurityError, audio_pieces)
-from harken.shared.text import transcript_text
+from harken.shared.text import events_text
 from signals import concat, noisy, silence, speech, write_wav
+from streaming import segment_texts
 
 LANGUAGE = "English"  # forced: the random tiny model then writes text instead of a bare header
 REPO = Path(__file__).resolve().parents[1]
@@ -49,26 +50,6 @@ def audio() -> np.ndarray:
     return peak_normalize(concat(silence(0.3), speech("Hello there, this is a test of the system."),
                                  silence(0.8), speech("A second sentence follows now."), silence(0.8),
                                  speech("And the third one ends it."), silence(0.5)))
-
-
-@pytest.fixture(scope="module")
-def reference(asr, audio) -> list[TranscriptEvent]:
-    """The in-process engine's events for `audio` (cloud/embedded.py), as client events."""
-    from harken.cloud.embedded import stream_audio
-    from harken.cloud.engine import Engine, EngineConfig
-    from harken.cloud.session import SessionOptions
-
-    engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1))
-    return [TranscriptEvent(e.segment_id, e.committed_delta, e.partial, float(np.float32(e.stability)),
-                            e.start_s, e.end_s, e.language, e.is_final)
-            for e in stream_audio(audio, engine, SessionOptions(language=LANGUAGE))]
-
-
-def _texts(events) -> dict[int, str]:
-    texts: dict[int, str] = {}
-    for e in events:
-        texts[e.segment_id] = texts.get(e.segment_id, "") + e.committed_delta
-    return texts
 
 
 def _finals(events) -> list[tuple[int, float, float, bool]]:
@@ -109,7 +90,7 @@ def test_end_to_end_equals_the_embedded_engine(asr, audio, reference):
             return events, client.stats, applied(server)
 
     events, stats, (messages, nbytes) = asyncio.run(main())
-    assert transcript_text(_texts(reference)).strip(), "the forced-language tiny model writes text"
+    assert events_text(reference).strip(), "the forced-language tiny model writes text"
     assert events == reference
     assert stats.sessions_opened == 1 and stats.resumes == 0 and stats.messages_resent == 0
     assert messages == stats.messages_sent
@@ -139,10 +120,10 @@ def test_cut_connections_lose_nothing(asr, audio, reference):
           f"duplicate events dropped={stats.duplicate_events}")
     assert cuts >= 10
     assert stats.resumes >= 1 and stats.frames_resent > 0
-    assert _texts(events) == _texts(reference)
+    assert segment_texts(events) == segment_texts(reference)
     assert _finals(events) == _finals(reference)
     # committed text came exactly once: the events' deltas concatenate to the reference text
-    assert transcript_text(_texts(events)) == transcript_text(_texts(reference))
+    assert events_text(events) == events_text(reference)
     # a cut is a dropped connection, not an End: the same session resumes every time. (grpc.aio ends
     # a servicer's request iterator normally when the TCP connection is reset; a server that reads
     # that as End finalises and drops the session, and the client has to replay into new ones)
@@ -187,8 +168,8 @@ def test_thin_client_resumes_through_cuts(asr, audio, thin_reference):
 
     cut, stats, cuts, audio_bytes = asyncio.run(main())
     assert cuts >= 3 and stats.messages_resent > 0
-    assert _texts(cut) == _texts(clean) and _finals(cut) == _finals(clean)
-    assert transcript_text(_texts(clean)).strip()
+    assert segment_texts(cut) == segment_texts(clean) and _finals(cut) == _finals(clean)
+    assert events_text(clean).strip()
     assert audio_bytes == 2 * audio.size  # every sample applied exactly once
 
 
@@ -223,7 +204,7 @@ def test_replayed_committed_text_is_not_shown_twice(asr, audio):
           f"replayed committed text dropped={stats.replayed_text_chars} chars")
     assert cut_in is not None and stats.sessions_opened == 2
     assert stats.replayed_text_chars > 0 and stats.replay_mismatches == 0
-    assert _texts(events) == _texts(clean)
+    assert segment_texts(events) == segment_texts(clean)
     assert _finals(events) == _finals(clean)
 
 
@@ -257,9 +238,9 @@ def test_a_client_silent_past_the_idle_timeout_loses_nothing(asr, audio, referen
     events, stats, reaped = asyncio.run(main())
     assert reaped >= 1 and stats.sessions_opened >= 2
     assert stats.frames_resent > 0  # the open segment's frames, replayed into the new session
-    assert _texts(events) == _texts(reference)
+    assert segment_texts(events) == segment_texts(reference)
     assert _finals(events) == _finals(reference)
-    assert transcript_text(_texts(events)) == transcript_text(_texts(reference))
+    assert events_text(events) == events_text(reference)
 
 
 @pytest.mark.parametrize("keepalive_s", [0.1, 0.0])
@@ -293,7 +274,7 @@ def test_a_feature_client_in_a_long_silence_keeps_its_stream_with_keepalives(asr
         assert stats.sessions_opened == 1 and stats.resumes == 0 and stats.failed_attempts == 0, stats
     else:
         assert reaped >= 1 and stats.keepalives_sent == 0 and stats.sessions_opened + stats.resumes >= 2, stats
-    assert _texts(events) == _texts(reference)
+    assert segment_texts(events) == segment_texts(reference)
     assert _finals(events) == _finals(reference)
 
 
@@ -354,7 +335,7 @@ def test_server_killed_and_restarted_mid_stream(audio, reference):
           f"replayed text dropped={stats.replayed_text_chars} chars mismatches={stats.replay_mismatches}")
     assert stats.sessions_opened == 2 and stats.frames_resent > 0
     assert _frames_applied(events) == stats.frames_produced  # no frame lost
-    assert _texts(events) == _texts(reference)
+    assert segment_texts(events) == segment_texts(reference)
     assert _finals(events) == _finals(reference)
     assert stats.replay_mismatches == 0
 
@@ -404,10 +385,10 @@ def test_thin_client_server_killed_and_restarted_mid_stream(asr, noisy_audio):
     clean, events, stats = asyncio.run(main())
     print(f"\nthin server restart: sessions={stats.sessions_opened} messages resent={stats.messages_resent} "
           f"replayed text dropped={stats.replayed_text_chars} chars finals={_finals(events)}")
-    assert len(_finals(clean)) == 3 and transcript_text(_texts(clean)).strip()
+    assert len(_finals(clean)) == 3 and events_text(clean).strip()
     assert stats.sessions_opened == 2 and stats.messages_resent > 0
     assert _finals(events) == _finals(clean)
-    assert _texts(events) == _texts(clean)
+    assert segment_texts(events) == segment_texts(clean)
     assert stats.replay_mismatches == 0
 
 
@@ -442,7 +423,7 @@ def test_graceful_server_restart_mid_segment_loses_nothing(asr, audio, reference
     assert stats.sessions_opened == 2
     assert _frames_applied(events) == stats.frames_produced  # nothing lost, nothing twice
     assert [f[0] for f in finals] == list(range(len(finals)))
-    assert finals[0] == _finals(reference)[0] and _texts(events)[0] == _texts(reference)[0]
+    assert finals[0] == _finals(reference)[0] and segment_texts(events)[0] == segment_texts(reference)[0]
     # the segment open at the stop (which one depends on timing: the source runs at 3x real time)
     # was ended early and continued seamlessly as the next one; joined again, the segments are the
     # uninterrupted ones
@@ -505,7 +486,7 @@ def test_connection_lost_after_end_still_gets_every_final(asr, audio, reference)
 
     events, stats = asyncio.run(main())
     assert stats.failed_attempts >= 1
-    assert _texts(events) == _texts(reference)
+    assert segment_texts(events) == segment_texts(reference)
     assert _finals(events) == _finals(reference)
 
 
@@ -632,7 +613,7 @@ def test_cli_stream_through_a_server(asr, audio, reference, tls_server_files, tm
         view.show(e)
     assert text_out == embedded.getvalue()
     lines = [json.loads(line) for line in out.splitlines()]
-    assert lines[-1] == {"final": True, "text": transcript_text(_texts(reference))}
+    assert lines[-1] == {"final": True, "text": events_text(reference)}
     keys = ["segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final"]
     assert all(list(line) == keys for line in lines[:-1])
     assert [line["committed_delta"] for line in lines[:-1]] == [e.committed_delta for e in reference]
@@ -792,7 +773,7 @@ def test_session_expired_during_an_outage_is_replayed(asr, audio, thin, referenc
           f"frames resent={stats.frames_resent} replayed text dropped={stats.replayed_text_chars}")
     assert outages == 2 and stats.sessions_opened == 3
     assert stats.messages_resent > 0
-    assert _texts(events) == _texts(clean)
+    assert segment_texts(events) == segment_texts(clean)
     assert _finals(events) == _finals(clean)
     assert stats.replay_mismatches == 0
 

@@ -19,6 +19,7 @@ from harken.edge.audio import peak_normalize
 from harken.edge.transport import ClientOptions, ServerRejectedError, TranscriptionClient
 from harken.edge.webrtc_transport import WebRTCTranscriptionClient
 from signals import concat, silence, speech
+from streaming import segment_texts
 
 LANGUAGE = "English"  # forced: the random tiny model then writes text
 KEY = "webrtc-test-key-1"
@@ -37,13 +38,6 @@ def keys_file(tmp_path):
     p = tmp_path / "keys"
     p.write_text(f"{KEY} tester\n")
     return str(p)
-
-
-def _texts(events) -> dict[int, str]:
-    texts: dict[int, str] = {}
-    for e in events:
-        texts[e.segment_id] = texts.get(e.segment_id, "") + e.committed_delta
-    return texts
 
 
 async def _events(client, audio):
@@ -210,7 +204,7 @@ def test_dropped_data_channels_resume_without_losing_frames(asr, audio):
     assert stats.messages_resent > 0
     # as over gRPC under faults: the same committed text per segment and the same finals (how many
     # partial updates the engine makes depends on how the frames arrive in time)
-    assert _texts(events) == _texts(clean) and any(_texts(clean).values())
+    assert segment_texts(events) == segment_texts(clean) and any(segment_texts(clean).values())
     assert [e for e in events if e.is_final] == [e for e in clean if e.is_final]
     assert messages == stats.messages_sent - stats.messages_resent  # each applied once
     assert nbytes == stats.payload_bytes_produced  # no frame lost

@@ -42,16 +42,18 @@ def guided_attention_loss(attn: list[torch.Tensor], batch: Batch, audio_rows: li
 
     `spans[b]` (when given): each transcript token's (centre, width) in audio rows from the phoneme
     CTC's forced alignment (`token_rows`), a far sharper target than the diagonal."""
-    total, count = 0.0, 0
+    total, count = torch.zeros(()), 0
     for b, (_, s, n) in enumerate(tgt_pos):
         K = n - batch.n_prefix - 1  # transcript tokens, without the language prefix and <|im_end|>
         if K <= 0:
             continue
         dev = attn[0].device
         j = torch.arange(audio_rows[b], device=dev, dtype=torch.float32)
-        if spans is not None and spans[b] is not None and len(spans[b][0]) == K:
-            centre = torch.as_tensor(spans[b][0], device=dev, dtype=torch.float32)
-            sigma = torch.as_tensor(spans[b][1], device=dev, dtype=torch.float32)[:, None]
+        span = spans[b] if spans is not None else None
+        sigma: torch.Tensor | float
+        if span is not None and len(span[0]) == K:
+            centre = torch.as_tensor(span[0], device=dev, dtype=torch.float32)
+            sigma = torch.as_tensor(span[1], device=dev, dtype=torch.float32)[:, None]
         else:
             a0, a1 = speech_rows(batch.feats[b], encoder)
             a1 = min(a1, audio_rows[b])

@@ -6,6 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from harken.shared.errors import HarkenError
 
@@ -68,7 +69,7 @@ def eval_command(model: str, held_set: str = "held-out", n: int | None = None, a
         refs.append(u.recipe.text)
         if not as_json:
             print(f"[{i + 1}/{len(items)}] {hyps[-1]}", file=sys.stderr, flush=True)
-    result = {"model": model, "set": str(path) if held_set != "held-out" else "held-out",
+    result: dict[str, Any] = {"model": model, "set": str(path) if held_set != "held-out" else "held-out",
               "n_utterances": len(items), "n_words": sum(len(r.split()) for r in refs),
               "audio_s": round(audio_s, 1), "wer": round(wer(refs, hyps), 4),
               "wer_by_source": {}, "seconds": round(time.time() - t0, 1)}

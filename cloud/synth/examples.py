@@ -108,7 +108,8 @@ def load_texts(paths: list[Path], tok: Tokenizer, table: dict[str, int], spell: 
             target = target_ids(tok, spell, d["text"])
             if (vocab.index[torch.tensor(target)] < 0).any():
                 continue
-            phones, words = [], []
+            phones: list[int] = []
+            words: list[int] = []
             for word in d["phonemes"].split():
                 ids = [table[c] for c in word if c in table]
                 if ids:

@@ -44,16 +44,21 @@ class Pieces:
         best: list[tuple[int, int] | None] = [(0, 0)] + [None] * n
         for i in range(1, n + 1):
             for j in range(max(0, i - self.longest), i):
-                if best[j] is None or data[j:i] not in self.by_bytes:
+                prev = best[j]
+                if prev is None or data[j:i] not in self.by_bytes:
                     continue
-                cand = (best[j][0] + 1, j)
-                if best[i] is None or cand[0] < best[i][0]:
+                cand = (prev[0] + 1, j)
+                cur = best[i]
+                if cur is None or cand[0] < cur[0]:
                     best[i] = cand
         if best[n] is None:
             raise ValueError(f"token {token_id} cannot be spelled with the allowed pieces")
-        ids, i = [], n
+        ids: list[int] = []
+        i = n
         while i > 0:
-            j = best[i][1]
+            step = best[i]
+            assert step is not None  # every start of a piece on the path from best[n] was reached
+            j = step[1]
             ids.append(self.by_bytes[data[j:i]])
             i = j
         return ids[::-1]

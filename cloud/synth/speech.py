@@ -133,7 +133,6 @@ class _SeededSession:
         randoms = [n for n in m.graph.node if n.op_type == "RandomNormalLike"]
         if len(randoms) != 2:
             raise SynthesisError(f"unexpected Piper graph: {len(randoms)} random nodes")
-        self.channels = []
         for node, name in zip(randoms, self.NOISE):
             x, y = node.input[0], node.output[0]
             idx = list(m.graph.node).index(node)
@@ -175,7 +174,8 @@ def piper(text: str, length_scale: float = 1.0, noise_scale: float = 0.667, nois
     voice = _piper_voice()
     voice.session.rng = np.random.default_rng(seed)
     cfg = SynthesisConfig(length_scale=length_scale, noise_scale=noise_scale, noise_w_scale=noise_w)
-    pieces, rate_hz = [], voice.config.sample_rate
+    pieces: list[np.ndarray] = []
+    rate_hz = voice.config.sample_rate
     for chunk in voice.synthesize(text, syn_config=cfg):
         if pieces:
             pieces.append(np.zeros(int(0.25 * rate_hz), np.float32))

@@ -91,7 +91,7 @@ def kjv_sentences() -> list[str]:
     if exe is None:
         raise CorpusTextError("the KJV text needs Debian's bible-kjv (apt-get install bible-kjv)")
     run = subprocess.run([exe, "-f", "gen1:1-rev22:21"], capture_output=True, text=True, timeout=120)
-    out = []
+    out: list[str] = []
     for line in run.stdout.splitlines():
         verse = line.split(" ", 1)[1] if " " in line else ""
         for sentence in _split(verse):
@@ -259,7 +259,9 @@ def sources(seed: int = 0, meeting: int = 30000) -> dict[str, list[str]]:
         out[name] = []
         for s in raw:
             c = clean(s)
-            k = key(c) if c else ""
+            if not c:
+                continue
+            k = key(c)
             if k and k not in seen:
                 seen.add(k)
                 out[name].append(c)
@@ -273,7 +275,8 @@ def all_sentences(seed: int = 0, meeting: int = 30000) -> list[str]:
 
 def split(sentences: list[str]) -> tuple[list[str], list[str]]:
     """(train, held_out) by `is_held_out`."""
-    train, held = [], []
+    train: list[str] = []
+    held: list[str] = []
     for s in sentences:
         (held if is_held_out(s) else train).append(s)
     return train, held

@@ -31,6 +31,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harken.cloud.model.config import AudioEncoderConfig, Qwen3ASRConfig, TextDecoderConfig
-from harken.cloud.model.decoder import Qwen3Decoder, precompute_rope, rope_inv_freq
+from harken.cloud.model.decoder import DecoderLayer, Qwen3Decoder, precompute_rope, rope_inv_freq
 from harken.cloud.model.encoder import AudioEncoder
 from harken.cloud.model.prompt import build_prompt
 from harken.cloud.model.tokenizer import Tokenizer
@@ -110,6 +111,7 @@ class Trainee(nn.Module):
         weights = []
         for i, layer in enumerate(self.layers):
             if probe and i in probe:
+                assert isinstance(layer, DecoderLayer)  # self.layers holds Qwen3Decoder's layers
                 q, k, _ = layer.self_attn.project(layer.input_layernorm(x), cos, sin)  # [B, S, H, D]
                 group = t.num_attention_heads // t.num_key_value_heads
                 causal = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
@@ -134,7 +136,10 @@ def warm_start(model: Trainee, state: dict) -> None:
             model.emb[row] = old["emb"][old_index[t]].to(model.emb.device)
 
 
-def _materialise(module: nn.Module) -> nn.Module:
+_M = TypeVar("_M", bound=nn.Module)
+
+
+def _materialise(module: _M) -> _M:
     return module.to_empty(device="cpu")
 
 
@@ -179,7 +184,7 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
     (text without audio, `pseudo_rows`): the cross-entropy alone."""
     cfg, vocab = model.cfg, model.vocab
     text_only = rows is not None
-    audio = rows if text_only else model.encoder.encode_items(batch.feats)  # [N_i, hidden] each
+    audio = rows if rows is not None else model.encoder.encode_items(batch.feats)  # [N_i, hidden] each
     if roll_audio:
         audio = audio[1:] + audio[:1]
     prefix, suffix = prompt_ids
@@ -201,8 +206,8 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
     x = torch.stack([F.pad(s, (0, 0, 0, S - s.shape[0])) for s in seqs])  # right pad: causal, harmless
     guided = batch.guide > 0 and not roll_audio and not text_only
     h, attn = model.decode_hidden(x, guided_heads(len(model.layers)) if guided else None)
-    rows = torch.cat([h[b, s:s + n] for b, s, n in tgt_pos])  # [Ntgt, hidden]
-    logits = rows @ model.emb.t()  # [Ntgt, Vs]
+    tgt_rows = torch.cat([h[b, s:s + n] for b, s, n in tgt_pos])  # [Ntgt, hidden]
+    logits = tgt_rows @ model.emb.t()  # [Ntgt, Vs]
     # the untrained rows are zero: V - Vs logits of exactly 0
     extra = math.log(vocab.vocab_size - len(vocab))
     lse = torch.logaddexp(torch.logsumexp(logits, -1), torch.full_like(logits[:, 0], extra))
@@ -364,8 +369,9 @@ def train(opts: TrainOptions, log=print) -> Path:
     saved = torch.load(state_path, map_location="cpu", weights_only=False) if state_path.exists() else None
     init = (torch.load(opts.init_from, map_location="cpu", weights_only=False)
             if saved is None and opts.init_from else None)
-    table = dict((saved or init)["phones"]) if (saved or init) else phone_table_of(shards[:1])
-    phone_chars = sorted(table, key=table.get)
+    prior = saved or init
+    table: dict[str, int] = dict(prior["phones"]) if prior else phone_table_of(shards[:1])
+    phone_chars = sorted(table, key=table.__getitem__)
     prompt = build_prompt(tok, 1, "", None)
     prefix, suffix = prompt.ids[:prompt.audio_start], prompt.ids[prompt.audio_start + 1:]
     if saved:  # the run's own rows; utterances with a token outside them are skipped

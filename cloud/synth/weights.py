@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     from harken.shared.errors import HarkenError
 
     try:
-        out = pack(args[0], *args[1:])
+        out = pack(args[0], args[1] if len(args) == 2 else SHIPPED_DIR)
     except HarkenError as e:
         print(f"harken.cloud.synth.weights: error: {e}", file=sys.stderr)
         return 2

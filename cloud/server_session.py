@@ -1,0 +1,480 @@
+"""The server's side of one session, sans-IO: its whole protocol state in one plain object.
+
+`ServerSession` is driven by method calls and answers with what to do; it runs no task, takes no
+lock, awaits nothing, reads no clock and calls no engine (the style of h11 and aioquic), so every
+rule of the session protocol can be tested with no network, no event loop and no model
+(tests/test_server_session.py). `HostedSession` (cloud/served_session.py) is its asyncio driver:
+it decodes payloads and runs the thin clients' front end in the executor, hands frames to the
+engine, pumps the engine's events in, and wakes the attached stream.
+
+    input    admit(message)        -> the message to apply, or None (a replay: nothing to do)
+             accept(packet)        -> whether its frames go to the engine (the one order check)
+             fed(packet, now)      -> the frames are with the engine
+             applied(message)      -> seq advanced; an Ack falls due every ACK_EVERY messages
+             finalize(now)         -> the open segment to finalise, if any
+             drain(status)         -> no more input; ENDED once every final is in
+    output   record(event, now)    -> the `Transcript` with its event_seq (and seed on finals)
+             fail(error)           -> FAILED: the attached stream and any later one get `error`
+    streams  attach / supersede / detach / heard / idle_for / events_after / sent
+
+The lifecycle (see `Lifecycle`) replaces a set of flags: input is applied only while ACTIVE;
+DRAINING and STOPPING differ only in why the input ended (the client's End, the server's
+shutdown), which decides how the stream ends once every final is in.
+
+The event log keeps every event of a segment that is not final yet (a resumed client may not have
+them) and, of final segments, a tail of `replay_tail` events behind the last one sent (those may
+have been lost in flight when the connection dropped). A resume that asks for events no longer
+held gets NOT_FOUND, and recovers as from a lost session (seed + replay).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol
+
+from harken.cloud.errors import MalformedMessage, OutOfOrder, SessionNotFound, ShuttingDown, Superseded
+from harken.cloud.wire import MAX_SEGMENT_ID
+from harken.edge.checkpoint import FrontEndCheckpoint
+from harken.shared.features_spec import SAMPLE_RATE
+from harken.shared.protocol import (Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive,
+                                    SessionSeed, Start, Transcript)
+from harken.shared.transcript import TranscriptEvent
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from harken.cloud.commit import CommitPolicy
+
+SHUTDOWN_MESSAGE = "the server is shutting down: open segments were finalised"
+ACK_EVERY = 5  # messages between Acks (plus one on every segment end and every final event)
+CLOSED_OK = "closed-ok"  # `Attachment.end`: close the stream with OK
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    max_sessions: int = 256
+    max_sessions_per_key: int = 64
+    grace_s: float = 60.0
+    # an attached stream that sends nothing this long while the engine owes it no work is ended
+    # (DEADLINE_EXCEEDED) and its session closed
+    idle_timeout_s: float = 30.0
+    replay_tail: int = 512  # events of final segments kept behind the last one sent
+    max_events_held: int = 20_000  # hard cap on the event log of one session
+    # Audio received but not yet encoded (feature frames, 100 a second). Past its session's or its
+    # key's limit a stream's next message waits (its reader stops reading, so gRPC's flow control
+    # holds the client) until the engine has caught up; past the key's limit the key gets no new
+    # session. The engine's own `max_queued_frames` bounds them all: a key's limit is kept below
+    # it, so one client cannot make the server refuse everyone else.
+    max_queued_frames_per_session: int = 100 * 60
+    max_queued_frames_per_key: int = 100 * 60 * 4
+    policy: CommitPolicy | None = None  # the sessions' commit policy (None: the engine's default)
+
+
+class Lifecycle(enum.Enum):
+    """Where a session is in its life. Input is applied only while ACTIVE.
+
+        ACTIVE ──End / half-close──> DRAINING ──┐
+          │    ──server shutdown──> STOPPING ───┴─every final in──> ENDED
+          └──── closed (grace expiry, a protocol error, idle, given way) ──> CLOSED
+        any ──the engine took this session out (its own fault)──> FAILED
+
+    ENDED and FAILED sessions stay in the table until a stream has taken every event (or the grace
+    period ends), so a client that lost its connection at the very end can still resume for them.
+    """
+
+    ACTIVE = "active"
+    DRAINING = "draining"  # the client said End; finals of the open segments pending
+    STOPPING = "stopping"  # the server is shutting down; finals of the open segments pending
+    ENDED = "ended"  # every final is in the event log
+    FAILED = "failed"  # `ServerSession.failure` says why
+    CLOSED = "closed"  # dropped before its end: no engine session, no input
+
+    @property
+    def done(self) -> bool:
+        """No more events will be produced."""
+        return self in (Lifecycle.ENDED, Lifecycle.FAILED, Lifecycle.CLOSED)
+
+
+class Wake(Protocol):
+    """What the driver waits on for a stream (an `asyncio.Event` in `HostedSession`)."""
+
+    def set(self) -> None: ...
+
+
+@dataclass
+class Attachment:
+    """One client stream attached to a session. The stream's writer waits on `wake`, then sends
+    the events after `sent_event_seq`, an Ack when `ack_due`, and ends when `end` is set
+    (None = go on; an exception = fail with it; `CLOSED_OK` = close with OK)."""
+
+    sent_event_seq: int
+    quiet_since: float  # clock time since which the stream has been idle (see `ServerSession.idle_for`)
+    wake: Wake
+    ack_due: bool = False
+    end: BaseException | str | None = None  # str: CLOSED_OK
+    reader: asyncio.Task | None = None  # the driver's reader; cancelled when a newer stream attaches
+
+    def notify(self, *, ack: bool = False, end: BaseException | str | None = None) -> None:
+        self.ack_due = self.ack_due or ack
+        if end is not None and self.end is None:
+            self.end = end
+        self.wake.set()
+
+
+@dataclass
+class FrameOrder:
+    """The frame timeline as far as applied: segments in order, each starting at or after the
+    previous one's end, frames contiguous inside one. (The engine checks its own input the same
+    way for in-process callers; on the served path this check runs first, before any payload is
+    decoded, so the engine never sees frames out of order.)"""
+
+    open_segment: int | None = None
+    next_frame: int = 0
+    last_segment_id: int = -1
+    closed_by_finalize: int | None = None  # audio path: VAD frames of this segment are dropped
+    seeded_final: int = -1  # segments up to this one were final before the session began (seed)
+
+    def check(self, f: FeaturePacket) -> bool:
+        """Raises OutOfOrder; False for frames of a segment the seed says is final (a replacement
+        session ignores them, as the engine does: their text is with the client)."""
+        if f.frame_count == 0 and not f.segment_start and not f.segment_end:
+            return True  # keep-alive
+        if self.open_segment is None and f.segment_id <= self.seeded_final:
+            return False
+        if self.open_segment is None:
+            if not f.segment_start:
+                raise OutOfOrder(f"features for segment {f.segment_id} without segment_start: no segment is open")
+            if f.segment_id <= self.last_segment_id:
+                raise OutOfOrder(f"segment id {f.segment_id} does not increase (last was {self.last_segment_id})")
+            if f.first_frame < self.next_frame:
+                raise OutOfOrder(f"segment {f.segment_id} starts at frame {f.first_frame}, before the "
+                                 f"previous segment's end ({self.next_frame})")
+            return True
+        if f.segment_start or f.segment_id != self.open_segment:
+            raise OutOfOrder(f"segment {self.open_segment} is still open; got frames of segment "
+                             f"{f.segment_id}{' with segment_start' if f.segment_start else ''}")
+        if f.first_frame != self.next_frame:
+            raise OutOfOrder(f"segment {f.segment_id}: frames not contiguous (expected first_frame "
+                             f"{self.next_frame}, got {f.first_frame})")
+        return True
+
+    def apply(self, f: FeaturePacket) -> None:
+        if f.frame_count == 0 and not f.segment_start and not f.segment_end:
+            return
+        if f.segment_start:
+            self.open_segment = f.segment_id
+            self.last_segment_id = f.segment_id
+        self.next_frame = f.first_frame + f.frame_count
+        if f.segment_end:
+            self.open_segment = None
+
+
+@dataclass(frozen=True)
+class Latency:
+    """What one recorded event says about latency (seconds; None = not measured by this event)."""
+
+    first_partial_s: float | None = None  # segment start received -> its first event
+    final_s: float | None = None  # segment end received -> its final
+    update_s: float | None = None  # the frames a partial covers received -> the partial
+
+
+@dataclass
+class _Timing:
+    arrivals: deque[tuple[int, float]] = field(default_factory=deque)  # (frame end, arrival time)
+    started_at: dict[int, float] = field(default_factory=dict)
+    ended_at: dict[int, float] = field(default_factory=dict)
+    first_event_seen: set[int] = field(default_factory=set)
+
+    def arrival_of(self, frame_end: int) -> float | None:
+        for end, t in self.arrivals:
+            if end >= frame_end:
+                return t
+        return None
+
+
+class ServerSession:
+    """One session's protocol state on the server (see the module docstring)."""
+
+    def __init__(self, session_id: str, key_id: str, start: Start, limits: SessionLimits, now: float):
+        self.session_id = session_id  # also the engine's id for it
+        self.key_id = key_id
+        self.start = start
+        self.limits = limits
+        self.applied_seq = 0
+        self.last_final_segment = (start.seed.next_segment_id - 1) if start.seed else -1
+        self.input_kind: str | None = None  # "features" or "audio", fixed by the first one
+        self.order = FrameOrder(last_segment_id=self.last_final_segment, seeded_final=self.last_final_segment)
+        # thin clients: the front end's latest checkpoint per next segment id, for the seeds
+        self._checkpoints: dict[int, FrontEndCheckpoint] = {}
+        self._cut_by_end: set[int] = set()  # segments the front end's flush ended (End, shutdown)
+        self.events: deque[Transcript] = deque()
+        self.next_event_seq = 1
+        self.delivered_event_seq = 0  # highest event_seq handed to some stream
+        self.attachment: Attachment | None = None
+        self.detached_at: float | None = now
+        self.lifecycle = Lifecycle.ACTIVE
+        self.failure: BaseException | None = None  # FAILED: the engine took the session out with this
+        self._awaiting_final: set[int] = set()  # segments fed frames whose final has not come
+        self._msgs_since_ack = 0
+        self._timing = _Timing()
+        self._audio_rate = 0  # thin clients: the sample rate of the session's audio
+        self._by_client = False  # DRAINING (the client's End) rather than STOPPING (shutdown)
+
+    # ---- streams ---------------------------------------------------------------------------------
+
+    def supersede(self) -> Attachment | None:
+        """A newer stream is about to attach: the attached one (if any) is told to end ABORTED and
+        returned, so the driver can stop its reader before `attach`."""
+        old = self.attachment
+        if old is not None:
+            old.notify(end=Superseded("a newer stream attached to this session"))
+        return old
+
+    def check_resumable(self, last_event_seq: int) -> None:
+        """SessionNotFound when events after `last_event_seq` are no longer held: the client must
+        recover as from a lost session."""
+        oldest_held = self.events[0].event_seq if self.events else self.next_event_seq
+        if last_event_seq + 1 < oldest_held:
+            raise SessionNotFound(f"events after {last_event_seq} are no longer held; open a new session "
+                                  "with the last seed")
+
+    def attach(self, last_event_seq: int, now: float, wake: Wake) -> Attachment:
+        """A stream that has the events up to `last_event_seq` (see `check_resumable`) attaches.
+        SessionNotFound when the session was closed. A stream attaching to an ENDED or FAILED
+        session is sent what it lacks and then closed OK (or fails with the failure)."""
+        if self.lifecycle is Lifecycle.CLOSED:  # dropped (grace expiry, given way)
+            raise SessionNotFound("the session was closed: open a new session with the last seed")
+        a = Attachment(sent_event_seq=min(last_event_seq, self.next_event_seq - 1), quiet_since=now, wake=wake)
+        self.attachment = a
+        self.detached_at = None
+        if self.lifecycle in (Lifecycle.ENDED, Lifecycle.FAILED):
+            a.end = CLOSED_OK if self.failure is None else self.failure
+        a.wake.set()  # replay what the client has not seen
+        return a
+
+    def detach(self, a: Attachment, now: float) -> None:
+        if self.attachment is a:
+            self.attachment = None
+            self.detached_at = now
+
+    def heard(self, a: Attachment, now: float) -> None:
+        """The stream `a` received a message from its client: it is not idle."""
+        a.quiet_since = now
+
+    def idle_for(self, now: float, busy: bool) -> float | None:
+        """How long the attached stream has been idle at clock time `now`: no message from its
+        client while the session was ACTIVE and the server had nothing of it to do (`busy`: a
+        message being applied or held back by the queued-audio limits, a pass due or in flight in
+        the engine). None while it is not idle (its idle time then starts again from `now`), or
+        when no stream is attached."""
+        a = self.attachment
+        if a is None:
+            return None
+        if self.lifecycle is not Lifecycle.ACTIVE or busy:
+            a.quiet_since = max(a.quiet_since, now)
+            return None
+        return max(0.0, now - a.quiet_since)
+
+    def events_after(self, event_seq: int) -> list[Transcript]:
+        """Held events with a higher event_seq, in order (what a stream sends next)."""
+        if not self.events or self.events[-1].event_seq <= event_seq:
+            return []
+        start = max(0, event_seq + 1 - self.events[0].event_seq)
+        return [self.events[i] for i in range(start, len(self.events))]
+
+    def undelivered(self) -> bool:
+        """An attached stream has events still to send."""
+        a = self.attachment
+        return a is not None and a.sent_event_seq < self.next_event_seq - 1
+
+    def sent(self, a: Attachment, event_seq: int) -> None:
+        a.sent_event_seq = event_seq
+        self.delivered_event_seq = max(self.delivered_event_seq, event_seq)
+        self._trim_events()
+
+    # ---- input -----------------------------------------------------------------------------------
+
+    def admit(self, msg: ClientMessage) -> ClientMessage | None:
+        """Check one client message (after `start`) against the session's state: the message to
+        apply, or None when there is nothing to do (a keep-alive; a message resent after a
+        reconnect that was applied already). Raises for what breaks the protocol."""
+        if isinstance(msg, KeepAlive):
+            return None
+        if isinstance(msg, Start):
+            raise OutOfOrder("start may only be the first message of a stream")
+        if self.lifecycle is Lifecycle.CLOSED:
+            raise SessionNotFound("the session was closed: open a new session with the last seed")
+        if self.lifecycle is not Lifecycle.ACTIVE:
+            if not self._by_client:  # a live client still sending when the server stops
+                raise ShuttingDown(SHUTDOWN_MESSAGE)
+            # A client that resumes after its connection dropped between End and the last finals
+            # repeats End and may resend applied messages: both are replays, not errors.
+            if isinstance(msg, End) or getattr(msg, "seq", 0) <= self.applied_seq:
+                return None
+            raise OutOfOrder("the session has ended: no input after end")
+        if isinstance(msg, (Finalize, End)):
+            return msg
+        if msg.seq <= self.applied_seq:
+            return None  # a duplicate resent after a reconnect: already applied
+        if msg.seq != self.applied_seq + 1:
+            raise OutOfOrder(f"seq {msg.seq} leaves a gap: the last applied was {self.applied_seq}")
+        kind = "features" if isinstance(msg, Features) else "audio"
+        if self.input_kind not in (None, kind):
+            raise OutOfOrder(f"{kind} in a session that receives {self.input_kind}: do not mix them")
+        if isinstance(msg, Audio) and self.input_kind == "audio" and self._audio_rate != msg.sample_rate:
+            raise MalformedMessage(f"audio.sample_rate changed from {self._audio_rate} to {msg.sample_rate}")
+        if isinstance(msg, Audio) and self.input_kind is None:
+            seed = self.start.seed
+            if seed is not None and seed.front_end_state and msg.sample_rate != SAMPLE_RATE:
+                raise MalformedMessage(f"start.seed.front_end_state goes on with 16 kHz audio, not {msg.sample_rate} Hz")
+        return msg
+
+    def applied(self, msg: Features | Audio) -> None:
+        """`msg` (admitted) has been applied in full."""
+        if self.input_kind is None:
+            self.input_kind = "features" if isinstance(msg, Features) else "audio"
+            if isinstance(msg, Audio):
+                self._audio_rate = msg.sample_rate
+        self.applied_seq = msg.seq
+        self._msgs_since_ack += 1
+        if self._msgs_since_ack >= ACK_EVERY or (isinstance(msg, Features) and msg.packet.segment_end):
+            self._ack()
+
+    def accept(self, p: FeaturePacket, from_front_end: bool = False) -> bool:
+        """Whether `p`'s frames go to the engine: raises OutOfOrder for frames out of order;
+        False for frames of a segment the seed says is final, and (thin clients) for the VAD's
+        frames of a segment the client has finalised."""
+        if from_front_end:
+            if p.segment_id > MAX_SEGMENT_ID:  # numbered on from a seed near the end of the range
+                raise MalformedMessage(f"no segment ids left: a segment would be number {p.segment_id} "
+                                       f"(at most {MAX_SEGMENT_ID}); start a session without this seed")
+            if self.order.closed_by_finalize == p.segment_id:
+                if p.segment_end:
+                    self.order.closed_by_finalize = None
+                return False
+        return self.order.check(p)
+
+    def fed(self, p: FeaturePacket, now: float) -> None:
+        """`p` (accepted) is with the engine."""
+        t = self._timing
+        if p.segment_start:
+            t.started_at[p.segment_id] = now
+        if p.frame_count:
+            t.arrivals.append((p.first_frame + p.frame_count, now))
+            while len(t.arrivals) > 512:
+                t.arrivals.popleft()
+            self._awaiting_final.add(p.segment_id)
+        if p.segment_end:
+            t.ended_at[p.segment_id] = now
+        self.order.apply(p)
+
+    def finalize(self, now: float) -> int | None:
+        """Close the open segment now (Finalize, End): its id, for the engine to finalise."""
+        seg = self.order.open_segment
+        if seg is None:
+            return None
+        self._timing.ended_at[seg] = now
+        if self.input_kind == "audio":
+            self.order.closed_by_finalize = seg
+        self.order.open_segment = None
+        return seg
+
+    def front_end_checkpoints(self, checkpoints: list[FrontEndCheckpoint]) -> None:
+        for c in checkpoints:
+            self._checkpoints[c.next_segment_id] = c  # the latest of a gap replays the least
+
+    def cut_by_end(self, segment_ids: list[int]) -> None:
+        """The thin clients' front end ended these segments only because the input ended."""
+        self._cut_by_end.update(segment_ids)
+
+    def drain(self, by_client: bool) -> None:
+        """No more input (the open segment was finalised): DRAINING (End) or STOPPING (shutdown);
+        ENDED as soon as every final is in."""
+        self.lifecycle = Lifecycle.DRAINING if by_client else Lifecycle.STOPPING
+        self._by_client = by_client
+        self._check_ended()
+
+    def close(self) -> None:
+        """Dropped before its end (if it had not ended): no more input, no more events."""
+        if not self.lifecycle.done:
+            self.lifecycle = Lifecycle.CLOSED
+
+    def _ack(self) -> None:
+        self._msgs_since_ack = 0
+        if self.attachment is not None:
+            self.attachment.notify(ack=True)
+
+    # ---- output ----------------------------------------------------------------------------------
+
+    def record(self, ev: TranscriptEvent, seed: SessionSeed | None, now: float) -> tuple[Transcript, Latency]:
+        """An engine event (with the engine's seed on finals) -> the event log, its event_seq and,
+        on finals of thin clients, the front end's checkpoint on the seed. Wakes the stream."""
+        t = self._timing
+        if seed is not None and ev.is_final:
+            seed = self._with_front_end(seed, ev.segment_id)
+        out = Transcript(TranscriptEvent(segment_id=ev.segment_id, committed_delta=ev.committed_delta,
+                                         partial=ev.partial, stability=ev.stability, start_s=ev.start_s,
+                                         end_s=ev.end_s, language=ev.language, is_final=ev.is_final),
+                         event_seq=self.next_event_seq, seed=seed if ev.is_final else None)
+        self.next_event_seq += 1
+        self.events.append(out)
+        first = final = update = None
+        if ev.segment_id not in t.first_event_seen:
+            t.first_event_seen.add(ev.segment_id)
+            if (t0 := t.started_at.pop(ev.segment_id, None)) is not None:
+                first = now - t0
+        if ev.is_final:
+            self._awaiting_final.discard(ev.segment_id)
+            self.last_final_segment = max(self.last_final_segment, ev.segment_id)
+            if (t_end := t.ended_at.pop(ev.segment_id, None)) is not None:
+                final = now - t_end
+            t.started_at.pop(ev.segment_id, None)
+            t.first_event_seen.discard(ev.segment_id)
+        elif (arrived := t.arrival_of(round(ev.end_s * 100))) is not None:
+            update = now - arrived
+        self._trim_events()
+        if self.attachment is not None:
+            self.attachment.notify(ack=ev.is_final)
+        self._check_ended()
+        return out, Latency(first, final, update)
+
+    def fail(self, error: BaseException) -> None:
+        """The engine took the session out with `error`: the attached stream, and any stream that
+        attaches later, gets it."""
+        self.failure = error
+        self.lifecycle = Lifecycle.FAILED
+        if self.attachment is not None:
+            self.attachment.notify(end=error)
+
+    def _check_ended(self) -> None:
+        if self.lifecycle not in (Lifecycle.DRAINING, Lifecycle.STOPPING) or self._awaiting_final:
+            return
+        self.lifecycle = Lifecycle.ENDED
+        if self.attachment is not None:
+            self.attachment.notify(end=CLOSED_OK if self._by_client else ShuttingDown(SHUTDOWN_MESSAGE))
+
+    def _with_front_end(self, seed: SessionSeed, segment_id: int) -> SessionSeed:
+        """Thin clients: the seed carries the checkpoint a replacement session resumes from once
+        `segment_id` is final: the latest taken before any later segment began (replaying a final
+        segment again costs audio, not exactness: the replacement ignores its frames). None when
+        the stream's end cut the segment short: the rest of its speech belongs to no segment yet,
+        and the client replays it from the final's end into a fresh front end."""
+        if segment_id in self._cut_by_end:
+            return seed
+        usable = [k for k in self._checkpoints if k <= segment_id + 1]
+        if not usable:
+            return seed
+        best = max(usable)
+        for k in [k for k in self._checkpoints if k < best]:  # finals come in order: never needed again
+            del self._checkpoints[k]
+        c = self._checkpoints[best]
+        return replace(seed, front_end_state=c.serialize(), audio_sample=c.replay_from)
+
+    def _trim_events(self) -> None:
+        keep_after = self.delivered_event_seq - self.limits.replay_tail
+        while self.events and (
+                (self.events[0].event_seq <= keep_after and self.events[0].event.segment_id <= self.last_final_segment)
+                or len(self.events) > self.limits.max_events_held):
+            self.events.popleft()

@@ -1,0 +1,247 @@
+"""The server's sans-IO session core (cloud/server_session.py), driven by method calls alone: no
+network, no event loop, no engine, no clock but the numbers passed in (h11 style). The served
+path through gRPC is tested end to end in test_server.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from harken.cloud.errors import MalformedMessage, OutOfOrder, SessionNotFound, ShuttingDown, Superseded
+from harken.cloud.server_session import (ACK_EVERY, CLOSED_OK, Lifecycle, ServerSession, SessionLimits)
+from harken.shared.protocol import (Audio, End, FeaturePacket, Features, Finalize, KeepAlive, SessionSeed, Start)
+from harken.shared.transcript import TranscriptEvent
+
+
+class Wake:
+    def __init__(self):
+        self.count = 0
+
+    def set(self) -> None:
+        self.count += 1
+
+
+def packet(segment_id: int, first_frame: int, frames: int, start=False, end=False) -> FeaturePacket:
+    return FeaturePacket(segment_id, first_frame, frames, start, end, b"payload", None)
+
+
+def event(segment_id: int, end_s: float, final=False, delta="") -> TranscriptEvent:
+    return TranscriptEvent(segment_id=segment_id, committed_delta=delta, partial="" if final else "p",
+                           stability=0.5, start_s=0.0, end_s=end_s, language="English", is_final=final)
+
+
+def session(seed: SessionSeed | None = None, **limits) -> ServerSession:
+    return ServerSession("sid", "key", Start(seed=seed), SessionLimits(**limits), now=0.0)
+
+
+def feed(s: ServerSession, seq: int, p: FeaturePacket, now: float = 0.0) -> bool:
+    """What the driver does with one Features message; whether its frames went to the engine."""
+    msg = s.admit(Features(seq, p))
+    if msg is None:
+        return False
+    accepted = s.accept(p)
+    if accepted:
+        s.fed(p, now)
+    s.applied(Features(seq, p))
+    return accepted
+
+
+def test_admit_applies_each_seq_once_in_order():
+    s = session()
+    assert s.admit(KeepAlive()) is None
+    with pytest.raises(OutOfOrder, match="start may only be the first"):
+        s.admit(Start())
+    with pytest.raises(OutOfOrder, match="gap"):
+        s.admit(Features(2, packet(0, 0, 10, start=True)))
+    assert feed(s, 1, packet(0, 0, 10, start=True))
+    assert s.applied_seq == 1
+    assert s.admit(Features(1, packet(0, 0, 10, start=True))) is None  # resent after a reconnect
+    with pytest.raises(OutOfOrder, match="do not mix"):
+        s.admit(Audio(2, b"\0\0", 16_000))
+
+
+def test_the_one_frame_order_check():
+    s = session()
+    with pytest.raises(OutOfOrder, match="without segment_start"):
+        s.accept(packet(0, 0, 10))
+    assert feed(s, 1, packet(0, 0, 10, start=True))
+    with pytest.raises(OutOfOrder, match="not contiguous"):
+        s.accept(packet(0, 20, 10))
+    with pytest.raises(OutOfOrder, match="still open"):
+        s.accept(packet(1, 10, 10, start=True))
+    assert feed(s, 2, packet(0, 10, 10, end=True))
+    with pytest.raises(OutOfOrder, match="does not increase"):
+        s.accept(packet(0, 30, 10, start=True))
+    with pytest.raises(OutOfOrder, match="before the previous segment's end"):
+        s.accept(packet(1, 15, 10, start=True))
+    assert s.accept(packet(3, 40, 0))  # a keep-alive packet: always in order
+    assert feed(s, 3, packet(3, 40, 10, start=True))
+
+
+def test_a_seeded_session_ignores_the_segments_its_seed_says_are_final():
+    s = session(SessionSeed(1.5, "so far", next_segment_id=4))
+    assert s.last_final_segment == 3
+    assert not feed(s, 1, packet(3, 0, 10, start=True))  # replayed by the client: its text is there
+    assert feed(s, 2, packet(4, 50, 10, start=True))
+
+
+def test_acks_fall_due_every_few_messages_on_segment_ends_and_on_finals():
+    s = session()
+    wake = Wake()
+    a = s.attach(0, now=0.0, wake=wake)
+    feed(s, 1, packet(0, 0, 10, start=True))
+    for seq in range(2, ACK_EVERY):
+        feed(s, seq, packet(0, 10 * (seq - 1), 10))
+    assert not a.ack_due
+    feed(s, ACK_EVERY, packet(0, 10 * (ACK_EVERY - 1), 10))
+    assert a.ack_due
+    a.ack_due = False
+    feed(s, ACK_EVERY + 1, packet(0, 10 * ACK_EVERY, 10, end=True))
+    assert a.ack_due
+    a.ack_due = False
+    s.record(event(0, 0.6, final=True), SessionSeed(2.0, "tail", 1), now=1.0)
+    assert a.ack_due and wake.count >= 3
+
+
+def test_events_are_numbered_logged_and_replayed_after_a_resume():
+    s = session(replay_tail=2)
+    feed(s, 1, packet(0, 0, 100, start=True), now=10.0)
+    a = s.attach(0, now=10.0, wake=Wake())
+    out, latency = s.record(event(0, 1.0), None, now=10.25)
+    assert out.event_seq == 1 and out.seed is None
+    assert latency.first_partial_s == pytest.approx(0.25)  # the segment's start arrived at 10.0
+    assert latency.update_s == pytest.approx(0.25)  # frames up to 1.0 s arrived at 10.0
+    s.record(event(0, 1.0), None, now=11.0)
+    assert [e.event_seq for e in s.events_after(0)] == [1, 2]
+    s.sent(a, 2)
+    assert [e.event_seq for e in s.events_after(1)] == [2]  # segment 0 is not final: all held
+    s.detach(a, now=12.0)
+    assert s.detached_at == 12.0
+    b = s.attach(1, now=13.0, wake=Wake())  # a resume that lacks event 2
+    assert b.sent_event_seq == 1 and s.detached_at is None
+
+
+def test_events_of_final_segments_are_forgotten_behind_the_replay_tail():
+    s = session(replay_tail=1)
+    a = s.attach(0, now=0.0, wake=Wake())
+    feed(s, 1, packet(0, 0, 10, start=True, end=True))
+    for i in range(3):
+        s.record(event(0, 0.1), None, now=0.0)
+    s.record(event(0, 0.1, final=True), SessionSeed(0.0, "", 1), now=0.0)
+    s.sent(a, 4)
+    assert [e.event_seq for e in s.events] == [4]  # the last one sent, which may have been lost
+    s.check_resumable(3)
+    with pytest.raises(SessionNotFound, match="no longer held"):
+        s.check_resumable(2)
+
+
+def test_the_final_carries_the_engines_seed_and_the_first_partial_its_latency():
+    s = session()
+    feed(s, 1, packet(0, 0, 10, start=True), now=5.0)
+    _, latency = s.record(event(0, 0.1), None, now=5.5)
+    assert latency.first_partial_s == pytest.approx(0.5)
+    feed(s, 2, packet(0, 10, 10, end=True), now=6.0)
+    seed = SessionSeed(2.5, "the tail", 1)
+    out, latency = s.record(event(0, 0.2, final=True), seed, now=6.75)
+    assert out.seed == seed and latency.final_s == pytest.approx(0.75)
+    assert s.last_final_segment == 0
+
+
+def test_end_drains_until_every_final_is_in_then_the_stream_closes_ok():
+    s = session()
+    a = s.attach(0, now=0.0, wake=Wake())
+    feed(s, 1, packet(0, 0, 10, start=True))
+    assert s.admit(End()) == End()
+    assert s.finalize(now=1.0) == 0  # the open segment, for the engine to finalise
+    s.drain(by_client=True)
+    assert s.lifecycle is Lifecycle.DRAINING and a.end is None
+    # a client that resumed after losing the connection repeats End and resends applied messages
+    assert s.admit(End()) is None
+    assert s.admit(Features(1, packet(0, 0, 10, start=True))) is None
+    with pytest.raises(OutOfOrder, match="no input after end"):
+        s.admit(Features(2, packet(0, 10, 10)))
+    s.record(event(0, 0.1, final=True), SessionSeed(0.0, "", 1), now=1.5)
+    assert s.lifecycle is Lifecycle.ENDED and a.end == CLOSED_OK
+    assert s.attach(1, now=2.0, wake=Wake()).end == CLOSED_OK  # a late resume gets the rest, then OK
+
+
+def test_shutdown_stops_input_and_ends_the_stream_unavailable():
+    s = session()
+    a = s.attach(0, now=0.0, wake=Wake())
+    s.drain(by_client=False)  # nothing open: ended at once
+    assert s.lifecycle is Lifecycle.ENDED
+    assert isinstance(a.end, ShuttingDown)
+    with pytest.raises(ShuttingDown):
+        s.admit(Features(1, packet(0, 0, 10, start=True)))
+
+
+def test_a_failed_session_hands_its_error_to_every_stream():
+    s = session()
+    a = s.attach(0, now=0.0, wake=Wake())
+    error = RuntimeError("the engine's own processing of this session raised")
+    s.fail(error)
+    assert s.lifecycle is Lifecycle.FAILED and s.lifecycle.done
+    assert a.end is error
+    assert s.attach(0, now=1.0, wake=Wake()).end is error
+
+
+def test_a_closed_session_takes_no_input_and_no_stream():
+    s = session()
+    s.close()
+    assert s.lifecycle is Lifecycle.CLOSED
+    with pytest.raises(SessionNotFound):
+        s.admit(Features(1, packet(0, 0, 10, start=True)))
+    with pytest.raises(SessionNotFound):
+        s.attach(0, now=0.0, wake=Wake())
+    ended = session()
+    ended.drain(by_client=True)
+    ended.close()
+    assert ended.lifecycle is Lifecycle.ENDED  # closing an ended session changes nothing
+
+
+def test_a_newer_stream_supersedes_the_attached_one():
+    s = session()
+    old = s.attach(0, now=0.0, wake=Wake())
+    assert s.supersede() is old
+    assert isinstance(old.end, Superseded)
+    new = s.attach(0, now=1.0, wake=Wake())
+    s.detach(old, now=2.0)  # the old stream's handler ends later: it detaches nothing
+    assert s.attachment is new and s.detached_at is None
+
+
+def test_idle_time_counts_only_while_the_server_owes_the_stream_nothing():
+    s = session()
+    assert s.idle_for(5.0, busy=False) is None  # no stream
+    a = s.attach(0, now=0.0, wake=Wake())
+    assert s.idle_for(4.0, busy=False) == 4.0
+    assert s.idle_for(6.0, busy=True) is None  # e.g. an engine pass due: idle time starts again
+    assert s.idle_for(7.0, busy=False) == 1.0
+    s.heard(a, now=7.5)
+    assert s.idle_for(8.0, busy=False) == 0.5
+    s.drain(by_client=True)
+    assert s.idle_for(100.0, busy=False) is None
+
+
+def test_thin_clients_audio_rate_is_fixed_and_finalised_segments_drop_the_vads_rest():
+    s = session()
+    audio = Audio(1, b"\0\0" * 160, 48_000)
+    assert s.admit(audio) is audio
+    s.applied(audio)
+    with pytest.raises(MalformedMessage, match="sample_rate changed"):
+        s.admit(Audio(2, b"\0\0", 16_000))
+    first = packet(0, 0, 10, start=True)
+    assert s.accept(first, from_front_end=True)
+    s.fed(first, 0.0)
+    assert s.finalize(now=0.1) == 0
+    # the server's VAD goes on with segment 0: dropped up to its end, then segments go on
+    assert not s.accept(packet(0, 10, 10), from_front_end=True)
+    assert not s.accept(packet(0, 20, 10, end=True), from_front_end=True)
+    assert s.accept(packet(1, 40, 10, start=True), from_front_end=True)
+    with pytest.raises(MalformedMessage, match="no segment ids left"):
+        s.accept(packet(1 << 32, 60, 10, start=True), from_front_end=True)
+
+
+def test_a_seed_with_a_front_end_state_goes_on_with_16_khz_audio_only():
+    s = session(SessionSeed(0.0, "", 2, front_end_state=b"state", audio_sample=2560))
+    with pytest.raises(MalformedMessage, match="16 kHz"):
+        s.admit(Audio(1, b"\0\0", 48_000))
+    assert s.admit(Audio(1, b"\0\0", 16_000)) is not None
