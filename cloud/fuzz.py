@@ -45,7 +45,7 @@ import numpy as np
 
 from harken.cloud import wire
 from harken.cloud.fuzz_inputs import FUZZ_LANGUAGE, FuzzCorpus, FuzzStream, features_message
-from harken.cloud.server import status_of
+from harken.cloud.grpc_service import status_of
 from harken.proto import harken_pb2 as pb
 from harken.shared.codec import CODEC_NAME, MAX_FRAMES, VALUE_LIMIT, decode_frames
 from harken.shared.errors import HarkenError
@@ -281,7 +281,8 @@ class ServedFuzz:
     async def start(cls, asr, corpus: FuzzCorpus, grace_s: float = 0.3, max_sessions: int = 256) -> "ServedFuzz":
         from harken.cloud.auth import ApiKeys
         from harken.cloud.commit import CommitPolicy
-        from harken.cloud.server import ServerOptions, TranscriptionService, start_core
+        from harken.cloud.grpc_service import TranscriptionService
+        from harken.cloud.server import ServerOptions, start_core
 
         # short updates and budgets keep the tiny model quick; one policy for every session
         policy = CommitPolicy(update_interval_s=1.0, rollback_tokens=2, max_new_tokens_per_update=6, max_item_tokens=24)

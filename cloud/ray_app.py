@@ -34,8 +34,8 @@ import grpc
 
 from harken.cloud.auth import ApiKeys
 from harken.cloud.logs import configure_logging
-from harken.cloud.server import (ServerOptions, ServingCore, TranscriptionService, _service_handler,
-                                 start_core)
+from harken.cloud.grpc_service import TranscriptionService, service_handler
+from harken.cloud.server import ServerOptions, ServingCore, start_core
 from harken.shared.errors import HarkenError
 
 APP_NAME = "harken"
@@ -88,7 +88,7 @@ class Scaling:
 
 def add_transcription_servicer(servicer: Any, server: grpc.aio.Server) -> None:
     """For `gRPCOptions.grpc_servicer_functions`: harken.v1.Transcription, requests as bytes."""
-    server.add_generic_rpc_handlers([_service_handler(servicer)])
+    server.add_generic_rpc_handlers([service_handler(servicer)])
 
 
 def add_health_servicer(servicer: Any, server: grpc.aio.Server) -> None:

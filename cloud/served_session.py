@@ -47,8 +47,7 @@ from harken.cloud import wire
 from harken.cloud.audio_front_end import AudioFrontEnd
 from harken.cloud.errors import ShuttingDown
 from harken.cloud.metrics import ServerMetrics
-from harken.cloud.server_session import (CLOSED_OK, Attachment, Lifecycle, ServerSession,  # noqa: F401
-                                         SessionLimits)
+from harken.cloud.server_session import Attachment, Lifecycle, ServerSession, SessionLimits
 from harken.shared.protocol import (Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive, Start,
                                     Transcript)
 

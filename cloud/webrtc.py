@@ -39,8 +39,9 @@ import numpy as np
 
 from harken.cloud.auth import ApiKeys
 from harken.cloud.errors import Unauthenticated
-from harken.proto import harken_pb2 as pb
+from harken.edge import wire as edge_wire
 from harken.shared.datachannel import send_when_drained
+from harken.shared.protocol import Audio
 
 if TYPE_CHECKING:
     import grpc
@@ -138,7 +139,7 @@ class _TrackFeed:
         if self.requests is None or self.next_seq is None:
             return
         for pcm in self.pending:
-            msg = pb.ClientMessage(audio=pb.Audio(seq=self.next_seq, pcm16=pcm, sample_rate=self.sample_rate))
+            msg = edge_wire.client_message(Audio(self.next_seq, pcm, self.sample_rate))
             self.next_seq += 1
             self.requests.put(msg.SerializeToString())
         self.pending.clear()
@@ -179,7 +180,7 @@ class WebRTCEndpoint:
     """The HTTP signaling endpoint and every peer connection it made. Owned by `RunningServer`."""
 
     def __init__(self, service, keys: ApiKeys | None, max_peer_connections: int = 64):
-        self.service = service  # cloud.server.TranscriptionService
+        self.service = service  # cloud.grpc_service.TranscriptionService
         self.keys = keys
         self.max_peer_connections = max_peer_connections
         self.port: int | None = None

@@ -23,8 +23,9 @@ from harken.shared.codec import (CODEC_NAME, MAX_FRAMES, MAX_FRAMES_PER_PAYLOAD_
                                  max_frames_for_payload)
 from harken.shared.features_spec import N_MELS
 from harken.shared.integrity import payload_crc32c
-from harken.shared.protocol import (Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive,
-                                    SessionSeed, Start, Transcript)
+from harken.edge.wire import seed_message
+from harken.shared.protocol import (Ack, Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive, Ready,
+                                    ServerMessage, SessionSeed, Start, Transcript)
 
 MAX_LANGUAGE_CHARS = 64
 MAX_CONTEXT_CHARS = 8_000
@@ -188,23 +189,16 @@ def require_start(msg: pb.ClientMessage) -> Start:
 
 # ---- server -> client ----------------------------------------------------------------------------
 
-def ready_message(session_id: str, resume_after_seq: int, last_final_segment: int) -> pb.ServerMessage:
-    return pb.ServerMessage(ready=pb.Ready(session_id=session_id, resume_after_seq=resume_after_seq,
-                                           last_final_segment=last_final_segment))
-
-
-def ack_message(seq: int, last_final_segment: int) -> pb.ServerMessage:
-    return pb.ServerMessage(ack=pb.Ack(seq=seq, last_final_segment=last_final_segment))
-
-
-def error_message(code_name: str, message: str) -> pb.ServerMessage:
-    return pb.ServerMessage(error=pb.Error(code=code_name, message=message))
-
-
-def seed_to_proto(seed: SessionSeed) -> pb.SessionSeed:
-    return pb.SessionSeed(present=True, running_max_log10=seed.running_max_log10, context_tail=seed.context_tail,
-                          next_segment_id=seed.next_segment_id, front_end_state=seed.front_end_state,
-                          audio_sample=seed.audio_sample)
+def server_message(msg: ServerMessage) -> pb.ServerMessage:
+    """A message the server sends, as proto."""
+    if isinstance(msg, Transcript):
+        return transcript_message(msg)
+    if isinstance(msg, Ack):
+        return pb.ServerMessage(ack=pb.Ack(seq=msg.seq, last_final_segment=msg.last_final_segment))
+    if isinstance(msg, Ready):
+        return pb.ServerMessage(ready=pb.Ready(session_id=msg.session_id, resume_after_seq=msg.resume_after_seq,
+                                               last_final_segment=msg.last_final_segment))
+    return pb.ServerMessage(error=pb.Error(code=msg.code, message=msg.message))
 
 
 def transcript_message(t: Transcript) -> pb.ServerMessage:
@@ -213,5 +207,5 @@ def transcript_message(t: Transcript) -> pb.ServerMessage:
                         stability=e.stability, start_s=e.start_s, end_s=e.end_s, language=e.language,
                         is_final=e.is_final, event_seq=t.event_seq)
     if t.seed is not None:
-        out.seed.CopyFrom(seed_to_proto(t.seed))
+        out.seed.CopyFrom(seed_message(t.seed))
     return pb.ServerMessage(transcript=out)

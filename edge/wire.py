@@ -23,7 +23,7 @@ def client_message(msg: ClientMessage) -> pb.ClientMessage:
         start = pb.Start(language=msg.language, context=msg.context, codec=msg.codec, session_id=msg.session_id,
                          last_event_seq=msg.last_event_seq)
         if msg.seed is not None:
-            start.seed.CopyFrom(_seed_message(msg.seed))
+            start.seed.CopyFrom(seed_message(msg.seed))
         return pb.ClientMessage(start=start)
     if isinstance(msg, KeepAlive):
         return pb.ClientMessage(keep_alive=pb.KeepAlive())
@@ -71,7 +71,8 @@ def _seed(s: pb.SessionSeed) -> SessionSeed | None:
                        audio_sample=int(s.audio_sample))
 
 
-def _seed_message(s: SessionSeed) -> pb.SessionSeed:
+def seed_message(s: SessionSeed) -> pb.SessionSeed:
+    """A seed as proto: in a client's `Start`, and in the server's final `Transcript`s."""
     return pb.SessionSeed(present=True, running_max_log10=s.running_max_log10, context_tail=s.context_tail,
                           next_segment_id=s.next_segment_id, front_end_state=s.front_end_state,
                           audio_sample=s.audio_sample)

@@ -1211,7 +1211,7 @@ def test_a_stream_cancelled_again_while_it_cleans_up_is_still_detached(asr, pack
     never expired) and the attached-streams gauge counted it forever. Driven through
     `TranscriptionService.Stream` directly (as the WebRTC endpoint drives it), so both
     cancellations land where they are meant to."""
-    from harken.cloud.server import TranscriptionService
+    from harken.cloud.grpc_service import TranscriptionService
 
     class Context:
         def invocation_metadata(self):

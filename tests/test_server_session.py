@@ -8,7 +8,7 @@ import pytest
 
 from harken.cloud.errors import MalformedMessage, OutOfOrder, SessionNotFound, ShuttingDown, Superseded
 from harken.cloud.server_session import (ACK_EVERY, CLOSED_OK, Lifecycle, ServerSession, SessionLimits)
-from harken.shared.protocol import (Audio, End, FeaturePacket, Features, Finalize, KeepAlive, SessionSeed, Start)
+from harken.shared.protocol import Audio, End, FeaturePacket, Features, KeepAlive, SessionSeed, Start
 from harken.shared.transcript import TranscriptEvent
 
 

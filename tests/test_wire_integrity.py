@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from harken.cloud import wire
-from harken.cloud.server import ServerOptions, start_server, status_of
+from harken.cloud.grpc_service import status_of
+from harken.cloud.server import ServerOptions, start_server
 from harken.edge.pipeline import FeatureStream
 from harken.edge.transport import features_message
 from harken.proto import harken_pb2 as pb

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from harken.cloud import wire
-from harken.cloud.server import status_of
+from harken.cloud.grpc_service import status_of
 from harken.proto import harken_pb2 as pb
 from harken.shared.codec import MAX_FRAMES_PER_PAYLOAD_BYTE, MAX_PACKET_FRAMES, encode_frames
 from harken.shared.protocol import Features
