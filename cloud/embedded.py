@@ -16,7 +16,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from harken.cloud.engine import Engine, EngineConfig
-from harken.cloud.session import SessionOptions, TranscriptEvent
+from harken.cloud.session import SessionOptions, EngineEvent
 from harken.shared.codec import DEFAULT_MODE
 from harken.shared.features_spec import SAMPLE_RATE
 
@@ -24,7 +24,7 @@ PIECE_SECONDS = 0.1
 
 
 def stream_audio(audio: np.ndarray, engine: Engine, options: SessionOptions = SessionOptions(),
-                 piece_seconds: float = PIECE_SECONDS, codec_mode: str = DEFAULT_MODE) -> Iterator[TranscriptEvent]:
+                 piece_seconds: float = PIECE_SECONDS, codec_mode: str = DEFAULT_MODE) -> Iterator[EngineEvent]:
     """Stream 16 kHz mono float32 audio through the edge pipeline and `engine` (one session)."""
     step = max(1, int(round(piece_seconds * SAMPLE_RATE)))
     yield from stream_pieces((audio[i:i + step] for i in range(0, len(audio), step)), engine, options,
@@ -32,7 +32,7 @@ def stream_audio(audio: np.ndarray, engine: Engine, options: SessionOptions = Se
 
 
 def stream_pieces(pieces: Iterable[np.ndarray], engine: Engine, options: SessionOptions = SessionOptions(),
-                  codec_mode: str = DEFAULT_MODE) -> Iterator[TranscriptEvent]:
+                  codec_mode: str = DEFAULT_MODE) -> Iterator[EngineEvent]:
     """Stream pieces of 16 kHz mono float32 audio as they come (a file cut up, a microphone)
     through the edge pipeline (codec mode `codec_mode`) and `engine`; after each piece the engine
     catches up."""
@@ -54,7 +54,7 @@ def stream_pieces(pieces: Iterable[np.ndarray], engine: Engine, options: Session
         engine.close_session(sid)
 
 
-def _drain(engine: Engine, sid: str) -> Iterator[TranscriptEvent]:
+def _drain(engine: Engine, sid: str) -> Iterator[EngineEvent]:
     while engine.has_work():
         for s, event in engine.step():
             if s == sid:
@@ -64,7 +64,7 @@ def _drain(engine: Engine, sid: str) -> Iterator[TranscriptEvent]:
         raise error
 
 
-def stream_file(path: str, model, options: SessionOptions = SessionOptions()) -> Iterator[TranscriptEvent]:
+def stream_file(path: str, model, options: SessionOptions = SessionOptions()) -> Iterator[EngineEvent]:
     """Stream an audio file (any format `load_audio` reads) through an in-process engine.
     `model` is a loaded `Qwen3ASR` or anything `Qwen3ASR.load` takes."""
     from harken.edge.audio import load_audio, peak_normalize
@@ -78,7 +78,7 @@ def stream_file(path: str, model, options: SessionOptions = SessionOptions()) ->
     yield from stream_audio(audio, engine, options)
 
 
-def transcript_text(events: list[TranscriptEvent]) -> str:
+def transcript_text(events: list[EngineEvent]) -> str:
     """All committed text of a stream, segments in order (joined as `shared.text` says)."""
     from harken.shared.text import events_text
 

@@ -9,13 +9,13 @@ API:
     engine.finalize(sid)                                # end the open segment now
     engine.has_work() -> bool
     engine.ready_sessions() -> int / engine.working_on(sid) -> bool   # work waiting / owed to one
-    engine.step() -> list[(sid, TranscriptEvent)]       # one batched tick over all ready sessions
-    engine.run_until_idle() -> list[(sid, TranscriptEvent)]
+    engine.step() -> list[(sid, EngineEvent)]       # one batched tick over all ready sessions
+    engine.run_until_idle() -> list[(sid, EngineEvent)]
     engine.failure(sid) -> Exception | None             # a session taken out by its own fault
     engine.close_session(sid)                           # frees the KV slot
 
     scheduler = Scheduler(engine); await scheduler.start()
-    sid, events = scheduler.open_session(options)       # asyncio.Queue of TranscriptEvent; an
+    sid, events = scheduler.open_session(options)       # asyncio.Queue of EngineEvent; an
                                                         # Exception instead = the session failed
     scheduler.ingest(sid, ...) / ingest_packet / finalize / close_session(sid)
     await scheduler.stop()
@@ -44,6 +44,7 @@ import logging
 import secrets
 import threading
 import time
+from typing import Protocol
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -53,7 +54,7 @@ from harken.cloud.commit import CommitPolicy
 from harken.cloud.model.decoder import decode_step, prefill
 from harken.cloud.model.encoder import num_audio_tokens
 from harken.cloud.model.kv_cache import KVCache
-from harken.cloud.session import MAX_CONTEXT_TOKENS, Job, Session, SessionOptions, TranscriptEvent
+from harken.cloud.session import MAX_CONTEXT_TOKENS, Job, Session, SessionOptions, EngineEvent
 from harken.shared.errors import EngineOverloaded, UnknownSession, StreamInputError
 
 class TickFailed(RuntimeError):
@@ -102,12 +103,28 @@ class _Running:
     tokens: list[int]
 
 
+class EngineObserver(Protocol):
+    """What the engine reports as it works (the server's metrics, cloud/server.py). Called from
+    the engine's thread."""
+
+    def tick(self, sessions: int) -> None:
+        """A tick ran passes of `sessions` sessions (one batch, with joins)."""
+
+    def truncated(self, reason: str) -> None:
+        """A decode was ended by a limit, not by the model (decode_limits.TRUNCATION_REASONS)."""
+
+    def failed(self, error: BaseException) -> None:
+        """A tick raised: the model itself failed (`step` raises it on)."""
+
+
 class Engine:
     """Synchronous core: owns the model and one KV cache with a slot per session."""
 
-    def __init__(self, asr, config: EngineConfig = EngineConfig()):
+    def __init__(self, asr, config: EngineConfig = EngineConfig(), observer: EngineObserver | None = None):
         self.asr = asr
         self.config = config
+        self.observer = observer
+        self._tick_sessions = 0  # sessions planned in the tick under way
         self.cache = self._new_cache()
         self.sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
@@ -271,6 +288,7 @@ class Engine:
                 self._rotor = (ids.index(planned[-1][0]) + 1) % len(ids)
         for sid, s, err in failed:
             self._fail(sid, s, err)
+        self._tick_sessions += len(planned)
         return planned
 
     def _encode(self, planned: list[tuple[str, Session, Job]]) -> set[str]:
@@ -354,6 +372,8 @@ class Engine:
     def _truncated(self, reason: str) -> None:
         """A decode ended by a limit, not by the model (`reason` in decode_limits.TRUNCATION_REASONS)."""
         self.truncations[reason] = self.truncations.get(reason, 0) + 1
+        if self.observer is not None:
+            self.observer.truncated(reason)
 
     def _finish(self, sid: str, session: Session, job: Job, tokens: list[int]) -> list:
         self.decoded_tokens += len(tokens)
@@ -373,18 +393,26 @@ class Engine:
         return []
 
     @torch.no_grad()
-    def step(self) -> list[tuple[str, TranscriptEvent]]:
+    def step(self) -> list[tuple[str, EngineEvent]]:
         """One batched tick over every ready session; returns the events it produced, in order.
 
         If the model itself fails (e.g. out of memory) the tick raises `TickFailed` with the events
         of the passes that had finished; the sessions still in flight are released as they were
         before their pass, so a later tick retries them with the same result."""
         t0, w0 = self._clock(), time.perf_counter()
+        self._tick_sessions = 0
         try:
-            return self._step()
+            events = self._step()
+        except BaseException as e:
+            if self.observer is not None:
+                self.observer.failed(e)
+            raise
         finally:
             self.compute_s += self._clock() - t0
             self.busy_s += time.perf_counter() - w0
+        if self.observer is not None and self._tick_sessions:
+            self.observer.tick(self._tick_sessions)
+        return events
 
     def _clock(self) -> float:
         """Compute time: this thread's CPU time on CPU; wall time after a device sync on CUDA."""
@@ -393,7 +421,7 @@ class Engine:
             return time.perf_counter()
         return time.thread_time()
 
-    def _step(self) -> list[tuple[str, TranscriptEvent]]:
+    def _step(self) -> list[tuple[str, EngineEvent]]:
         served: set[str] = set()
         tick: dict[str, Session] = {}  # sessions planned this tick
         events: list = []
@@ -434,7 +462,7 @@ class Engine:
             raise TickFailed(events) from e
         return events
 
-    def run_until_idle(self) -> list[tuple[str, TranscriptEvent]]:
+    def run_until_idle(self) -> list[tuple[str, EngineEvent]]:
         """Step while any session has work (what an in-process caller does after feeding audio)."""
         events = []
         while self.has_work():

@@ -256,15 +256,15 @@ async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = t
     """The engine (`asr`: a loaded `Qwen3ASR`) with its scheduler started, and an empty session
     table (timing grace periods and idle streams on `clock`), on the running event loop."""
     from harken.cloud.engine import EngineConfig, Scheduler
+    from harken.cloud.vllm_decoder import engine_class
 
     loop = asyncio.get_running_loop()
     metrics = ServerMetrics()
     engine_failed = asyncio.Event()
-    engine = _metered_engine(asr, EngineConfig(max_sessions=options.max_sessions, max_batch=options.max_batch,
-                                               max_queued_frames=options.max_queued_frames,
-                                               slot_policy=options.policy), metrics,
-                             on_failure=lambda: loop.call_soon_threadsafe(engine_failed.set),
-                             decoder=options.decoder)
+    engine = engine_class(options.decoder)(
+        asr, EngineConfig(max_sessions=options.max_sessions, max_batch=options.max_batch,
+                          max_queued_frames=options.max_queued_frames, slot_policy=options.policy),
+        _EngineMetrics(metrics, on_failure=lambda: loop.call_soon_threadsafe(engine_failed.set)))
     scheduler = Scheduler(engine)
     await scheduler.start()
     executor = ThreadPoolExecutor(max_workers=options.decode_threads, thread_name_prefix="harken-decode")
@@ -296,36 +296,25 @@ def _bracketed(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def _metered_engine(asr, config, metrics: ServerMetrics, on_failure, decoder: str = "own"):
-    """The engine (harken's own, or on vLLM: `decoder`), reporting each tick's batch size, and
-    calling `on_failure()` (from the engine's thread) when a tick raises: the Scheduler's task ends
-    then, and without this every session would wait for events forever. (The sessions waiting for
-    the model are read at scrape time: `Engine.ready_sessions`.)"""
-    from harken.cloud.vllm_decoder import engine_class
+class _EngineMetrics:
+    """The engine's reports -> the server's metrics; a failed tick also calls `on_failure()` (from
+    the engine's thread): the Scheduler's task ends then, and without it every session would wait
+    for events forever. (The sessions waiting for the model are read at scrape time:
+    `Engine.ready_sessions`.)"""
 
-    class MeteredEngine(engine_class(decoder)):  # type: ignore[misc]
-        def _plan(self, exclude, room):
-            planned = super()._plan(exclude, room)
-            self._tick_sessions += len(planned)
-            return planned
+    def __init__(self, metrics: ServerMetrics, on_failure: Callable[[], object]):
+        self.metrics = metrics
+        self.on_failure = on_failure
 
-        def _truncated(self, reason):
-            super()._truncated(reason)
-            metrics.decode_truncated.labels(reason).inc()
+    def tick(self, sessions: int) -> None:
+        self.metrics.batch_size.observe(sessions)
 
-        def step(self):
-            self._tick_sessions = 0
-            try:
-                events = super().step()
-            except BaseException:
-                log.error("engine step failed", exc_info=True, extra={"fields": {}})
-                on_failure()
-                raise
-            if self._tick_sessions:
-                metrics.batch_size.observe(self._tick_sessions)
-            return events
+    def truncated(self, reason: str) -> None:
+        self.metrics.decode_truncated.labels(reason).inc()
 
-    return MeteredEngine(asr, config)
+    def failed(self, error: BaseException) -> None:
+        log.error("engine step failed", exc_info=error, extra={"fields": {}})
+        self.on_failure()
 
 
 # ---- `harken serve` ----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ API (driven by `harken.cloud.engine.Engine`, which owns the model and the KV cac
     job = session.next_job()                  # what the head audio item needs now (or None)
     ... engine: encode job.requests, then session.prefill_embeds(job) -> [S, hidden] after
         cache.truncate(slot, job.keep), prefill + greedy decode <= job.budget tokens ...
-    session.finish_job(job, new_tokens) -> list[TranscriptEvent]
+    session.finish_job(job, new_tokens) -> list[EngineEvent]
     session.resume_state() -> SessionSeed     # what travels with a final segment (running max, context)
 
 Audio items. Each VAD segment is decoded as its own audio item; a segment longer than
@@ -52,7 +52,7 @@ from harken.cloud.model.prompt import forced_language, prompt_text_parts
 from harken.shared.errors import HarkenError, StreamInputError, StreamOrderError
 from harken.shared.features_spec import FRAMES_PER_SECOND, N_MELS
 from harken.shared.protocol import SessionSeed
-from harken.shared.transcript import TranscriptEvent as BaseTranscriptEvent
+from harken.shared.transcript import TranscriptEvent
 
 MAX_CONTEXT_TOKENS = 256  # system turn incl. carried text; the KV slot is sized for it
 
@@ -71,7 +71,7 @@ class SessionOptions:
 
 
 @dataclass(frozen=True)
-class TranscriptEvent(BaseTranscriptEvent):
+class EngineEvent(TranscriptEvent):
     """A transcript event as the engine emits it (fields and JSON form: shared/transcript.py).
     `resume` comes with final events only; `token_ids` with the final pass of an audio item (all
     the ids it generated, EOS excluded), for tests and diagnostics."""
@@ -398,7 +398,7 @@ class Session:
 
     # -- results ---------------------------------------------------------------------------------
 
-    def finish_job(self, job: Job, new_tokens: list[int]) -> list[TranscriptEvent]:
+    def finish_job(self, job: Job, new_tokens: list[int]) -> list[EngineEvent]:
         """Apply the tokens the pass decoded (an EOS at the end is dropped) and return its events."""
         item, st = job.item, self.state
         if new_tokens and new_tokens[-1] in self.asr.eos_ids:
@@ -440,10 +440,10 @@ class Session:
                 st.final_segments += 1
                 resume = SessionSeed(seg.running_max_log10, st.context_tail, st.next_segment_id)
                 st.resume = resume
-            events.append(TranscriptEvent(item.segment_id, delta, "", 1.0, start_s, end_s,
+            events.append(EngineEvent(item.segment_id, delta, "", 1.0, start_s, end_s,
                                           item.language, is_final, resume, tuple(item.committed)))
         elif delta or view.partial != item.partial:
-            events.append(TranscriptEvent(item.segment_id, delta, view.partial, stab, start_s, end_s,
+            events.append(EngineEvent(item.segment_id, delta, view.partial, stab, start_s, end_s,
                                           item.language, False))
         item.partial = view.partial
         st.events += len(events)

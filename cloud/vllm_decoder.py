@@ -37,9 +37,9 @@ from pathlib import Path
 
 import torch
 
-from harken.cloud.engine import Engine, EngineConfig, TickFailed, _Running, slot_tokens
+from harken.cloud.engine import Engine, EngineConfig, EngineObserver, TickFailed, _Running, slot_tokens
 from harken.cloud.model.decode_limits import DecodeLimits
-from harken.cloud.session import Session, TranscriptEvent
+from harken.cloud.session import Session, EngineEvent
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import FRAMES_PER_SECOND
 
@@ -296,10 +296,10 @@ class VllmEngine(Engine):
     loop guard and events; every pass is one vLLM request of the whole prompt (the session's KV slot
     is not kept: `Session.prefilled` is never called, so each pass's embeddings start at 0)."""
 
-    def __init__(self, asr, config: EngineConfig = EngineConfig()):
+    def __init__(self, asr, config: EngineConfig = EngineConfig(), observer: EngineObserver | None = None):
         self.vllm = VllmDecoder(asr, max_seqs=min(config.max_batch, config.max_sessions),
                                 max_model_len=slot_tokens(config.slot_policy), cached_seqs=config.max_sessions)
-        super().__init__(asr, config)
+        super().__init__(asr, config, observer)
 
     def _new_cache(self):
         return SessionIds(self.config.max_sessions)
@@ -333,7 +333,7 @@ class VllmEngine(Engine):
             live[self.vllm.submit(emb, job.budget)] = r
         return live, events
 
-    def _step(self) -> list[tuple[str, TranscriptEvent]]:
+    def _step(self) -> list[tuple[str, EngineEvent]]:
         served: set[str] = set()
         tick: dict[str, Session] = {}
         events: list = []
