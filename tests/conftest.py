@@ -44,3 +44,16 @@ def reference(asr, audio):
     return [TranscriptEvent(e.segment_id, e.committed_delta, e.partial, float(np.float32(e.stability)),
                             e.start_s, e.end_s, e.language, e.is_final)
             for e in stream_audio(audio, engine, SessionOptions(language="English"))]
+
+
+@pytest.fixture(scope="module")
+def packets(audio):
+    """The edge's feature packets for the requesting module's own `audio`, pushed in 100 ms pieces
+    (as the embedded engine does)."""
+    from harken.edge.pipeline import FeatureStream
+
+    fs = FeatureStream()
+    out = []
+    for i in range(0, len(audio), 1600):
+        out += fs.push(audio[i:i + 1600])
+    return out + fs.flush()

@@ -21,7 +21,6 @@ from harken.shared.text import events_text
 from signals import concat, silence, speech
 
 LANGUAGE = "English"  # forced: the tiny random model then writes text
-SR = 16_000
 
 
 @pytest.fixture(scope="module")
@@ -29,17 +28,6 @@ def audio() -> np.ndarray:
     """Two utterances with a pause: two VAD segments."""
     return peak_normalize(concat(silence(0.3), speech("Hello there, this is a test."), silence(0.8),
                                  speech("A second sentence follows."), silence(0.5)))
-
-
-@pytest.fixture(scope="module")
-def packets(audio):
-    from harken.edge.pipeline import FeatureStream
-
-    fs = FeatureStream()
-    out = []
-    for i in range(0, len(audio), SR // 10):
-        out += fs.push(audio[i:i + SR // 10])
-    return out + fs.flush()
 
 
 class Clock:

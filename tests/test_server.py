@@ -59,18 +59,6 @@ def audio() -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def packets(audio):
-    """The edge's feature packets for `audio`, pushed in 100 ms pieces (as the embedded engine does)."""
-    from harken.edge.pipeline import FeatureStream
-
-    fs = FeatureStream()
-    out = []
-    for i in range(0, len(audio), SR // 10):
-        out += fs.push(audio[i:i + SR // 10])
-    return out + fs.flush()
-
-
-@pytest.fixture(scope="module")
 def reference(asr, audio):
     """The in-process engine's events for `audio` (cloud/embedded.py)."""
     from harken.cloud.embedded import stream_audio
