@@ -183,7 +183,7 @@ async def check_datachannel_client(data: bytes | str) -> str:
     import grpc
 
     from harken.edge import wire as edge_wire
-    from harken.edge.transport import _status_error
+    from harken.edge.grpc_faults import status_error
     from harken.edge.webrtc_transport import DataChannelCall
 
     call = DataChannelCall(_FakeDataChannel(), pb.ServerMessage.FromString, pb.ClientMessage.SerializeToString)
@@ -199,7 +199,7 @@ async def check_datachannel_client(data: bytes | str) -> str:
                 raise Crash("datachannel_client", f"status {code!r} is no grpc.StatusCode", data)
             return "OK"
         reply = edge_wire.server_message(msg)
-        if isinstance(reply, ServerError) and not isinstance(_status_error(reply).code(), grpc.StatusCode):
+        if isinstance(reply, ServerError) and not isinstance(status_error(reply).code(), grpc.StatusCode):
             raise Crash("datachannel_client", f"Error code {reply.code!r} became no grpc.StatusCode", data)
     except Crash:
         raise

@@ -34,10 +34,12 @@ from harken.edge.client_session import (ClientOptions, ClientSession, Disconnect
                                         TransportStats)
 from harken.edge.errors import (BufferOverflowError, ServerRejectedError, ServerUnavailableError, TransportError,
                                 TransportSecurityError)
+from harken.edge.grpc_faults import (call_message, closed_at_once, raise_status, speaks_tls, status_error,
+                                      tls_mismatch)
 from harken.edge.front_end import AudioSource, Notify, as_async_pieces, audio_pieces, file_pieces, front_end
 from harken.edge.wire import features_message
 from harken.proto import harken_pb2_grpc
-from harken.shared.protocol import ServerError, ServerMessage
+from harken.shared.protocol import ServerError
 from harken.shared.text import TranscriptText
 from harken.shared.transcript import TranscriptEvent
 
@@ -168,14 +170,14 @@ class TranscriptionClient:
                     return
                 failure = Disconnect("the server closed the stream before the end")
             except grpc.aio.AioRpcError as e:
-                mismatch = _tls_mismatch(e, self.target, tls=self._credentials is not None)
+                mismatch = tls_mismatch(e, self.target, tls=self._credentials is not None)
                 if mismatch is None and self._credentials is None and e.code() == grpc.StatusCode.UNAVAILABLE \
-                        and not probed and session.stats.sessions_opened == 0 and _closed_at_once(e):
+                        and not probed and session.stats.sessions_opened == 0 and closed_at_once(e):
                     # a plaintext client's handshake with a TLS server fails as a bare "Socket
                     # closed": before the stream's first session, ask the port once whether it
                     # speaks TLS (a closed socket is a network fault, too, then retried as ever)
                     probed = True
-                    if await _speaks_tls(self.target, min(self.options.connect_timeout_s, 5.0)):
+                    if await speaks_tls(self.target, min(self.options.connect_timeout_s, 5.0)):
                         mismatch = (f"the server at {self.target} speaks TLS and this client connects in "
                                     f"plaintext: give the server's CA certificate (--tls-ca FILE; tls= in the SDK)")
                 failure = Disconnect(e.details() or "", code=e.code().name, tls_mismatch=mismatch)
@@ -198,11 +200,11 @@ class TranscriptionClient:
                 await call.write(wire.client_message(session.start_message()))
                 first = await asyncio.wait_for(call.read(), self.options.connect_timeout_s)
                 if first is grpc.aio.EOF:
-                    await _raise_status(call)
+                    await raise_status(call)
                     raise _NoReady("the server closed the stream without Ready")
-                reply = _server_message(first)
+                reply = call_message(first)
                 if isinstance(reply, ServerError):
-                    raise _status_error(reply)
+                    raise status_error(reply)
                 session.on_server_message(reply, self._clock())  # the Ready, or a protocol error
                 wake.set()
                 receiver = asyncio.create_task(self._receive(call, session, notify), name="harken-client-receive")
@@ -224,11 +226,11 @@ class TranscriptionClient:
     async def _receive(self, call, session: ClientSession, notify: Notify) -> bool:
         """The server's messages until it closes the call; True if the stream is done."""
         while (msg := await call.read()) is not grpc.aio.EOF:
-            reply = _server_message(msg)
+            reply = call_message(msg)
             if isinstance(reply, ServerError):
-                raise _status_error(reply)
+                raise status_error(reply)
             notify(session.on_server_message(reply, self._clock()))
-        await _raise_status(call)
+        await raise_status(call)
         # OK after our End: all finals are in. OK without it (a server shutting down): resume, or
         # replay into a new session
         return session.on_call_closed()
@@ -278,97 +280,6 @@ class _NoReady(Exception):
 
 class _Silent(Exception):
     """The connection carried nothing while the server owed us something: presumed dead."""
-
-
-def _server_message(msg) -> ServerMessage | None:
-    """A message read from the call as shared/protocol data. grpc.aio hands over None for a
-    message it could not parse (and logs it): the server broke the protocol, and the call fails
-    with INTERNAL, as the WebRTC driver's call does."""
-    if msg is None:
-        raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                   details="malformed message from the server")
-    return wire.server_message(msg)
-
-
-def _status_error(error: ServerError) -> grpc.aio.AioRpcError:
-    """The server's Error message, the stream's last: its status follows with the same code, but
-    only once the server has read what this client still sends (cloud/server.py `_drain`)."""
-    code = grpc.StatusCode.__members__.get(error.code, grpc.StatusCode.UNKNOWN)  # not getattr: "name" is no code
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=error.message)
-
-
-async def _raise_status(call) -> None:
-    """Raise the call's final status as an AioRpcError (the caller classifies it)."""
-    code = await call.code()
-    details = await call.details()
-    if code == grpc.StatusCode.OK:
-        return
-    raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
-
-
-# BoringSSL's verdicts in a failed handshake that no retry can change (gRPC puts them in the
-# UNAVAILABLE status's details): what each means, in words. A connection that breaks during the
-# handshake (a network fault) reads SSL_ERROR_SYSCALL, "Socket closed" or a reset, and is retried.
-_TLS_VERDICTS = (
-    ("CERTIFICATE_VERIFY_FAILED", "the server's certificate is not signed by the CA certificate given "
-                                  "(--tls-ca), or has expired"),
-    ("Hostname Verification Check failed", "the server's certificate is not issued for the name "
-                                           "connected to"),
-    ("WRONG_VERSION_NUMBER", "the server does not speak TLS (a plaintext server?): connect without "
-                             "--tls-ca (tls=None in the SDK), or to the server's TLS port"),
-    ("HTTP_REQUEST", "the server does not speak TLS"),
-    ("CERTIFICATE_REQUIRED", "the server wants a client certificate"),
-    ("TLSV1_ALERT", "the server refused the TLS handshake"),
-    ("SSLV3_ALERT", "the server refused the TLS handshake"),
-    ("NO_APPLICATION_PROTOCOL", "the server does not offer gRPC (HTTP/2) over TLS"),
-)
-
-
-def _tls_mismatch(e: grpc.aio.AioRpcError, target: str, tls: bool) -> str | None:
-    """A one-line explanation when `e` is a TLS handshake that failed for good, else None."""
-    if e.code() != grpc.StatusCode.UNAVAILABLE or not tls:
-        return None
-    details = e.details() or ""
-    if "SSL_ERROR_SSL" not in details and "Hostname Verification" not in details:
-        return None  # no handshake verdict: a connection that broke, retried as ever
-    for marker, meaning in _TLS_VERDICTS:
-        if marker in details:
-            reason = details[details.find(marker):].split(":", 2)
-            said = ":".join(reason[:2]).strip() if marker.isupper() else marker
-            return f"TLS handshake with {target} failed: {meaning} ({said})"
-    return None
-
-
-def _closed_at_once(e: grpc.aio.AioRpcError) -> bool:
-    """The connection was closed by the other end before gRPC could use it (what a TLS server does
-    to a plaintext client's HTTP/2 preface), not refused or timed out."""
-    details = e.details() or ""
-    return "Socket closed" in details or "Connection reset" in details or "End of TCP stream" in details
-
-
-async def _speaks_tls(target: str, timeout_s: float) -> bool:
-    """Whether `target` ("host:port") completes a TLS handshake (certificate not checked: only the
-    protocol is asked)."""
-    import ssl
-
-    host, sep, port = target.removeprefix("dns:///").removeprefix("ipv4:").removeprefix("ipv6:").rpartition(":")
-    if not sep or not port.isdigit():
-        return False
-    host = host.strip("[]")
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    ctx.set_alpn_protocols(["h2"])
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port), ssl=ctx), timeout_s)
-    except (OSError, ssl.SSLError, asyncio.TimeoutError, ValueError):
-        return False
-    writer.close()
-    try:
-        await asyncio.wait_for(writer.wait_closed(), 1.0)
-    except (OSError, ssl.SSLError, asyncio.TimeoutError):
-        pass
-    return True
 
 
 def _channel_credentials(tls: bool | str | Path | None) -> grpc.ChannelCredentials | None:

@@ -100,7 +100,7 @@ class DataChannelCall:
             return self._deserialize(data)
         except DecodeError:
             # the server broke the protocol: the call fails with INTERNAL (as the gRPC driver's
-            # does with the None that grpc.aio hands over for it, edge/transport._server_message)
+            # does with the None that grpc.aio hands over for it, edge/grpc_faults.call_message)
             self._status = (grpc.StatusCode.INTERNAL, "malformed message from the server")
             self._eof = True
             self.channel.close()

@@ -105,16 +105,16 @@ def test_a_message_the_client_cannot_parse_fails_the_call_with_internal():
     None (and the SDK raised AttributeError). Both now fail the call with INTERNAL."""
     import grpc
 
-    from harken.edge.transport import _server_message, _status_error
+    from harken.edge.grpc_faults import call_message, status_error
     from harken.shared.protocol import ServerError
 
     assert asyncio.run(fuzz.check_datachannel_client(b"\xff\xff")) == "INTERNAL"
     with pytest.raises(grpc.aio.AioRpcError) as e:
-        _server_message(None)
+        call_message(None)
     assert e.value.code() == grpc.StatusCode.INTERNAL
     # an Error message naming no status code (getattr found the enum's `name` property) is UNKNOWN
-    assert _status_error(ServerError(code="name", message="")).code() == grpc.StatusCode.UNKNOWN
-    assert _status_error(ServerError(code="NOT_FOUND", message="")).code() == grpc.StatusCode.NOT_FOUND
+    assert status_error(ServerError(code="name", message="")).code() == grpc.StatusCode.UNKNOWN
+    assert status_error(ServerError(code="NOT_FOUND", message="")).code() == grpc.StatusCode.NOT_FOUND
 
 
 # ---- the served session --------------------------------------------------------------------------
