@@ -59,7 +59,10 @@ def test_data_channel_client_gets_the_grpc_transcript(asr, audio, keys_file):
 
     grpc_events, webrtc_events, stats = asyncio.run(asyncio.wait_for(main(), TIMEOUT))
     assert any(e.committed_delta for e in grpc_events)
-    assert webrtc_events == grpc_events
+    # the same committed text per segment and the same finals; how many partial updates the engine
+    # makes depends on how the frames arrive in time (a loaded machine can skip one)
+    assert segment_texts(webrtc_events) == segment_texts(grpc_events)
+    assert [e for e in webrtc_events if e.is_final] == [e for e in grpc_events if e.is_final]
     assert stats.sessions_opened == 1 and stats.resumes == 0 and stats.frames_resent == 0
     assert stats.frames_sent == stats.frames_produced > 0
 
