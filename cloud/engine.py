@@ -399,17 +399,18 @@ class Engine:
         If the model itself fails (e.g. out of memory) the tick raises `TickFailed` with the events
         of the passes that had finished; the sessions still in flight are released as they were
         before their pass, so a later tick retries them with the same result."""
-        t0, w0 = self._clock(), time.perf_counter()
         self._tick_sessions = 0
-        try:
-            events = self._step()
+        try:  # the clock too: on CUDA its synchronize is where a device error shows
+            t0, w0 = self._clock(), time.perf_counter()
+            try:
+                events = self._step()
+            finally:
+                self.compute_s += self._clock() - t0
+                self.busy_s += time.perf_counter() - w0
         except BaseException as e:
             if self.observer is not None:
                 self.observer.failed(e)
             raise
-        finally:
-            self.compute_s += self._clock() - t0
-            self.busy_s += time.perf_counter() - w0
         if self.observer is not None and self._tick_sessions:
             self.observer.tick(self._tick_sessions)
         return events

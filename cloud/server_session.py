@@ -116,9 +116,11 @@ class Attachment:
     end: BaseException | str | None = None  # str: CLOSED_OK
     reader: asyncio.Task | None = None  # the driver's reader; cancelled when a newer stream attaches
 
-    def notify(self, *, ack: bool = False, end: BaseException | str | None = None) -> None:
+    def notify(self, *, ack: bool = False, end: BaseException | str | None = None, overrule: bool = False) -> None:
+        """Wake the stream for an Ack and/or its end. The first reason to end a stream is the one it
+        ends with, unless `overrule` (the session's own end, a newer stream)."""
         self.ack_due = self.ack_due or ack
-        if end is not None and self.end is None:
+        if end is not None and (self.end is None or overrule):
             self.end = end
         self.wake.set()
 
@@ -229,7 +231,7 @@ class ServerSession:
         returned, so the driver can stop its reader before `attach`."""
         old = self.attachment
         if old is not None:
-            old.notify(end=Superseded("a newer stream attached to this session"))
+            old.notify(end=Superseded("a newer stream attached to this session"), overrule=True)
         return old
 
     def check_resumable(self, last_event_seq: int) -> None:
@@ -323,20 +325,18 @@ class ServerSession:
         kind = "features" if isinstance(msg, Features) else "audio"
         if self.input_kind not in (None, kind):
             raise OutOfOrder(f"{kind} in a session that receives {self.input_kind}: do not mix them")
-        if isinstance(msg, Audio) and self.input_kind == "audio" and self._audio_rate != msg.sample_rate:
-            raise MalformedMessage(f"audio.sample_rate changed from {self._audio_rate} to {msg.sample_rate}")
-        if isinstance(msg, Audio) and self.input_kind is None:
+        if isinstance(msg, Audio):
+            if self.input_kind == "audio" and self._audio_rate != msg.sample_rate:
+                raise MalformedMessage(f"audio.sample_rate changed from {self._audio_rate} to {msg.sample_rate}")
             seed = self.start.seed
-            if seed is not None and seed.front_end_state and msg.sample_rate != SAMPLE_RATE:
+            if self.input_kind is None and seed is not None and seed.front_end_state and msg.sample_rate != SAMPLE_RATE:
                 raise MalformedMessage(f"start.seed.front_end_state goes on with 16 kHz audio, not {msg.sample_rate} Hz")
+            self._audio_rate = msg.sample_rate
+        self.input_kind = kind  # fixed by the first message, whether or not it is applied in full
         return msg
 
     def applied(self, msg: Features | Audio) -> None:
         """`msg` (admitted) has been applied in full."""
-        if self.input_kind is None:
-            self.input_kind = "features" if isinstance(msg, Features) else "audio"
-            if isinstance(msg, Audio):
-                self._audio_rate = msg.sample_rate
         self.applied_seq = msg.seq
         self._msgs_since_ack += 1
         if self._msgs_since_ack >= ACK_EVERY or (isinstance(msg, Features) and msg.packet.segment_end):
@@ -392,6 +392,8 @@ class ServerSession:
     def drain(self, by_client: bool) -> None:
         """No more input (the open segment was finalised): DRAINING (End) or STOPPING (shutdown);
         ENDED as soon as every final is in."""
+        if self.lifecycle is not Lifecycle.ACTIVE:  # closed or failed while the input was ending
+            return
         self.lifecycle = Lifecycle.DRAINING if by_client else Lifecycle.STOPPING
         self._by_client = by_client
         self._check_ended()
@@ -443,17 +445,19 @@ class ServerSession:
     def fail(self, error: BaseException) -> None:
         """The engine took the session out with `error`: the attached stream, and any stream that
         attaches later, gets it."""
+        if self.lifecycle.done:
+            return
         self.failure = error
         self.lifecycle = Lifecycle.FAILED
         if self.attachment is not None:
-            self.attachment.notify(end=error)
+            self.attachment.notify(end=error, overrule=True)
 
     def _check_ended(self) -> None:
         if self.lifecycle not in (Lifecycle.DRAINING, Lifecycle.STOPPING) or self._awaiting_final:
             return
         self.lifecycle = Lifecycle.ENDED
         if self.attachment is not None:
-            self.attachment.notify(end=CLOSED_OK if self._by_client else ShuttingDown(SHUTDOWN_MESSAGE))
+            self.attachment.notify(end=CLOSED_OK if self._by_client else ShuttingDown(SHUTDOWN_MESSAGE), overrule=True)
 
     def _with_front_end(self, seed: SessionSeed, segment_id: int) -> SessionSeed:
         """Thin clients: the seed carries the checkpoint a replacement session resumes from once

@@ -29,7 +29,7 @@ def call_message(msg) -> ServerMessage | None:
 
 def status_error(error: ServerError) -> grpc.aio.AioRpcError:
     """The server's Error message, the stream's last: its status follows with the same code, but
-    only once the server has read what this client still sends (cloud/server.py `_drain`)."""
+    only once the server has read what this client still sends (cloud/grpc_service.py `_drain`)."""
     code = grpc.StatusCode.__members__.get(error.code, grpc.StatusCode.UNKNOWN)  # not getattr: "name" is no code
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=error.message)
 

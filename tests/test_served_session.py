@@ -102,13 +102,14 @@ def test_a_session_failing_in_the_engine_fails_alone_and_frees_its_slot(asr, pac
             (bad, bad_a, _), (good, good_a, good_events) = await asyncio.gather(
                 run_session(core.table, "k", packets, start(context="fail here")),
                 run_session(core.table, "k", packets))
-            again = await bad.attach(0)
-            return bad, bad_a, again, good_a, good_events, core.scheduler.engine
+            first_end = bad_a.end
+            again = await bad.attach(0)  # a resume (the old stream is superseded)
+            return bad, first_end, again, good_a, good_events, core.scheduler.engine
         finally:
             await core.close(1.0)
 
-    bad, bad_a, again, good_a, good_events, engine = asyncio.run(main())
-    assert bad.lifecycle is Lifecycle.FAILED and bad_a.end is fault and again.end is fault
+    bad, first_end, again, good_a, good_events, engine = asyncio.run(main())
+    assert bad.lifecycle is Lifecycle.FAILED and first_end is fault and again.end is fault
     assert good_a.end == CLOSED_OK and events_text(good_events) == events_text(reference)
     assert not engine.sessions and engine.cache.num_free() == engine.cache.max_slots
 

@@ -206,6 +206,21 @@ def test_a_newer_stream_supersedes_the_attached_one():
     new = s.attach(0, now=1.0, wake=Wake())
     s.detach(old, now=2.0)  # the old stream's handler ends later: it detaches nothing
     assert s.attachment is new and s.detached_at is None
+    s.drain(by_client=True)
+    assert new.end == CLOSED_OK
+    assert s.supersede() is new
+    assert isinstance(new.end, Superseded)  # a newer stream overrules even the session's own end
+
+
+def test_a_session_closed_while_its_input_ends_stays_closed():
+    s = session()
+    s.close()
+    s.drain(by_client=True)
+    assert s.lifecycle is Lifecycle.CLOSED
+    failed = session()
+    failed.fail(RuntimeError("x"))
+    failed.fail(RuntimeError("y"))
+    assert str(failed.failure) == "x"
 
 
 def test_idle_time_counts_only_while_the_server_owes_the_stream_nothing():
