@@ -98,7 +98,8 @@ class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
             attachment.reader = asyncio.get_running_loop().create_task(
                 _read(requests, self.table, session, attachment, self.max_message_bytes),
                 name=f"reader-{session.session_id[:6]}")
-            yield wire.server_message(Ready(session.session_id, session.applied_seq, session.last_final_segment))
+            yield wire.server_message(Ready(session.session_id, session.applied_seq, session.last_final_segment,
+                                             keep_alive=True))
             async for message in _outgoing(session, attachment):
                 yield message
             # every event of the ended session went out on this stream: nothing left to resume

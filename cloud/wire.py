@@ -197,7 +197,8 @@ def server_message(msg: ServerMessage) -> pb.ServerMessage:
         return pb.ServerMessage(ack=pb.Ack(seq=msg.seq, last_final_segment=msg.last_final_segment))
     if isinstance(msg, Ready):
         return pb.ServerMessage(ready=pb.Ready(session_id=msg.session_id, resume_after_seq=msg.resume_after_seq,
-                                               last_final_segment=msg.last_final_segment))
+                                               last_final_segment=msg.last_final_segment,
+                                               keep_alive=msg.keep_alive))
     return pb.ServerMessage(error=pb.Error(code=msg.code, message=msg.message))
 
 

@@ -205,6 +205,7 @@ class ClientSession:
     _writing: PendingMessage | None = field(default=None, init=False, repr=False)
     _now: float = field(default=0.0, init=False, repr=False)  # the clock at the latest `next_message`
     _last_written: float = field(default=0.0, init=False, repr=False)  # clock time of this call's last write
+    _keep_alive_ok: bool = field(default=False, init=False, repr=False)  # this call's Ready: the server takes KeepAlive
 
     def __post_init__(self) -> None:
         self.route_key = self.options.route_key or self.route_key
@@ -291,9 +292,10 @@ class ClientSession:
 
     def keepalive_in(self, now: float) -> float | None:
         """Seconds until this call is due a `KeepAlive` (<= 0: due now), None: none will be (not
-        streaming, or `keepalive_s` is 0). A driver waiting for input wakes up by then and asks
+        streaming, `keepalive_s` is 0, or the call's Ready did not say the server takes them: an
+        older server would end the stream over one). A driver waiting for input wakes up by then and asks
         `next_message(now)`."""
-        if self.lifecycle is not Lifecycle.STREAMING or self.options.keepalive_s <= 0:
+        if self.lifecycle is not Lifecycle.STREAMING or self.options.keepalive_s <= 0 or not self._keep_alive_ok:
             return None
         return self._last_written + self.options.keepalive_s - now
 
@@ -398,6 +400,7 @@ class ClientSession:
             raise self._fail(ServerRejectedError("PROTOCOL", f"server applied seq {ready.resume_after_seq}, "
                                                               f"but only {self.buffer.next_seq - 1} were sent"))
         self.sent_through = self.acked_seq = ready.resume_after_seq
+        self._keep_alive_ok = ready.keep_alive
         self._last_written = self._now = self.last_heard
         self._connected_this_call = True
         self.lifecycle = Lifecycle.STREAMING

@@ -57,7 +57,7 @@ def server_message(msg: pb.ServerMessage) -> ServerMessage | None:
     if kind == "ready":
         r = msg.ready
         return Ready(session_id=r.session_id, resume_after_seq=r.resume_after_seq,
-                     last_final_segment=r.last_final_segment)
+                     last_final_segment=r.last_final_segment, keep_alive=r.keep_alive)
     if kind == "error":
         return ServerError(code=msg.error.code, message=msg.error.message)
     return None

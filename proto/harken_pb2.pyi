@@ -110,14 +110,16 @@ class ServerMessage(_message.Message):
     def __init__(self, ready: _Optional[_Union[Ready, _Mapping]] = ..., transcript: _Optional[_Union[Transcript, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
 
 class Ready(_message.Message):
-    __slots__ = ("session_id", "resume_after_seq", "last_final_segment")
+    __slots__ = ("session_id", "resume_after_seq", "last_final_segment", "keep_alive")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESUME_AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_FINAL_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     resume_after_seq: int
     last_final_segment: int
-    def __init__(self, session_id: _Optional[str] = ..., resume_after_seq: _Optional[int] = ..., last_final_segment: _Optional[int] = ...) -> None: ...
+    keep_alive: bool
+    def __init__(self, session_id: _Optional[str] = ..., resume_after_seq: _Optional[int] = ..., last_final_segment: _Optional[int] = ..., keep_alive: _Optional[bool] = ...) -> None: ...
 
 class Transcript(_message.Message):
     __slots__ = ("segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final", "seed", "event_seq")

@@ -103,6 +103,7 @@ class Ready:
     session_id: str
     resume_after_seq: int  # the highest seq applied: the client resends everything after it
     last_final_segment: int = -1
+    keep_alive: bool = False  # the server takes KeepAlive: the client writes them only then
 
 
 @dataclass(frozen=True)

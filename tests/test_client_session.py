@@ -259,7 +259,7 @@ def test_a_call_with_nothing_to_send_writes_a_keepalive_every_keepalive_s():
     counted from Ready, then from the last write of any kind — and never outside STREAMING."""
     s = ClientSession(ClientOptions(keepalive_s=5.0))
     assert s.next_message(100.0) is None and s.keepalive_in(100.0) is None  # not connected yet
-    connect(s, Ready("sid", 0), now=10.0)
+    connect(s, Ready("sid", 0, keep_alive=True), now=10.0)
     assert s.keepalive_in(12.0) == 3.0 and s.next_message(12.0) is None
     msg = s.next_message(15.0)
     assert msg == KeepAlive()
@@ -277,8 +277,20 @@ def test_a_call_with_nothing_to_send_writes_a_keepalive_every_keepalive_s():
     s.sent(End())
     assert s.next_message(100.0) is None and s.keepalive_in(100.0) is None  # draining: only finals due
     never = ClientSession(ClientOptions(keepalive_s=0))
-    connect(never, Ready("sid", 0), now=0.0)
+    connect(never, Ready("sid", 0, keep_alive=True), now=0.0)
     assert never.next_message(1e6) is None and never.keepalive_in(1e6) is None
+
+
+def test_no_keepalive_to_a_server_whose_ready_does_not_take_them():
+    """A server older than KeepAlive ends a stream over one (INVALID_ARGUMENT) and has no idle
+    timeout: its Ready lacks `keep_alive`, and the call writes none, however long it is quiet. A
+    resume on a newer server (its Ready says so) writes them again."""
+    s = ClientSession(ClientOptions(keepalive_s=5.0))
+    connect(s, Ready("sid", 0), now=0.0)
+    assert s.keepalive_in(1e6) is None and s.next_message(1e6) is None
+    s.on_disconnect(Disconnect("connection reset", code="UNAVAILABLE"), 1e6)
+    connect(s, Ready("sid", 0, keep_alive=True), now=2e6)
+    assert s.next_message(2e6 + 5.0) == KeepAlive()
 
 
 def test_backoff_grows_and_the_offline_bound_ends_the_stream():

@@ -217,6 +217,7 @@ def wire_cases() -> dict:
                                                   seed=pb.SessionSeed(present=True, running_max_log10=1.25,
                                                                       context_tail="hello", next_segment_id=3))),
         pb.ServerMessage(error=pb.Error(code="INVALID_ARGUMENT", message="bad payload")),
+        pb.ServerMessage(ready=pb.Ready(session_id="sid-2", resume_after_seq=0, last_final_segment=3, keep_alive=True)),
     ]
     return {"client": client, "server": [{"bytes": m.SerializeToString().hex(),
                                           "kind": m.WhichOneof("kind")} for m in server]}

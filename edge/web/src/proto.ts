@@ -164,7 +164,7 @@ export function decodeServerMessage(buf: Uint8Array): ServerMessage | null {
   const m = fields(buf);
   let f: Map<number, Field[]> | null;
   if ((f = sub(m, 1))) {
-    return { kind: "ready", sessionId: str(f, 1), resumeAfterSeq: uint(f, 2), lastFinalSegment: int64(f, 3) };
+    return { kind: "ready", sessionId: str(f, 1), resumeAfterSeq: uint(f, 2), lastFinalSegment: int64(f, 3), keepAlive: uint(f, 4) !== 0 };
   }
   if ((f = sub(m, 2))) {
     return {

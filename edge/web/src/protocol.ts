@@ -49,7 +49,8 @@ export interface End { kind: "end" }
 export interface KeepAlive { kind: "keep_alive" }
 export type ClientMessage = Start | Features | End | KeepAlive;
 
-export interface Ready { kind: "ready"; sessionId: string; resumeAfterSeq: number; lastFinalSegment: number }
+/** keepAlive: the server takes KeepAlive (a client writes them only then: an older server ends the stream over one). */
+export interface Ready { kind: "ready"; sessionId: string; resumeAfterSeq: number; lastFinalSegment: number; keepAlive: boolean }
 export interface Transcript { kind: "transcript"; event: TranscriptEvent; eventSeq: number; seed: SessionSeed | null }
 export interface Ack { kind: "ack"; seq: number; lastFinalSegment: number }
 export interface ServerError { kind: "error"; code: string; message: string }

@@ -225,6 +225,7 @@ export class ClientSession {
   lastHeard = 0;
   private now = 0; // the clock at the latest nextMessage(now)
   private lastWritten = 0; // clock time of this call's last write
+  private keepAliveOk = false; // this call's Ready: the server takes KeepAlive
   newSegmentBoundS = 0;
   readonly buffer = new FeatureBuffer();
   readonly texts = new ReplayFilter();
@@ -282,7 +283,7 @@ export class ClientSession {
     this.lastHeard = now;
     if (this.lifecycle === "connecting") {
       if (msg?.kind !== "ready") throw this.fail(new StreamError("PROTOCOL", `expected Ready, got ${msg?.kind ?? null}`));
-      this.onReady(msg.sessionId, msg.resumeAfterSeq);
+      this.onReady(msg.sessionId, msg.resumeAfterSeq, msg.keepAlive);
       return [];
     }
     if (msg?.kind === "transcript") return this.onTranscript(msg);
@@ -305,9 +306,10 @@ export class ClientSession {
     return null;
   }
 
-  /** Seconds until a KeepAlive is due (<= 0: now), null: none will be (not streaming, or keepaliveS 0). */
+  /** Seconds until a KeepAlive is due (<= 0: now), null: none will be (not streaming, keepaliveS 0, or
+   * the call's Ready did not say the server takes them). */
   keepaliveIn(now: number): number | null {
-    if (this.lifecycle !== "streaming" || this.options.keepaliveS <= 0) return null;
+    if (this.lifecycle !== "streaming" || this.options.keepaliveS <= 0 || !this.keepAliveOk) return null;
     return this.lastWritten + this.options.keepaliveS - now;
   }
 
@@ -390,7 +392,7 @@ export class ClientSession {
 
   // ---- inside ----
 
-  private onReady(sessionId: string, resumeAfterSeq: number): void {
+  private onReady(sessionId: string, resumeAfterSeq: number, keepAlive: boolean): void {
     if (!this.sessionId) this.stats.sessionsOpened += 1;
     else this.stats.resumes += 1;
     this.sessionId = sessionId;
@@ -398,6 +400,7 @@ export class ClientSession {
       throw this.fail(new StreamError("PROTOCOL", `server applied seq ${resumeAfterSeq}, but only ${this.buffer.nextSeq - 1} were sent`));
     }
     this.sentThrough = this.ackedSeq = resumeAfterSeq;
+    this.keepAliveOk = keepAlive;
     this.lastWritten = this.now = this.lastHeard;
     this.connectedThisCall = true;
     this.lifecycle = "streaming";

@@ -16,7 +16,7 @@ function packet(segmentId, firstFrame, { frames = 10, start = false, end = false
 function transcript(segmentId, eventSeq, delta = "", partial = "", { final = false, startS = 0, endS = 1, seed = null } = {}) {
   return { kind: "transcript", eventSeq, seed, event: { segmentId, committedDelta: delta, partial, stability: 0.5, startS, endS, language: "English", isFinal: final } };
 }
-const ready = (sessionId, resumeAfterSeq) => ({ kind: "ready", sessionId, resumeAfterSeq, lastFinalSegment: -1 });
+const ready = (sessionId, resumeAfterSeq, keepAlive = false) => ({ kind: "ready", sessionId, resumeAfterSeq, lastFinalSegment: -1, keepAlive });
 const ack = (seq, lastFinalSegment) => ({ kind: "ack", seq, lastFinalSegment });
 
 function writeAll(s) {
@@ -201,7 +201,7 @@ test("a call with nothing to send writes a KeepAlive every keepaliveS", () => {
   const s = new ClientSession({ keepaliveS: 5 });
   assert.equal(s.nextMessage(100), null);
   assert.equal(s.keepaliveIn(100), null);
-  connect(s, ready("sid", 0), 10);
+  connect(s, ready("sid", 0, true), 10);
   assert.equal(s.keepaliveIn(12), 3);
   assert.equal(s.nextMessage(12), null);
   let msg = s.nextMessage(15);
@@ -224,6 +224,14 @@ test("a call with nothing to send writes a KeepAlive every keepaliveS", () => {
   assert.equal(s.nextMessage(100), null);
   assert.equal(s.keepaliveIn(100), null);
   const never = new ClientSession({ keepaliveS: 0 });
-  connect(never, ready("sid", 0), 0);
+  connect(never, ready("sid", 0, true), 0);
   assert.equal(never.nextMessage(1e6), null);
+});
+
+test("no KeepAlive to a server whose Ready does not take them", () => {
+  // as test_client_session.py's: an older server ends a stream over one
+  const s = new ClientSession({ keepaliveS: 5 });
+  connect(s, ready("sid", 0), 0);
+  assert.equal(s.keepaliveIn(1e6), null);
+  assert.equal(s.nextMessage(1e6), null);
 });
