@@ -53,6 +53,7 @@ class ServerOptions:
     api_keys: str | None = None  # keys file; None = open server
     metrics_port: int | None = None  # None = no metrics endpoint
     http_port: int | None = None  # WebRTC signaling + the browser page (cloud/webrtc.py); None = off
+    cors_origins: tuple[str, ...] = ()  # origins whose pages may use the HTTP port ("*": any); () = same origin only
     max_sessions: int = 16
     max_sessions_per_key: int = 16
     # queued audio, in feature frames (100 a second): see SessionLimits and EngineConfig
@@ -222,7 +223,7 @@ async def start_server(model, options: ServerOptions = ServerOptions(),
     if options.http_port is not None:
         from harken.cloud.webrtc import start_webrtc
 
-        webrtc = await start_webrtc(service, keys, options.host, options.http_port)
+        webrtc = await start_webrtc(service, keys, options.host, options.http_port, options.cors_origins)
     return RunningServer(port=port, metrics_port=endpoint.port if endpoint else None,
                          tls=credentials is not None, host=options.host, metrics=metrics, _grpc=server,
                          _table=table, _scheduler=scheduler, _executor=executor, _health=health_servicer,

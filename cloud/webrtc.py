@@ -19,6 +19,11 @@ incoming Opus track for browsers.
         `model_kind`, `test_model`: a random test checkpoint whose words mean nothing, `model_note`)
         and the languages a stream may be forced to (`languages`: [{name, code}])
 
+CORS: a meeting app on another origin that imports `/edge/harken.js` and posts offers needs the
+server's leave. `harken serve --cors-origin ORIGIN` (repeatable; `*` for any) answers preflights
+(POST with `Authorization` and `Content-Type`) and marks every response to a request from such an
+origin; other origins get no CORS headers, so browsers keep them out (same-origin pages need none).
+
 Each data channel runs `TranscriptionService.Stream` itself: the session table, the resume and
 replay rules, the error codes are the gRPC service's, not a second implementation. The channel
 stands in for the call: its messages are the request iterator, its close is the call's
@@ -179,9 +184,11 @@ class _Channel:
 class WebRTCEndpoint:
     """The HTTP signaling endpoint and every peer connection it made. Owned by `RunningServer`."""
 
-    def __init__(self, service, keys: ApiKeys | None, max_peer_connections: int = 64):
+    def __init__(self, service, keys: ApiKeys | None, max_peer_connections: int = 64,
+                 cors_origins: tuple[str, ...] = ()):
         self.service = service  # cloud.grpc_service.TranscriptionService
         self.keys = keys
+        self.cors_origins = frozenset(cors_origins)
         self.max_peer_connections = max_peer_connections
         self.port: int | None = None
         self._runner: web.AppRunner | None = None
@@ -191,7 +198,7 @@ class WebRTCEndpoint:
     async def start(self, host: str, port: int) -> int:
         from aiohttp import web
 
-        app = web.Application(client_max_size=MAX_OFFER_BYTES)
+        app = web.Application(client_max_size=MAX_OFFER_BYTES, middlewares=[self._cors()])
         app.router.add_post(OFFER_PATH, self._offer)
         app.router.add_get("/", self._page)
         app.router.add_get(CONFIG_PATH, self._config)
@@ -218,6 +225,33 @@ class WebRTCEndpoint:
             await self._runner.cleanup()
 
     # ---- HTTP ----------------------------------------------------------------------------------
+
+    def _cors(self):
+        """The CORS middleware (see the module docstring)."""
+        from aiohttp import web
+
+        @web.middleware
+        async def cors(request, handler):
+            origin = request.headers.get("Origin")
+            allowed = origin is not None and ("*" in self.cors_origins or origin in self.cors_origins)
+            if allowed and request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+                response = web.Response(status=204, headers={
+                    "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                    "Access-Control-Allow-Headers": "authorization, content-type",
+                    "Access-Control-Max-Age": "600"})
+            else:
+                try:
+                    response = await handler(request)
+                except web.HTTPException as e:  # 404s and 405s too, so the page can read them
+                    response = e
+            if allowed:
+                response.headers["Access-Control-Allow-Origin"] = origin
+                response.headers["Vary"] = "Origin"
+            if isinstance(response, web.HTTPException) and response.status >= 400:
+                raise response
+            return response
+
+        return cors
 
     async def _page(self, request):
         from aiohttp import web
@@ -356,8 +390,9 @@ async def _pump_track(track, feed: _TrackFeed) -> None:
         feed.add(mono, frame.sample_rate)
 
 
-async def start_webrtc(service, keys: ApiKeys | None, host: str, port: int) -> WebRTCEndpoint:
-    endpoint = WebRTCEndpoint(service, keys)
+async def start_webrtc(service, keys: ApiKeys | None, host: str, port: int,
+                       cors_origins: tuple[str, ...] = ()) -> WebRTCEndpoint:
+    endpoint = WebRTCEndpoint(service, keys, cors_origins=cors_origins)
     await endpoint.start(host, port)
     return endpoint
 

@@ -183,6 +183,10 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--http-port", type=int,
                    help="serve WebRTC (HTTP signaling, data channel, Opus track) and the browser page on "
                         "this port (0: a free one)")
+    s.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let pages of this origin (e.g. https://meet.example.com; '*': any) load the "
+                        "browser edge and open WebRTC streams from the --http-port (repeatable; default: "
+                        "the server's own pages only)")
     s.add_argument("--max-sessions", type=int, default=16, help="sessions at once (default 16)")
     s.add_argument("--max-sessions-per-key", type=int, default=16, help="sessions per API key (default 16)")
     s.add_argument("--grace-s", type=float, default=60.0,
@@ -432,7 +436,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
         options = ServerOptions(host=args.host, port=args.port, tls_cert=args.tls_cert, tls_key=args.tls_key,
                                 api_keys=args.api_keys, metrics_port=args.metrics_port,
-                                http_port=args.http_port, max_sessions=args.max_sessions, max_sessions_per_key=args.max_sessions_per_key,
+                                http_port=args.http_port, cors_origins=tuple(args.cors_origin),
+                                max_sessions=args.max_sessions, max_sessions_per_key=args.max_sessions_per_key,
                                 grace_s=args.grace_s, idle_timeout_s=args.idle_timeout_s, decoder=args.decoder)
         if args.ray:
             from harken.cloud.ray_app import Scaling, serve_ray_command

@@ -8,7 +8,7 @@ mid-stream is resumed (a new peer connection, the same session); the final trans
 `harken stream --server` (the Python edge) gives on the same 16 kHz audio the page captured; the
 page's log-mel (onnxruntime-web) is within 1e-4 of the Python edge's on that audio; the live kbps
 shows. Also: the meeting-app API with two tracks (one session each, each text equal to `harken
-stream` on that track's audio), and a graceful server restart mid-stream (a seeded replacement
+stream` on that track's audio), the same API from a page on another origin (CORS), and a graceful server restart mid-stream (a seeded replacement
 session finishes the stream). The tiny random checkpoint (tests/conftest.py) transcribes: its words mean
 nothing, but the same features give the same words.
 
@@ -226,6 +226,69 @@ def test_the_meeting_app_api_runs_one_session_per_track(asr, tmp_path):
     assert {e[0] for e in result["events"]} == {"alice", "bob"}
     assert all(t.strip() for t in result["texts"])
     assert result["texts"] == references
+
+
+def test_a_meeting_app_on_another_origin_uses_the_edge_by_cors(asr, tmp_path):
+    """The README's meeting app as it is deployed: its page on its own origin imports harken.js
+    from the harken server and connects there (`--cors-origin` names the app). The browser fetches
+    the module, the edge worker (a same-origin blob importing it), the worklet, the models and
+    onnxruntime-web's files across origins, and posts the offer after a preflight; the track's
+    transcript equals `harken stream` on the audio it captured."""
+    from aiohttp import web
+
+    audio = concat(silence(0.3), speech("Good morning everyone."), silence(1.2))
+    playwright, wav, keys, args = _page_setup(tmp_path, audio)
+    seconds = audio.size / 16_000
+
+    async def main():
+        async def blank(_):
+            return web.Response(text="<!doctype html><title>meeting</title>", content_type="text/html")
+
+        app = web.Application()
+        app.router.add_get("/", blank)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        app_origin = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        server = await start_server(asr, ServerOptions(port=0, http_port=0, api_keys=str(keys), policy=POLICY,
+                                                       cors_origins=(app_origin,)))
+        harken_url = f"http://127.0.0.1:{server.http_port}"
+        try:
+            async with playwright.async_playwright() as p:
+                browser = await p.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+                try:
+                    page = await browser.new_page()
+                    await page.goto(app_origin + "/")
+                    result = await page.evaluate(f"""async () => {{ {FLOAT32_B64}
+                        const harken = await import("{harken_url}/edge/harken.js");
+                        const s = await harken.connect("{harken_url}", {{ apiKey: "{KEY}" }});
+                        const mic = await navigator.mediaDevices.getUserMedia({{ audio: true }});
+                        const t = s.addTrack(mic.getAudioTracks()[0], {{ speaker: "alice", language: "English",
+                                                                        capture: true }});
+                        await new Promise((resolve) => {{ const i = setInterval(() => {{
+                            if (t.session.newSegmentBoundS >= {seconds + 0.5} && !t.session.buffer.entries.length) {{
+                                clearInterval(i); resolve(); }}
+                        }}, 100); }});
+                        t.stop();
+                        await t.done;
+                        const captured = await t.captured();
+                        const texts = await s.close();
+                        return {{ origin: location.origin, texts, captured: b64(captured.samples) }};
+                    }}""")
+                finally:
+                    await browser.close()
+            path = tmp_path / "track.wav"
+            sf.write(str(path), np.frombuffer(base64.b64decode(result["captured"]), dtype="<f4"), 16_000,
+                     subtype="FLOAT")
+            reference = await _harken_stream(path, server.port)
+        finally:
+            await server.stop()
+            await runner.cleanup()
+        return result, reference, app_origin, harken_url
+
+    result, reference, app_origin, harken_url = asyncio.run(main())
+    assert result["origin"] == app_origin != harken_url  # really across origins
+    assert result["texts"][0].strip() and result["texts"] == [reference]
 
 
 def test_a_server_restart_mid_stream_is_replayed_into_a_seeded_session(asr, tmp_path):

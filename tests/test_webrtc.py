@@ -340,3 +340,39 @@ def test_an_idle_data_channel_stream_is_reaped_like_a_grpc_one(asr):
     assert details.startswith("the stream was idle for ") and "(limit 0.3 s)" in details
     assert held == 0
     assert after == []  # a second of silence: admitted, no words, ended OK
+
+
+def test_cors_lets_only_the_named_origins_in(asr):
+    """`--cors-origin`: a preflight for an offer from a named origin is answered (POST with
+    Authorization), and every response to it carries the origin, errors included; another origin
+    gets no CORS header (the browser keeps it out), its preflight no answer."""
+    import aiohttp
+
+    async def main():
+        server = await start_server(asr, ServerOptions(port=0, http_port=0, cors_origins=("http://app.test",)))
+        base = f"http://127.0.0.1:{server.http_port}"
+        out = {}
+        try:
+            async with aiohttp.ClientSession() as c:
+                preflight = {"Access-Control-Request-Method": "POST",
+                             "Access-Control-Request-Headers": "authorization,content-type"}
+                for origin in ("http://app.test", "http://other.test"):
+                    async with c.options(base + "/v1/webrtc/offer", headers={"Origin": origin, **preflight}) as r:
+                        out[origin, "preflight"] = (r.status, dict(r.headers))
+                    async with c.get(base + "/v1/config", headers={"Origin": origin}) as r:
+                        out[origin, "config"] = (r.status, dict(r.headers))
+                    async with c.post(base + "/v1/webrtc/offer", data=b"{}", headers={"Origin": origin}) as r:
+                        out[origin, "offer"] = (r.status, dict(r.headers))
+        finally:
+            await server.stop()
+        return out
+
+    out = asyncio.run(asyncio.wait_for(main(), TIMEOUT))
+    status, headers = out["http://app.test", "preflight"]
+    assert status == 204 and headers["Access-Control-Allow-Origin"] == "http://app.test"
+    assert "authorization" in headers["Access-Control-Allow-Headers"] and "POST" in headers["Access-Control-Allow-Methods"]
+    assert out["http://app.test", "config"][0] == 200
+    assert out["http://app.test", "offer"][0] == 400  # a bad offer, answered in words the page can read
+    assert all(h["Access-Control-Allow-Origin"] == "http://app.test" for k, (_, h) in out.items() if k[0] == "http://app.test")
+    assert all("Access-Control-Allow-Origin" not in h for k, (_, h) in out.items() if k[0] == "http://other.test")
+    assert out["http://other.test", "preflight"][0] == 405

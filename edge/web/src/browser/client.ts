@@ -374,13 +374,25 @@ export function edgeSupported(): boolean {
 }
 
 /**
+ * A module worker running `url`. A browser starts workers from the page's own origin only; from a
+ * meeting app on another origin (harken.js imported from the harken server), the worker is a
+ * same-origin blob that imports the script, which the server allows by CORS (`harken serve
+ * --cors-origin`), as it does the models and onnxruntime-web's files the worker fetches.
+ */
+function moduleWorker(url: URL): Worker {
+  if (url.origin === location.origin) return new Worker(url, { type: "module" });
+  const shim = new Blob([`import ${JSON.stringify(url.href)};`], { type: "text/javascript" });
+  return new Worker(URL.createObjectURL(shim), { type: "module" });
+}
+
+/**
  * Connect to a harken server (the URL `harken serve --http-port` serves) with the edge on this
  * device: loads onnxruntime-web and the two ONNX models into a worker, then `addTrack` per speaker.
  */
 export async function connect(url: string, options: ConnectOptions = {}): Promise<Connection> {
   if (!edgeSupported()) throw new Error("this browser lacks WebAssembly, AudioWorklet or workers: use the audio (Opus) mode");
   const base = options.assetsUrl ?? new URL(".", import.meta.url).href;
-  const worker = new Worker(new URL("edge-worker.js", base), { type: "module" });
+  const worker = moduleWorker(new URL("edge-worker.js", base));
   const ready = new Promise<void>((resolve, reject) => {
     const onMessage = (ev: MessageEvent) => {
       if (ev.data.type === "ready") resolve();
