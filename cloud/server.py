@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -81,6 +82,12 @@ class ServerOptions:
             raise HarkenError("--idle-timeout-s and --grace-s must be > 0")
         if not (self.keepalive_time_s > 0 and self.keepalive_timeout_s > 0):
             raise HarkenError("keepalive_time_s and keepalive_timeout_s must be > 0")
+        if self.cors_origins and self.http_port is None:
+            raise HarkenError("--cors-origin needs --http-port (it is for the WebRTC and page port)")
+        for origin in self.cors_origins:
+            if origin != "*" and not re.fullmatch(r"https?://[^/?#\s]+", origin):
+                raise HarkenError(f"--cors-origin {origin!r} is no origin: scheme://host[:port] with no path "
+                                  "(e.g. https://meet.example.com), or '*'")
         if not 0 < self.max_queued_frames_per_session <= self.max_queued_frames_per_key < self.max_queued_frames:
             raise HarkenError("queued-audio limits must be 0 < per session <= per key < the server's")
 

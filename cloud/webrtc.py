@@ -198,7 +198,8 @@ class WebRTCEndpoint:
     async def start(self, host: str, port: int) -> int:
         from aiohttp import web
 
-        app = web.Application(client_max_size=MAX_OFFER_BYTES, middlewares=[self._cors()])
+        app = web.Application(client_max_size=MAX_OFFER_BYTES, middlewares=[self._preflight()])
+        app.on_response_prepare.append(self._cors_headers)
         app.router.add_post(OFFER_PATH, self._offer)
         app.router.add_get("/", self._page)
         app.router.add_get(CONFIG_PATH, self._config)
@@ -226,32 +227,37 @@ class WebRTCEndpoint:
 
     # ---- HTTP ----------------------------------------------------------------------------------
 
-    def _cors(self):
-        """The CORS middleware (see the module docstring)."""
+    def _preflight(self):
+        """The CORS preflight middleware: a named origin's preflight is answered here, before any
+        route (see the module docstring); `_cors_headers` marks the responses."""
         from aiohttp import web
 
         @web.middleware
-        async def cors(request, handler):
-            origin = request.headers.get("Origin")
-            allowed = origin is not None and ("*" in self.cors_origins or origin in self.cors_origins)
-            if allowed and request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
-                response = web.Response(status=204, headers={
+        async def preflight(request, handler):
+            if (request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers
+                    and self._allowed(request.headers.get("Origin"))):
+                return web.Response(status=204, headers={
                     "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
                     "Access-Control-Allow-Headers": "authorization, content-type",
                     "Access-Control-Max-Age": "600"})
-            else:
-                try:
-                    response = await handler(request)
-                except web.HTTPException as e:  # 404s and 405s too, so the page can read them
-                    response = e
-            if allowed:
-                response.headers["Access-Control-Allow-Origin"] = origin
-                response.headers["Vary"] = "Origin"
-            if isinstance(response, web.HTTPException) and response.status >= 400:
-                raise response
-            return response
+            return await handler(request)
 
-        return cors
+        return preflight
+
+    async def _cors_headers(self, request, response) -> None:
+        """Every response, errors and static files included (as it is prepared): the origin when
+        it is named, and `Vary: Origin` so that no cache hands one origin's answer to another."""
+        if not self.cors_origins:
+            return
+        vary = [v.strip() for v in response.headers.get("Vary", "").split(",") if v.strip()]
+        if "Origin" not in vary:
+            response.headers["Vary"] = ", ".join(vary + ["Origin"])
+        origin = request.headers.get("Origin")
+        if self._allowed(origin):
+            response.headers["Access-Control-Allow-Origin"] = origin
+
+    def _allowed(self, origin: str | None) -> bool:
+        return origin is not None and ("*" in self.cors_origins or origin in self.cors_origins)
 
     async def _page(self, request):
         from aiohttp import web

@@ -48,6 +48,7 @@ def test_server_messages_as_shared_data():
     assert isinstance(no_seed, Transcript) and no_seed.seed is None
     assert wire.server_message(pb.ServerMessage(ready=pb.Ready(session_id="s", resume_after_seq=4,
                                                                last_final_segment=-1))) == Ready("s", 4, -1)
+    assert wire.server_message(pb.ServerMessage(ready=pb.Ready(session_id="s", keep_alive=True))).keep_alive
     assert wire.server_message(pb.ServerMessage(ack=pb.Ack(seq=5, last_final_segment=0))) == Ack(5, 0)
     assert wire.server_message(pb.ServerMessage(error=pb.Error(code="NOT_FOUND", message="gone"))) == \
         ServerError("NOT_FOUND", "gone")

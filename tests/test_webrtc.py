@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from harken.cloud.server import ServerOptions, start_server
+from harken.shared.errors import HarkenError
 from harken.edge.audio import peak_normalize
 from harken.edge.transport import ClientOptions, ServerRejectedError, TranscriptionClient
 from harken.edge.webrtc_transport import WebRTCTranscriptionClient
@@ -363,6 +364,8 @@ def test_cors_lets_only_the_named_origins_in(asr):
                         out[origin, "config"] = (r.status, dict(r.headers))
                     async with c.post(base + "/v1/webrtc/offer", data=b"{}", headers={"Origin": origin}) as r:
                         out[origin, "offer"] = (r.status, dict(r.headers))
+                async with c.get(base + "/v1/config") as r:  # the server's own page: no Origin header
+                    out["same origin"] = (r.status, dict(r.headers))
         finally:
             await server.stop()
         return out
@@ -376,3 +379,9 @@ def test_cors_lets_only_the_named_origins_in(asr):
     assert all(h["Access-Control-Allow-Origin"] == "http://app.test" for k, (_, h) in out.items() if k[0] == "http://app.test")
     assert all("Access-Control-Allow-Origin" not in h for k, (_, h) in out.items() if k[0] == "http://other.test")
     assert out["http://other.test", "preflight"][0] == 405
+    # every answer varies by Origin, so no cache hands one origin's copy to another
+    assert all("Origin" in h["Vary"] for _, h in out.values())
+    assert "Access-Control-Allow-Origin" not in out["same origin"][1]
+    for bad in (dict(cors_origins=("https://meet.example.com/",), http_port=0), dict(cors_origins=("*",))):
+        with pytest.raises(HarkenError, match="--cors-origin"):
+            ServerOptions(**bad)

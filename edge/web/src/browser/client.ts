@@ -381,8 +381,12 @@ export function edgeSupported(): boolean {
  */
 function moduleWorker(url: URL): Worker {
   if (url.origin === location.origin) return new Worker(url, { type: "module" });
-  const shim = new Blob([`import ${JSON.stringify(url.href)};`], { type: "text/javascript" });
-  return new Worker(URL.createObjectURL(shim), { type: "module" });
+  const shim = URL.createObjectURL(new Blob([`import ${JSON.stringify(url.href)};`], { type: "text/javascript" }));
+  const worker = new Worker(shim, { type: "module" });
+  const revoke = () => URL.revokeObjectURL(shim); // the worker has fetched it (or failed to)
+  worker.addEventListener("message", revoke, { once: true });
+  worker.addEventListener("error", revoke, { once: true });
+  return worker;
 }
 
 /**
@@ -401,7 +405,7 @@ export async function connect(url: string, options: ConnectOptions = {}): Promis
       worker.removeEventListener("message", onMessage);
     };
     worker.addEventListener("message", onMessage);
-    worker.addEventListener("error", (e) => reject(new Error(`the edge worker failed to load: ${e.message}`)));
+    worker.addEventListener("error", (e) => reject(new Error(`the edge worker failed to load${e.message ? `: ${e.message}` : ` from ${base}`}`)));
   });
   worker.postMessage({ type: "init", base });
   const context = new AudioContext();
