@@ -260,7 +260,8 @@ def random_server_message(rng: random.Random) -> pb.ServerMessage:
     kind = rng.randrange(5)
     if kind == 0:
         return pb.ServerMessage(ready=pb.Ready(session_id=random_text(rng, 30), resume_after_seq=random_int(rng, 64),
-                                               last_final_segment=random_int(rng, 63) * rng.choice((1, -1))))
+                                               last_final_segment=random_int(rng, 63) * rng.choice((1, -1)),
+                                               keep_alive=rng.random() < 0.5))
     if kind == 1:
         t = pb.Transcript(segment_id=random_int(rng, 32), committed_delta=random_text(rng), partial=random_text(rng),
                           stability=random_float(rng), start_s=random_float(rng), end_s=random_float(rng),

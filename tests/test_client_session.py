@@ -291,6 +291,10 @@ def test_no_keepalive_to_a_server_whose_ready_does_not_take_them():
     s.on_disconnect(Disconnect("connection reset", code="UNAVAILABLE"), 1e6)
     connect(s, Ready("sid", 0, keep_alive=True), now=2e6)
     assert s.next_message(2e6 + 5.0) == KeepAlive()
+    # and back: a resume that reaches an older server again (a rolling downgrade) writes none
+    s.on_disconnect(Disconnect("connection reset", code="UNAVAILABLE"), 3e6)
+    connect(s, Ready("sid", 0), now=4e6)
+    assert s.keepalive_in(5e6) is None and s.next_message(5e6) is None
 
 
 def test_backoff_grows_and_the_offline_bound_ends_the_stream():
