@@ -26,6 +26,7 @@ import asyncio
 import logging
 import math
 import os
+import random
 import signal
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -49,6 +50,10 @@ LOCAL_OBJECT_STORE_BYTES = 256 << 20
 # Drain on scale-down (`TranscriptionReplica._drain_when_stopping`): how often a replica reads its
 # state, after how many failed reads it says so, and Serve's deadline beyond shutdown_grace_s.
 DRAIN_POLL_S = 0.5
+# Each poll reads the whole deployment's details at the controller (O(replicas)), and every
+# replica polls: the fleet keeps to this many polls a second in all (each replica waits longer the
+# more replicas there are), so the controller's load grows with the fleet, not with its square.
+DRAIN_POLLS_PER_S = 20.0
 DRAIN_POLL_TIMEOUT_S = 2.0  # a poll that takes longer counts as failed
 DRAIN_POLL_FAILURES = 5
 DRAIN_MARGIN_S = 5.0
@@ -195,12 +200,12 @@ class TranscriptionReplica:
         new), it finalises every open segment, sends the finals and ends its streams UNAVAILABLE;
         their clients resume, get NOT_FOUND on the replica their key now reaches, and go on in a
         new session there from the first packet not yet final."""
-        failures = 0
+        failures, replicas = 0, 1
         while True:
-            await asyncio.sleep(DRAIN_POLL_S)
+            await asyncio.sleep(drain_poll_interval(replicas) * random.uniform(0.75, 1.25))  # jitter: polls spread
             try:
-                state = await asyncio.wait_for(replica_state(self.app, self.deployment, self.replica_id),
-                                               DRAIN_POLL_TIMEOUT_S)
+                state, replicas = await asyncio.wait_for(replica_state(self.app, self.deployment, self.replica_id),
+                                                         DRAIN_POLL_TIMEOUT_S)
             except Exception as e:  # the controller moved or its API changed: Serve's own stop still applies
                 failures += 1
                 if failures == DRAIN_POLL_FAILURES:
@@ -229,8 +234,16 @@ class TranscriptionReplica:
 _controller: Any = None
 
 
-async def replica_state(app: str, deployment_name: str, replica_id: str) -> str | None:
-    """A replica's state at the Serve controller ("RUNNING", "STOPPING", ...; None: unknown).
+def drain_poll_interval(replicas: int) -> float:
+    """How long a replica waits between reads of its state: DRAIN_POLL_S in a small fleet, longer
+    in a large one (DRAIN_POLLS_PER_S in all), at most half of Serve's margin beyond
+    `shutdown_grace_s`, so that a leaving replica notices in time to finalise its segments."""
+    return min(max(DRAIN_POLL_S, replicas / DRAIN_POLLS_PER_S), DRAIN_MARGIN_S / 2)
+
+
+async def replica_state(app: str, deployment_name: str, replica_id: str) -> tuple[str | None, int]:
+    """A replica's state at the Serve controller ("RUNNING", "STOPPING", ...; None: unknown), and
+    how many replicas the deployment has.
     (The controller's own details call, which Serve's REST API and CLI use; Serve has no public
     per-replica call.) The controller's handle is looked up once, off the event loop (a GCS call)."""
     global _controller
@@ -242,8 +255,8 @@ async def replica_state(app: str, deployment_name: str, replica_id: str) -> str 
     details = await _controller.get_deployment_details.remote(app, deployment_name)
     for r in details.replicas:
         if r.replica_id == replica_id:
-            return str(getattr(r.state, "value", r.state))
-    return None
+            return str(getattr(r.state, "value", r.state)), len(details.replicas)
+    return None, len(details.replicas)
 
 
 def autoscaling_policy(ctx) -> tuple[int, dict]:

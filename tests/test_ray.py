@@ -282,3 +282,15 @@ def test_autoscaling_policy_follows_sessions_held_over_slots():
     assert autoscaling_policy(_context([(16, 16, 0)] * 4, current=4))[0] == 4  # capped at max
     assert autoscaling_policy(_context([(4, 16, 3), (4, 16, 1)], current=2))[0] == 3  # model saturated
     assert autoscaling_policy(_context([(4, 16, 3), (4, 16, 0)], current=2))[0] == 1
+
+
+def test_the_drain_watch_keeps_the_controller_load_linear_in_the_fleet():
+    """Each replica's poll reads the whole deployment's details (O(replicas)); every replica polls.
+    The interval grows with the fleet so the polls a second stay at DRAIN_POLLS_PER_S in all, and
+    stays within half of Serve's margin, so a leaving replica still notices in time to drain."""
+    from harken.cloud.ray_app import DRAIN_MARGIN_S, DRAIN_POLL_S, DRAIN_POLLS_PER_S, drain_poll_interval
+
+    assert drain_poll_interval(1) == drain_poll_interval(4) == DRAIN_POLL_S
+    for n in (10, 20, 40):
+        assert n / drain_poll_interval(n) <= DRAIN_POLLS_PER_S + 1e-9  # the fleet's polls a second
+    assert drain_poll_interval(1000) == DRAIN_MARGIN_S / 2
