@@ -189,10 +189,13 @@ class HostedSession:
         if self.audio is None:
             seed = self.core.start.seed
             seed_max = seed.running_max_log10 if seed is not None else float("-inf")
-            self.audio = await _run(self.executor, AudioFrontEnd, a.sample_rate, seed_max,
-                                    self.core.order.last_segment_id + 1, wire.front_end_checkpoint(seed))
+            first_id = self.core.order.last_segment_id + 1
+            # (the seed's checkpoint is parsed with the front end's start, off the event loop)
+            self.audio = await _run(self.executor, lambda: AudioFrontEnd(a.sample_rate, seed_max, first_id,
+                                                                         wire.front_end_checkpoint(seed)))
             self.core.front_end_checkpoints(self.audio.checkpoints_at_start)
-        packets, checkpoints = await _run(self.executor, self.audio.push, a.samples())
+        front_end = self.audio
+        packets, checkpoints = await _run(self.executor, lambda: front_end.push(a.samples()))
         self.core.front_end_checkpoints(checkpoints)
         await self._feed_front_end(packets)
 

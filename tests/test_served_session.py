@@ -147,3 +147,25 @@ def test_grace_expiry_idle_streams_and_admission_on_a_fake_clock(asr, packets):
             await core.close(1.0)
 
     asyncio.run(main())
+
+
+def test_the_engines_reports_reach_the_servers_metrics(talkative_asr, packets):
+    """`EngineObserver`: every decode the engine cut (its own count, `Engine.truncations`) is in
+    `harken_decode_truncated_total` by reason, and every tick that served sessions is in
+    `harken_batch_size` (a model that writes on: budget cuts happen)."""
+    async def main():
+        core = await start_core(talkative_asr, ServerOptions(max_sessions=2))
+        try:
+            await run_session(core.table, "k", packets)
+            engine = core.scheduler.engine
+            return dict(engine.truncations), core.metrics.registry
+        finally:
+            await core.close(1.0)
+
+    truncations, registry = asyncio.run(main())
+    assert sum(truncations.values()) > 0
+    for reason in ("budget", "loop"):
+        got = registry.get_sample_value("harken_decode_truncated_total", {"reason": reason}) or 0.0
+        assert got == truncations.get(reason, 0)
+    assert registry.get_sample_value("harken_batch_size_count") >= 1
+    assert registry.get_sample_value("harken_batch_size_sum") >= registry.get_sample_value("harken_batch_size_count")
