@@ -423,13 +423,8 @@ REAL_DIMS = "real-dims"  # in a --model list: random weights with the 0.6B dims
 def bench_stream_command(opts: StreamBenchOptions) -> int:
     """One model: its result object. A comma-separated list (`tiny,tiny-untied,synth-en,real-dims`):
     every checkpoint kind side by side in one run, `{"runs": [...]}` in the order given."""
-    models = [m.strip() for m in opts.model.split(",") if m.strip()]
-    if len(models) <= 1:
-        print(json.dumps(bench_stream(opts)))
-        return 0
-    runs = []
-    for m in models:
-        one = replace(opts, model="tiny", real_dims=True) if m == REAL_DIMS else replace(opts, model=m)
-        runs.append(bench_stream(one))
-    print(json.dumps({"runs": runs}))
+    models = [m.strip() for m in opts.model.split(",") if m.strip()] or ["tiny"]
+    runs = [bench_stream(replace(opts, model="tiny", real_dims=True) if m == REAL_DIMS else replace(opts, model=m))
+            for m in models]
+    print(json.dumps(runs[0] if len(runs) == 1 else {"runs": runs}))
     return 0

@@ -312,12 +312,11 @@ class Engine:
                 self._fail(sid, s, e)
         return broken
 
-    def _start(self, planned: list[tuple[str, Session, Job]]) -> tuple[list[_Running], list]:
-        """Encode (one batch) and prefill (one batch) planned passes. Returns the passes that decode,
-        and the events of passes that needed no model."""
-        events, run = [], []
+    def _prompts(self, planned: list[tuple[str, Session, Job]]) -> tuple[list[tuple[str, Session, Job, torch.Tensor]], list]:
+        """Encode planned passes (one batch) and build each one's prefill embeddings. Returns the
+        passes to prefill with their embeddings, and the events of passes that needed no model."""
+        events, ready = [], []
         broken = self._encode(planned)
-        slots, embeds = [], []
         for sid, s, job in planned:
             if sid in broken:
                 continue
@@ -325,10 +324,18 @@ class Engine:
                 events += self._finish(sid, s, job, [])
                 continue
             try:
-                emb = s.prefill_embeds(job)
+                ready.append((sid, s, job, s.prefill_embeds(job)))
             except Exception as err:  # noqa: BLE001
                 self._fail(sid, s, err)
-                continue
+        return ready, events
+
+    def _start(self, planned: list[tuple[str, Session, Job]]) -> tuple[list[_Running], list]:
+        """Encode (one batch) and prefill (one batch) planned passes. Returns the passes that decode,
+        and the events of passes that needed no model."""
+        run: list[_Running] = []
+        ready, events = self._prompts(planned)
+        slots, embeds = [], []
+        for sid, s, job, emb in ready:
             self.cache.truncate(s.state.slot, job.keep)
             slots.append(s.state.slot)
             embeds.append(emb)

@@ -311,20 +311,9 @@ class VllmEngine(Engine):
     def _start(self, planned):
         """Encode planned passes (one batch, as `Engine._start`) and submit their prompts to vLLM.
         Returns {request id: pass} and the events of passes that needed no decode."""
-        events: list = []
         live: dict[str, _Running] = {}
-        broken = self._encode(planned)
-        for sid, s, job in planned:
-            if sid in broken:
-                continue
-            if job.model_free:
-                events += self._finish(sid, s, job, [])
-                continue
-            try:
-                emb = s.prefill_embeds(job)
-            except Exception as err:  # noqa: BLE001
-                self._fail(sid, s, err)
-                continue
+        ready, events = self._prompts(planned)
+        for sid, s, job, emb in ready:
             r = _Running(sid, s, job, s.state.slot, [])
             if job.budget <= 0:
                 self._done(r)  # the loop guard's bookkeeping, as the own engine does
