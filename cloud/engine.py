@@ -367,6 +367,7 @@ class Engine:
         cut = limits.loop_cut(tail)
         if cut is not None:
             keep = max(len(r.tokens) - (len(tail) - cut), 0)
+            self.decoded_tokens += len(r.tokens) - keep  # generated, then dropped: decode work all the same
             del r.tokens[keep:]
             self._truncated("loop")
             return True

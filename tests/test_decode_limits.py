@@ -135,7 +135,14 @@ def test_unlimited_budgets_would_cost_more(untied):
 
 def test_stream_loop_is_cut_and_never_committed(repeater):
     policy = CommitPolicy(update_interval_s=1.0, rollback_tokens=2)
-    engine, segments, events = stream(repeater, [6.0, 3.0], policy)
+    rows = []  # every generated token is one row of the output head (prefill's last + each step)
+    hook = repeater.decoder.lm_head.register_forward_hook(lambda m, i, o: rows.append(o.shape[:-1].numel()))
+    try:
+        engine, segments, events = stream(repeater, [6.0, 3.0], policy)
+    finally:
+        hook.remove()
+    # the decode work counts the repeats the guard dropped, not only the tokens it kept
+    assert engine.decoded_tokens == sum(rows) > 0
     committed = [tok for toks in item_tokens(events).values() for t in toks for tok in t]
     assert engine.truncations.get("loop", 0) >= len(segments)
     for toks in item_tokens(events).values():
