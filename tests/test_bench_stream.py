@@ -16,7 +16,7 @@ from harken.cli import main
 CONTRACT = ("update_growth", "continuous_update_growth", "phase1_speedup", "phase1_method",
             "throughput_rtf", "p50_update_ms", "p95_update_ms", "batching_gain", "transcripts_identical",
             "harken_total_s", "phase1_total_s", "sequential_total_s", "clock", "seconds", "streams",
-            "decode_tokens_per_audio_s", "decode_truncated")
+            "decode_tokens_per_audio_s", "decode_tokens_per_speech_s", "decode_truncated")
 
 
 def test_packets_cover_each_segment_once_with_its_flags():
@@ -74,6 +74,10 @@ def test_bench_reports_the_contract(result):
         assert result[key] > 0, key
     assert result["p50_update_ms"] <= result["p95_update_ms"]
     assert result["harken_updates"] > 0 and result["phase1_updates"] >= 2
+    by_pass = result["decode_tokens_per_speech_s"]  # updates and final passes: all the decode work
+    assert set(by_pass) == {"update", "final"}
+    assert math.isclose(sum(by_pass.values()) * result["speech_fraction"], result["decode_tokens_per_audio_s"],
+                        rel_tol=0.01, abs_tol=0.01)
     json.dumps(result)
 
 

@@ -143,6 +143,7 @@ def test_stream_loop_is_cut_and_never_committed(repeater):
         hook.remove()
     # the decode work counts the repeats the guard dropped, not only the tokens it kept
     assert engine.decoded_tokens == sum(rows) > 0
+    assert sum(engine.decoded_by_pass.values()) == engine.decoded_tokens and engine.decoded_by_pass["final"] > 0
     committed = [tok for toks in item_tokens(events).values() for t in toks for tok in t]
     assert engine.truncations.get("loop", 0) >= len(segments)
     for toks in item_tokens(events).values():
