@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import json
 import logging
 import signal
@@ -21,6 +20,7 @@ import sys
 import threading
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -36,6 +36,7 @@ from harken.cloud.server import ServerOptions, start_server
 from harken.proto import harken_pb2 as pb
 from harken.proto import harken_pb2_grpc
 from signals import concat, silence, speech, write_wav
+from tls_files import self_signed
 
 SR = 16_000
 TIMEOUT = 60  # seconds a test stream may take: a hang fails instead of blocking the run
@@ -1073,34 +1074,9 @@ def test_a_new_attach_detaches_the_old_stream_and_unknown_ids_are_not_found(asr,
 
 # ---- TLS, metrics, health, reflection, shutdown -------------------------------------------------
 
-def _self_signed(tmp_path) -> tuple[str, str, bytes]:
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
-    (tmp_path / "cert.pem").write_bytes(cert_pem)
-    (tmp_path / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                         serialization.NoEncryption()))
-    return str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"), cert_pem
-
-
 def test_tls_and_api_key_round_trip(asr, packets, reference, tmp_path):
-    cert, key, cert_pem = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
+    cert_pem = Path(cert).read_bytes()
     keys = tmp_path / "keys"
     keys.write_text(f"{KEY_A} alice\n")
     credentials = grpc.ssl_channel_credentials(root_certificates=cert_pem)

@@ -38,6 +38,7 @@ from harken.edge.transport import (BufferOverflowError, ClientOptions, ServerRej
 from harken.shared.text import events_text
 from signals import concat, noisy, silence, speech, write_wav
 from streaming import segment_texts
+from tls_files import self_signed
 
 LANGUAGE = "English"  # forced: the random tiny model then writes text instead of a bare header
 REPO = Path(__file__).resolve().parents[1]
@@ -522,37 +523,10 @@ def test_unreachable_server_and_full_buffer_fail_fast(audio):
                             audio_pieces(audio)))
 
 
-def _self_signed(tmp_path: Path) -> tuple[str, str]:
-    """A self-signed certificate for localhost/127.0.0.1 made now: (cert.pem, key.pem) paths."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (tmp_path / "key.pem").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    return str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
-
-
 @pytest.fixture
 def tls_server_files(tmp_path) -> tuple[str, str, str]:
     """(cert, key, keys file with "right-key alice") for a TLS server with API keys."""
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     keys = tmp_path / "keys"
     keys.write_text("right-key alice\n")
     return cert, key, str(keys)
@@ -635,9 +609,9 @@ def test_tls_mismatches_fail_at_once_and_dropped_connections_are_still_retried(a
     attempt, though `max_offline_s` would allow retries; a server that closes every connection at
     once (a network fault, not a mismatch) is still retried, by a plaintext and by a TLS client,
     until `max_offline_s`."""
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     (tmp_path / "other").mkdir()
-    other_ca, _ = _self_signed(tmp_path / "other")
+    other_ca, _ = self_signed(tmp_path / "other")
     options = ClientOptions(max_offline_s=5.0)  # before the fix: ServerUnavailableError after 5 s
 
     async def refused(client: TranscriptionClient) -> tuple[TransportSecurityError, int]:
@@ -689,9 +663,9 @@ def test_cli_stream_tls_mismatch_is_one_line_and_exit_2(asr, audio, tmp_path):
     """`harken stream --server` with a wrong CA, or with --tls-ca at a plaintext server: exit 2 and
     exactly one line on stderr that names the TLS problem (before: ~90 handshake lines over
     --max-offline-s of retries)."""
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     (tmp_path / "other").mkdir()
-    other_ca, _ = _self_signed(tmp_path / "other")
+    other_ca, _ = self_signed(tmp_path / "other")
     wav = write_wav(tmp_path / "in.wav", audio, subtype="FLOAT")
 
     async def run(port: int, ca: str) -> tuple[int, str]:
