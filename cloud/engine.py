@@ -465,16 +465,20 @@ class Engine:
                     running += more
                     events += evs
         except Exception as e:
-            with self._lock:
-                # passes in flight never reached finish_job: their sessions stay as before them
-                for sid, session in tick.items():
-                    if sid in self._busy:
-                        self._busy.discard(sid)
-                        if sid in self._closing:
-                            self._closing.discard(sid)
-                            self.cache.free(session.state.slot)
+            self._release(tick)
             raise TickFailed(events) from e
         return events
+
+    def _release(self, tick: dict[str, Session]) -> None:
+        """After a failed tick: its passes in flight never reached finish_job, so their sessions stay
+        as they were before them (a closed one's slot is freed now)."""
+        with self._lock:
+            for sid, session in tick.items():
+                if sid in self._busy:
+                    self._busy.discard(sid)
+                    if sid in self._closing:
+                        self._closing.discard(sid)
+                        self.cache.free(session.state.slot)
 
     def run_until_idle(self) -> list[tuple[str, EngineEvent]]:
         """Step while any session has work (what an in-process caller does after feeding audio)."""

@@ -361,13 +361,7 @@ class VllmEngine(Engine):
                 self.vllm.abort(list(live))
             except Exception:  # noqa: BLE001 - the tick fails anyway; vLLM's own error comes first
                 pass
-            with self._lock:
-                for sid, session in tick.items():
-                    if sid in self._busy:
-                        self._busy.discard(sid)
-                        if sid in self._closing:
-                            self._closing.discard(sid)
-                            self.cache.free(session.state.slot)
+            self._release(tick)
             raise TickFailed(events) from e
         return events
 
