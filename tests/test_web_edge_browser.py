@@ -129,7 +129,8 @@ def test_features_mode_gives_harken_streams_transcript_and_survives_a_cut_channe
                     final = {"text": await page.evaluate("document.body.dataset.finalText"),
                              "error": await page.inner_text("#error"),
                              "state": await page.inner_text("#state-text"),
-                             "stats": await page.evaluate("({...window.harkenTrack.session.stats})")}
+                             "stats": await page.evaluate("({...window.harkenTrack.session.stats})"),
+                             "last_final": await page.evaluate("window.harkenTrack.session.lastFinalSegment")}
                     captured_b64, mel_b64 = await page.evaluate(f"""() => {{ {FLOAT32_B64}
                         const c = window.harkenCaptured; return [b64(c.samples), b64(c.mel.data)]; }}""")
 
@@ -170,7 +171,11 @@ def test_features_mode_gives_harken_streams_transcript_and_survives_a_cut_channe
     assert max_abs <= 1e-4
     print(f"page: {final['text']!r}; harken stream: {reference!r}; {kbps}; log-mel max abs {max_abs:.2e}; "
           f"stats {final['stats']}")
-    assert final["text"].strip() and final["text"] == reference
+    # the page got the server's finals (its segments were transcribed, not lost) and shows their
+    # text exactly as `harken stream` does; the tiny random model may answer a segment with silence
+    # (`language None`, as it does for some captures, whose start jitters), and then both are empty
+    assert final["last_final"] >= 0 and final["stats"]["framesSent"] > 0
+    assert final["text"] == reference
 
 
 def test_the_meeting_app_api_runs_one_session_per_track(asr, tmp_path):
