@@ -1,4 +1,4 @@
-"""The engine that serves every session with one model, and the asyncio task that owns it.
+"""The engine that serves every session with one model (its asyncio owner: cloud/scheduler.py).
 
 API:
 
@@ -14,12 +14,6 @@ API:
     engine.failure(sid) -> Exception | None             # a session taken out by its own fault
     engine.close_session(sid)                           # frees the KV slot
 
-    scheduler = Scheduler(engine); await scheduler.start()
-    sid, events = scheduler.open_session(options)       # asyncio.Queue of EngineEvent; an
-                                                        # Exception instead = the session failed
-    scheduler.ingest(sid, ...) / ingest_packet / finalize / close_session(sid)
-    await scheduler.stop()
-
 One tick (`Engine.step`):
   (a) every ready session (up to `max_batch`, rotating the start so none starves) plans its next
       pass; all their encoder windows go through ONE `encode_windows` call;
@@ -32,20 +26,17 @@ One tick (`Engine.step`):
 Sessions only meet in the batch: each has its own slot, prompt and positions, so batched results
 are the one-at-a-time results (tests check it).
 
-Threads: `step` runs in one worker thread (the Scheduler's); ingest/open/close come from the event
+Threads: `step` runs in one worker thread (the Scheduler's, cloud/scheduler.py); ingest/open/close come from the event
 loop. One lock guards session bookkeeping; the model runs outside it, on state only the engine
 thread touches (the head item's encoder and decoder state).
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import secrets
 import threading
 import time
 from typing import Protocol
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -486,120 +477,3 @@ class Engine:
         while self.has_work():
             events += self.step()
         return events
-
-
-class Scheduler:
-    """The asyncio owner of an Engine: one task runs `step()` in a worker thread, one tick at a
-    time, whenever input has made work; each session's events arrive on its own asyncio.Queue.
-
-    Failures: a session whose own processing raises gets that exception on its queue instead of
-    further events (the others carry on). A tick that fails as a whole (the model: out of memory,
-    a device error) is retried after a pause; after `MAX_TICK_FAILURES` in a row the scheduler
-    stops, `error` holds the exception and every queue receives it.
-    """
-
-    MAX_TICK_FAILURES = 3
-
-    def __init__(self, engine: Engine):
-        self.engine = engine
-        self.queues: dict[str, asyncio.Queue] = {}
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
-        self._executor: ThreadPoolExecutor | None = None
-        self._stopping = False
-        self._reported: set[str] = set()  # failed sessions whose queue has the exception
-        self._tick_waiters: list[asyncio.Future] = []
-        self.error: BaseException | None = None
-
-    async def start(self) -> None:
-        """Start the owner task (again after `stop`, if need be)."""
-        if self._task is None:
-            self._stopping = False
-            self._wake.set()  # work that came in while stopped is due now
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harken-engine")
-            self._task = asyncio.create_task(self._run(), name="harken-scheduler")
-
-    async def stop(self) -> None:
-        """Finish the tick in flight, then stop (the worker thread cannot be interrupted mid-tick)."""
-        self._stopping = True
-        self._wake.set()
-        if self._task is not None:
-            try:
-                await self._task
-            finally:
-                self._task = None
-                if self._executor is not None:  # set with the task
-                    self._executor.shutdown(wait=True)
-                self._executor = None
-
-    def open_session(self, options: SessionOptions = SessionOptions(), session_id: str | None = None
-                     ) -> tuple[str, asyncio.Queue]:
-        sid = self.engine.open_session(options, session_id)
-        self.queues[sid] = asyncio.Queue()
-        return sid, self.queues[sid]
-
-    def close_session(self, sid: str) -> None:
-        self.queues.pop(sid, None)
-        self._reported.discard(sid)
-        self.engine.close_session(sid)
-
-    def ingest(self, sid: str, *args, **kwargs) -> int:
-        n = self.engine.ingest(sid, *args, **kwargs)
-        self._wake.set()
-        return n
-
-    def ingest_packet(self, sid: str, packet) -> int:
-        n = self.engine.ingest_packet(sid, packet)
-        self._wake.set()
-        return n
-
-    def finalize(self, sid: str) -> None:
-        self.engine.finalize(sid)
-        self._wake.set()
-
-    async def next_tick(self) -> None:
-        """Wait until the next tick has ended (queued frames may have gone down by then)."""
-        waiter = asyncio.get_running_loop().create_future()
-        self._tick_waiters.append(waiter)
-        await waiter
-
-    def _ticked(self) -> None:
-        waiters, self._tick_waiters = self._tick_waiters, []
-        for w in waiters:
-            if not w.done():
-                w.set_result(None)
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        failures = 0
-        while not self._stopping:
-            await self._wake.wait()
-            self._wake.clear()
-            while not self._stopping and self.engine.has_work():
-                try:
-                    events = await loop.run_in_executor(self._executor, self.engine.step)
-                except TickFailed as e:
-                    self._deliver(e.events)
-                    self._ticked()
-                    failures += 1
-                    logging.getLogger(__name__).exception("engine tick failed (%d in a row)", failures)
-                    if failures >= self.MAX_TICK_FAILURES:
-                        self.error = e.__cause__ or e
-                        for q in self.queues.values():
-                            q.put_nowait(self.error)
-                        return
-                    await asyncio.sleep(0.2 * failures)
-                    continue
-                failures = 0
-                self._deliver(events)
-                self._ticked()
-
-    def _deliver(self, events: list) -> None:
-        for sid, event in events:
-            q = self.queues.get(sid)
-            if q is not None:
-                q.put_nowait(event)
-        for sid, q in self.queues.items():
-            if sid not in self._reported and (err := self.engine.failure(sid)) is not None:
-                self._reported.add(sid)
-                q.put_nowait(err)

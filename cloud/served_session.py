@@ -52,7 +52,7 @@ from harken.shared.protocol import (Audio, ClientMessage, End, FeaturePacket, Fe
                                     Transcript)
 
 if TYPE_CHECKING:
-    from harken.cloud.engine import Scheduler
+    from harken.cloud.scheduler import Scheduler
 
 
 class HostedSession:

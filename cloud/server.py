@@ -37,7 +37,8 @@ from harken.shared.errors import HarkenError
 if TYPE_CHECKING:
     from grpc_health.v1 import health
 
-    from harken.cloud.engine import Engine, Scheduler
+    from harken.cloud.engine import Engine
+    from harken.cloud.scheduler import Scheduler
     from harken.cloud.webrtc import WebRTCEndpoint
 
 log = logging.getLogger("harken.server")
@@ -263,7 +264,8 @@ class ServingCore:
 async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = time.monotonic) -> ServingCore:
     """The engine (`asr`: a loaded `Qwen3ASR`) with its scheduler started, and an empty session
     table (timing grace periods and idle streams on `clock`), on the running event loop."""
-    from harken.cloud.engine import EngineConfig, Scheduler
+    from harken.cloud.engine import EngineConfig
+    from harken.cloud.scheduler import Scheduler
     from harken.cloud.vllm_decoder import engine_class
 
     loop = asyncio.get_running_loop()

@@ -12,7 +12,8 @@ import pytest
 
 from harken.cloud.commit import CommitPolicy
 from harken.cloud.embedded import stream_audio, transcript_text
-from harken.cloud.engine import Engine, EngineConfig, Scheduler, TickFailed
+from harken.cloud.engine import Engine, EngineConfig, TickFailed
+from harken.cloud.scheduler import Scheduler
 from harken.cloud.session import SessionOptions
 from harken.shared.errors import EngineOverloaded
 from harken.shared.text import transcript_text as transcript_of
