@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: demo test typecheck test-gpu bench proto sysdeps venv clean web setup-vllm test-vllm
+.PHONY: demo test typecheck test-gpu bench proto sysdeps venv clean web setup-vllm test-vllm \
+	train train-device device-carry pack-state
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -93,6 +94,33 @@ bench: $(STAMP) sysdeps
 	$(VENV)/bin/harken bench soak --minutes 5 --json
 	$(VENV)/bin/harken bench fuzz --examples 100000 --json
 	$(MAKE) test-vllm
+
+# synth-en across sessions (README "synth-en"): `make train` resumes training here in the background
+# (nice 19, its log in $(TRAIN_DIR)/train.log) from $(TRAIN_DIR)/state.pt, else from the warm-start
+# state committed in cloud/synth/warmstart/; `make pack-state` saves it back there (fp16 + zstd, at
+# most 16 MB; commit it once a session).
+TRAIN_DIR ?= ../synth-run
+TRAIN_ARGS ?= --utterances 16000 --phrases 8000 --texts 20000 --lr 1e-3 --lr-hold 5000 --eval-every 400 \
+	--eval-n 40 --threads 2 --workers 1 --steps 1000000
+train: $(STAMP) sysdeps
+	mkdir -p $(TRAIN_DIR)
+	nohup nice -n 19 $(VENV)/bin/harken train synth-en $(TRAIN_DIR) $(TRAIN_ARGS) >> $(TRAIN_DIR)/train.log 2>&1 &
+	@echo "training in the background: tail -f $(TRAIN_DIR)/train.log"
+
+pack-state: $(STAMP)
+	-pkill -TERM -f "harken train synth-en $(TRAIN_DIR)" && while pgrep -f "harken train synth-en $(TRAIN_DIR) " >/dev/null; do sleep 2; done
+	$(VENV)/bin/harken train synth-en $(TRAIN_DIR) --pack
+
+# A lent GPU (the device tool): `make device-carry` here gathers what the device image lacks into
+# .device-carry/ (espeak-ng's .debs, wheels for its Python 3.12, the corpus text, the held-out
+# features); the session's device run call then runs `make train-device` (= bash
+# deploy/device/train.sh) there with carry [".device-carry"] and brings back the new warm-start
+# state in $$OUT. tests/test_device_train.py runs the same script on the CPU at toy size.
+device-carry: $(STAMP) sysdeps
+	bash deploy/device/carry.sh .device-carry
+
+train-device:
+	bash deploy/device/train.sh
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .mypy_cache $(WEB)/node_modules $(WEB)/dist

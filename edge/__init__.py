@@ -4,25 +4,34 @@ The SDK, importable from here:
 
     from harken.edge import TranscriptionClient, ClientOptions, TranscriptEvent, Meeting, MeetingLine
 
-Explicit re-exports, so that type checkers and editors see them. Importing any `harken.edge`
-module therefore loads the SDK and grpc with it: about 0.1 s of CPU once per process, beside the
-0.15 s the edge's other modules take (the 2-core dev machine, measured with the lazy `__getattr__`
-this replaced) — small next to `harken vad` or `harken features` (0.3 s of CPU on the sample).
+The names are re-exported for type checkers and editors (the `TYPE_CHECKING` block) and loaded on
+first use at run time (`__getattr__`), so a process that only needs the edge's signal path
+(`harken.edge.features`, `harken.edge.vad`: a training run's corpus build, a lent GPU without grpc)
+does not import the SDK and grpc with it.
 """
 
-from harken.edge.meeting import Meeting as Meeting
-from harken.edge.meeting import MeetingLine as MeetingLine
-from harken.edge.transport import BufferOverflowError as BufferOverflowError
-from harken.edge.transport import ClientOptions as ClientOptions
-from harken.edge.transport import ServerRejectedError as ServerRejectedError
-from harken.edge.transport import ServerUnavailableError as ServerUnavailableError
-from harken.edge.transport import TranscriptionClient as TranscriptionClient
-from harken.edge.transport import TransportError as TransportError
-from harken.edge.transport import TransportSecurityError as TransportSecurityError
-from harken.edge.transport import TransportStats as TransportStats
-from harken.edge.transport import audio_pieces as audio_pieces
-from harken.edge.transport import file_pieces as file_pieces
-from harken.shared.transcript import TranscriptEvent as TranscriptEvent
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harken.edge.meeting import Meeting as Meeting
+    from harken.edge.meeting import MeetingLine as MeetingLine
+    from harken.edge.transport import BufferOverflowError as BufferOverflowError
+    from harken.edge.transport import ClientOptions as ClientOptions
+    from harken.edge.transport import ServerRejectedError as ServerRejectedError
+    from harken.edge.transport import ServerUnavailableError as ServerUnavailableError
+    from harken.edge.transport import TranscriptionClient as TranscriptionClient
+    from harken.edge.transport import TransportError as TransportError
+    from harken.edge.transport import TransportSecurityError as TransportSecurityError
+    from harken.edge.transport import TransportStats as TransportStats
+    from harken.edge.transport import audio_pieces as audio_pieces
+    from harken.edge.transport import file_pieces as file_pieces
+    from harken.shared.transcript import TranscriptEvent as TranscriptEvent
+
+_HOME = {"Meeting": "harken.edge.meeting", "MeetingLine": "harken.edge.meeting",
+         "TranscriptEvent": "harken.shared.transcript"}
 
 __all__ = [
     "TranscriptionClient",
@@ -39,3 +48,15 @@ __all__ = [
     "Meeting",
     "MeetingLine",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module 'harken.edge' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME.get(name, "harken.edge.transport")), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

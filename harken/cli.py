@@ -121,6 +121,23 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lr-hold", type=int, default=100,
                    help="steps the learning rate stays at its peak before it falls as 1/sqrt(step) (default "
                         "100); a resumed run whose --lr or --lr-hold changed warms up to the new schedule")
+    s.add_argument("--warmstart", default="repo", metavar="DIR",
+                   help="where a run with no OUTDIR/state.pt starts: 'repo' (default: the state committed in "
+                        "cloud/synth/warmstart/, so training goes on across machines), a warm-start directory, "
+                        "or 'none' (from scratch); with --pack, where to write")
+    s.add_argument("--pack", action="store_true",
+                   help="pack OUTDIR/state.pt and its evaluations into the warm-start files (fp16, zstd, at "
+                        "most 16 MB; cloud/synth/warmstart/ unless --warmstart DIR) and stop")
+    s.add_argument("--time-limit", type=float, metavar="S",
+                   help="stop after S seconds of training: evaluate, save the state (a lent GPU's call ends)")
+    s.add_argument("--save-every", type=float, default=300.0, metavar="S",
+                   help="save OUTDIR/state.pt every S seconds besides each evaluation (default 300)")
+    s.add_argument("--corpus-only", action="store_true",
+                   help="build the corpus and stop (training runs this in a process beside itself)")
+    s.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="autocast the model's matrix products to bf16 (default: on with --device cuda)")
+    s.add_argument("--piper-share", type=float, default=0.25,
+                   help="share of utterances in the Piper voice (default 0.25; 0: espeak-ng voices only)")
 
     s = sub.add_parser("eval", help="word error rate of a model on the synth-en held-out set",
                        description="Synthesise each held-out utterance from its recipe, compute the edge's "
@@ -466,7 +483,9 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                              threads=args.threads, workers=args.workers, seed=args.seed, tiny=args.tiny,
                              eval_every=args.eval_every, eval_n=args.eval_n, batch_frames=args.batch_frames,
                              device=args.device, init_from=args.init_from, lr=args.lr,
-                             lr_hold=args.lr_hold)
+                             lr_hold=args.lr_hold, warmstart=args.warmstart, pack=args.pack,
+                             time_limit=args.time_limit, corpus_only=args.corpus_only,
+                             save_every=args.save_every, piper_share=args.piper_share, bf16=args.bf16)
     if args.command == "eval":
         from harken.cloud.synth.commands import eval_command
 

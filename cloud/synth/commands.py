@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,36 +17,118 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
                   threads: int = 2, workers: int = 2, seed: int = 0, tiny: bool = False,
                   eval_every: int = 400, eval_n: int = 40, batch_frames: int = 4000,
                   device: str = "cpu", init_from: str | None = None, lr: float = 2e-3,
-                  lr_hold: int = 100) -> int:
-    """Build (or finish building) the corpus, then train (or resume training)."""
-    from harken.cloud.synth import corpus
-    from harken.cloud.synth.train import TrainOptions, train
+                  lr_hold: int = 100, warmstart: str | None = "repo", pack: bool = False,
+                  time_limit: float | None = None, corpus_only: bool = False, save_every: float = 300.0,
+                  piper_share: float = 0.25, bf16: bool | None = None) -> int:
+    """Build the corpus in a process beside training (training starts on the first shards), then
+    train (or resume training: OUTDIR/state.pt, else the warm-start state committed in the repo).
+    `pack`: OUTDIR/state.pt -> the repo's warm-start files, nothing else."""
+    from harken.cloud.synth import state as warm
 
     outdir = Path(out)
+    if pack:
+        target = Path(warmstart) if warmstart not in (None, "repo", "none") else warm.WARMSTART_DIR
+        print(json.dumps(warm.pack_run(outdir, target)))
+        return 0
     cdir = Path(corpus_dir) if corpus_dir else outdir / "corpus"
+    sizes = {"utterances": utterances, "phrases": phrases, "texts": texts}
+    if corpus_only:
+        build_corpus(cdir, sizes, seed, workers, piper_share)
+        return 0
+    from harken.cloud.synth.train import TrainOptions, train
+
+    ws: Path | None = None
+    if warmstart == "repo":
+        ws = None if tiny else warm.WARMSTART_DIR
+    elif warmstart not in (None, "none"):
+        ws = Path(warmstart)
+    # a run that goes on from a state knows its phoneme table: it may start on the first phrases
+    resuming = (outdir / "state.pt").exists() or bool(init_from) or (ws is not None and warm.read_meta(ws) is not None)
+    builder = _start_corpus_builder(out, cdir, sizes, seed, workers, piper_share)
+    try:
+        _wait_for_first_shards(cdir, builder, sizes, any_shard=resuming)
+        opts = TrainOptions(corpus=cdir, out=outdir, steps=steps, threads=threads, seed=seed, tiny=tiny,
+                            eval_every=eval_every, eval_n=eval_n, batch_frames=batch_frames,
+                            device=device, init_from=Path(init_from) if init_from else None, lr=lr,
+                            hold_steps=lr_hold, warmstart=ws, time_limit_s=time_limit,
+                            save_every_s=save_every, bf16=bf16)
+        ckpt = train(opts, log=lambda s: print(s, file=sys.stderr, flush=True))
+    finally:
+        if builder is not None and builder.poll() is None:
+            builder.terminate()  # shards are written whole: the next run takes up where this one stopped
+            builder.wait()
+    print(json.dumps({"checkpoint": str(ckpt), "state": str(outdir / "state.pt"), "log": str(outdir / "log.jsonl"),
+                      "curve": str(outdir / "curve.png")}))
+    return 0
+
+
+def build_corpus(cdir: Path, sizes: dict[str, int], seed: int, workers: int, piper_share: float = 0.25) -> None:
+    """The whole corpus, the first shard of each kind first (what training starts on), then the rest."""
+    from harken.cloud.synth import corpus
+
     t0 = time.time()
     done = [0]
-    total = -(-utterances // corpus.SHARD)
 
     def progress(path: Path) -> None:
         done[0] += 1
-        print(f"corpus: {path.name} ({done[0]} new shards of at most {total}, {time.time() - t0:.0f} s)",
-              file=sys.stderr, flush=True)
+        print(f"corpus: {path.name} ({done[0]} new files, {time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
 
-    print(f"corpus: {utterances} utterances in {cdir} (finished shards are kept)", file=sys.stderr)
-    print(f"corpus: {phrases} phrases in {cdir}", file=sys.stderr)
-    corpus.build(cdir, phrases, seed=seed, workers=workers, progress=progress, kind="phrase")
-    corpus.build(cdir, utterances, seed=seed, workers=workers, progress=progress)
-    print(f"corpus: {texts} texts without audio (espeak-ng phonemes only) in {cdir}", file=sys.stderr)
-    corpus.build_text_phonemes(cdir, texts, seed=seed, progress=progress)
-    opts = TrainOptions(corpus=cdir, out=outdir, steps=steps, threads=threads, seed=seed, tiny=tiny,
-                        eval_every=eval_every, eval_n=eval_n, batch_frames=batch_frames,
-                        device=device, init_from=Path(init_from) if init_from else None, lr=lr,
-                        hold_steps=lr_hold)
-    ckpt = train(opts, log=lambda s: print(s, file=sys.stderr, flush=True))
-    print(json.dumps({"checkpoint": str(ckpt), "log": str(outdir / "log.jsonl"),
-                      "curve": str(outdir / "curve.png")}))
-    return 0
+    print(f"corpus: {sizes['utterances']} utterances, {sizes['phrases']} phrases and {sizes['texts']} texts "
+          f"without audio in {cdir} (finished shards are kept)", file=sys.stderr, flush=True)
+    for stage in (corpus.SHARD, None):
+        cap = (lambda n: min(n, stage)) if stage else (lambda n: n)
+        corpus.build(cdir, cap(sizes["phrases"]), seed=seed, workers=workers, progress=progress, kind="phrase",
+                     piper_share=piper_share)
+        corpus.build(cdir, cap(sizes["utterances"]), seed=seed, workers=workers, progress=progress,
+                     piper_share=piper_share)
+        corpus.build_text_phonemes(cdir, min(sizes["texts"], corpus.TEXT_LINES) if stage else sizes["texts"],
+                                   seed=seed, progress=progress)
+
+
+def _corpus_complete(cdir: Path, sizes: dict[str, int]) -> bool:
+    from harken.cloud.synth import corpus
+
+    def n(k: int) -> int:
+        return -(-k // corpus.SHARD)
+
+    return (all(corpus.shard_path(cdir, "train", k).exists() for k in range(n(sizes["utterances"])))
+            and all(corpus.shard_path(cdir, "phrase", k).exists() for k in range(n(sizes["phrases"])))
+            and all((cdir / f"text-{k:05d}.jsonl").exists() for k in range(-(-sizes["texts"] // corpus.TEXT_LINES))))
+
+
+def _start_corpus_builder(out: str, cdir: Path, sizes: dict[str, int], seed: int, workers: int,
+                          piper_share: float) -> subprocess.Popen | None:
+    """`harken train synth-en OUT --corpus-only` in a process of its own (its log beside the run), or
+    None when the corpus is complete."""
+    if _corpus_complete(cdir, sizes):
+        return None
+    cdir.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", out, "--corpus-only", "--corpus", str(cdir),
+           "--utterances", str(sizes["utterances"]), "--phrases", str(sizes["phrases"]),
+           "--texts", str(sizes["texts"]), "--seed", str(seed), "--workers", str(workers),
+           "--piper-share", str(piper_share)]
+    log = open(cdir / "build.log", "a")  # noqa: SIM115 (the child holds it)
+    print(f"corpus: building in the background (log: {cdir / 'build.log'}); training starts on its first "
+          f"shards", file=sys.stderr, flush=True)
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _wait_for_first_shards(cdir: Path, builder: subprocess.Popen | None, sizes: dict[str, int],
+                           any_shard: bool = False) -> None:
+    """Until the first shards exist: the first phrase shard and the first utterance shard (a new run
+    reads its phoneme table from the latter), or (`any_shard`) whichever comes first."""
+    from harken.cloud.synth import corpus
+
+    need = [corpus.shard_path(cdir, "train", 0)] + ([corpus.shard_path(cdir, "phrase", 0)] if sizes["phrases"] else [])
+
+    def ready() -> bool:
+        return any(p.exists() for p in need) if any_shard else all(p.exists() for p in need)
+
+    while not ready():
+        if builder is not None and builder.poll() is not None and not ready():
+            raise HarkenError(f"the corpus build stopped (exit {builder.returncode}) before its first shards; "
+                              f"see {cdir / 'build.log'}")
+        time.sleep(1.0)
 
 
 def eval_command(model: str, held_set: str = "held-out", n: int | None = None, as_json: bool = False,

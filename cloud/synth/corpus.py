@@ -24,7 +24,10 @@ import numpy as np
 
 from harken.cloud.synth import speech, text
 
-SOURCE_WEIGHTS = {"meeting": 0.35, "fortunes": 0.4, "kjv": 0.25}
+# synth-en's users speak in meetings and everyday English: meeting talk first, then the fortunes'
+# quotes and jokes, and a little archaic verse (the held-out set is drawn with the same weights)
+SOURCE_WEIGHTS = {"meeting": 0.55, "fortunes": 0.35, "kjv": 0.10}
+PIPER_SHARE = 0.25  # utterances in the Piper voice (0 where it is not installed, e.g. on a lent GPU)
 MAX_WORDS = 45  # ~20 s at the slowest voices
 SHARD = 1000
 HELD_OUT_FILE = Path(__file__).with_name("heldout.jsonl")
@@ -59,17 +62,17 @@ def _pick_text(r: random.Random, pool: dict[str, list[str]]) -> tuple[str, str]:
     return source, " ".join(picked)
 
 
-def plan(seed: int, i: int) -> Utterance:
-    """The i-th training utterance (deterministic in seed and i)."""
+def plan(seed: int, i: int, piper_share: float = PIPER_SHARE) -> Utterance:
+    """The i-th training utterance (deterministic in seed, i and the Piper voice's share)."""
     r = random.Random(f"synth-en:{seed}:train:{i}")
     source, sentence = _pick_text(r, _split_sources(seed)[0])
-    return Utterance(speech.sample_recipe(r, sentence, held_out=False), source)
+    return Utterance(speech.sample_recipe(r, sentence, held_out=False, piper_share=piper_share), source)
 
 
 PHRASE_WORDS = 6  # phrases: 1..PHRASE_WORDS consecutive words of a training sentence
 
 
-def plan_phrase(seed: int, i: int) -> Utterance:
+def plan_phrase(seed: int, i: int, piper_share: float = PIPER_SHARE) -> Utterance:
     """The i-th short phrase (1-6 consecutive words of a training text, 0.3-3 s of speech): the
     first stage of training, where an attention decoder learns to find words in the audio."""
     r = random.Random(f"synth-en:{seed}:phrase:{i}")
@@ -77,7 +80,8 @@ def plan_phrase(seed: int, i: int) -> Utterance:
     words = sentence.split()
     n = r.randint(1, min(PHRASE_WORDS, len(words)))
     a = r.randrange(len(words) - n + 1)
-    return Utterance(speech.sample_recipe(r, " ".join(words[a:a + n]), held_out=False), source)
+    return Utterance(speech.sample_recipe(r, " ".join(words[a:a + n]), held_out=False, piper_share=piper_share),
+                     source)
 
 
 PLANNERS = {"train": plan, "phrase": plan_phrase}
@@ -165,8 +169,8 @@ def shard_path(out: Path, name: str, k: int) -> Path:
     return Path(out) / f"{name}-{k:05d}.npz"
 
 
-def build(out: str | Path, n: int, seed: int = 0, workers: int = 1, progress=None, kind: str = "train"
-          ) -> list[Path]:
+def build(out: str | Path, n: int, seed: int = 0, workers: int = 1, progress=None, kind: str = "train",
+          piper_share: float = PIPER_SHARE) -> list[Path]:
     """Write `n` utterances of `kind` ("train": `plan`, "phrase": `plan_phrase`) in shards of
     `SHARD` named `{kind}-NNNNN` under `out` (resuming: finished shards are kept). Returns the
     shard paths."""
@@ -181,7 +185,7 @@ def build(out: str | Path, n: int, seed: int = 0, workers: int = 1, progress=Non
         if not p.exists():
             todo.append((p, k * SHARD, min(n, (k + 1) * SHARD)))
     _split_sources(seed)  # read the text once, before any fork
-    jobs = [(p, seed, a, b, kind) for p, a, b in todo]
+    jobs = [(p, seed, a, b, kind, piper_share) for p, a, b in todo]
     if workers > 1:
         import multiprocessing as mp
 
@@ -195,8 +199,8 @@ def build(out: str | Path, n: int, seed: int = 0, workers: int = 1, progress=Non
 
 
 def _build_job(job) -> Path:
-    path, seed, a, b, kind = job
-    write_shard(path, [PLANNERS[kind](seed, i) for i in range(a, b)])
+    path, seed, a, b, kind, piper_share = job
+    write_shard(path, [PLANNERS[kind](seed, i, piper_share) for i in range(a, b)])
     return path
 
 

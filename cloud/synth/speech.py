@@ -169,9 +169,9 @@ def piper(text: str, length_scale: float = 1.0, noise_scale: float = 0.667, nois
           seed: int = 0) -> np.ndarray:
     """Piper en_US-joe-medium -> 16 kHz float32; sentences joined with 0.25 s of silence. The
     voice's sampling noise comes from `seed`."""
+    voice = _piper_voice()  # first: a clear error where Piper is not installed
     from piper import SynthesisConfig
 
-    voice = _piper_voice()
     voice.session.rng = np.random.default_rng(seed)
     cfg = SynthesisConfig(length_scale=length_scale, noise_scale=noise_scale, noise_w_scale=noise_w)
     pieces: list[np.ndarray] = []

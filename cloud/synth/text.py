@@ -16,6 +16,7 @@ read in and no sentence can be on both sides even when two sources share it.
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import re
 import shutil
@@ -25,6 +26,10 @@ from pathlib import Path
 from harken.shared.errors import HarkenError
 
 FORTUNE_DIR = Path("/usr/share/games/fortunes")
+# Where Debian's packages are not installed (a lent GPU): a folder with `fortunes/` (the fortune
+# files) and `kjv.txt` (what `bible -f gen1:1-rev22:21` prints), made by `make device-carry`
+TEXT_DIR_ENV = "HARKEN_TEXT_DIR"
+KJV_RANGE = "gen1:1-rev22:21"
 HELD_OUT_PER_MILLE = 10  # 1% of distinct sentences never seen in training
 MIN_WORDS, MAX_WORDS = 2, 28
 
@@ -70,8 +75,15 @@ def _split(text: str) -> list[str]:
     return [p for p in _SENTENCE_END.split(text) if p]
 
 
-def fortune_sentences(directory: Path = FORTUNE_DIR) -> list[str]:
+def _text_dir() -> Path | None:
+    d = os.environ.get(TEXT_DIR_ENV)
+    return Path(d) if d else None
+
+
+def fortune_sentences(directory: Path | None = None) -> list[str]:
     """Sentences of every fortune file (not the offensive set), in file-name order."""
+    if directory is None:
+        directory = _text_dir() / "fortunes" if _text_dir() else FORTUNE_DIR
     files = sorted(p for p in directory.glob("*") if p.is_file() and p.suffix not in (".dat", ".u8"))
     if not files:
         raise CorpusTextError(f"{directory}: no fortune files (apt-get install fortunes fortunes-min)")
@@ -85,14 +97,24 @@ def fortune_sentences(directory: Path = FORTUNE_DIR) -> list[str]:
     return out
 
 
-def kjv_sentences() -> list[str]:
-    """Sentences and clauses of the King James Bible (Debian `bible-kjv`), in book order."""
+def kjv_text() -> str:
+    """The whole KJV, one verse a line, as Debian's `bible` prints it (or $HARKEN_TEXT_DIR/kjv.txt)."""
+    d = _text_dir()
+    if d is not None:
+        try:
+            return (d / "kjv.txt").read_text(encoding="utf-8")
+        except OSError as e:
+            raise CorpusTextError(f"${TEXT_DIR_ENV}: {e}") from e
     exe = shutil.which("bible")
     if exe is None:
         raise CorpusTextError("the KJV text needs Debian's bible-kjv (apt-get install bible-kjv)")
-    run = subprocess.run([exe, "-f", "gen1:1-rev22:21"], capture_output=True, text=True, timeout=120)
+    return subprocess.run([exe, "-f", KJV_RANGE], capture_output=True, text=True, timeout=120).stdout
+
+
+def kjv_sentences() -> list[str]:
+    """Sentences and clauses of the King James Bible (Debian `bible-kjv`), in book order."""
     out: list[str] = []
-    for line in run.stdout.splitlines():
+    for line in kjv_text().splitlines():
         verse = line.split(" ", 1)[1] if " " in line else ""
         for sentence in _split(verse):
             # long verses: clauses at ';' and ':' are sentences a person could say alone

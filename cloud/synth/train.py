@@ -15,10 +15,12 @@ Training-only parts, dropped from the shipped checkpoint:
   the embedding of the token spoken there, which the decoder then only has to copy in order);
 - a curriculum: short utterances first (the longest allowed grows over `--ramp-steps`).
 
-State (weights, optimiser, step, RNG) is saved to OUTDIR/state.pt every `--save-every` seconds
-and at each evaluation; a rerun resumes from it. Each evaluation also exports the official-layout
-checkpoint OUTDIR/checkpoint/ and appends the held-out WER to OUTDIR/log.jsonl; `curve.png` is
-redrawn from that log.
+State (weights, optimiser, step, RNG) is saved to OUTDIR/state.pt every `save_every_s` seconds,
+at each evaluation and on SIGTERM / SIGINT; a rerun resumes from it. A run with no OUTDIR/state.pt
+starts from the warm-start state committed in the repo (`state.py`, `cloud/synth/warmstart/`), so
+training goes on across machines; its evaluation history becomes the start of OUTDIR/log.jsonl.
+Each evaluation also exports the official-layout checkpoint OUTDIR/checkpoint/ and appends the
+held-out WER to OUTDIR/log.jsonl; `curve.png` is redrawn from that log.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -44,6 +48,7 @@ from harken.cloud.model.encoder import AudioEncoder
 from harken.cloud.model.prompt import build_prompt
 from harken.cloud.model.tokenizer import Tokenizer
 from harken.cloud.synth import corpus, pieces
+from harken.cloud.synth import state as warm
 from harken.cloud.synth.alignment import guided_attention_loss, guided_heads, token_rows
 from harken.cloud.synth.evaluation import evaluate, export_checkpoint, plot_curve
 from harken.cloud.synth.examples import (TARGET_PREFIX, Example, TextExample, Vocab, batches, corpus_shards,
@@ -346,6 +351,9 @@ class TrainOptions:
     max_shards: int | None = None
     device: str = "cpu"  # "cuda" when a GPU is lent: the same run in minutes
     init_from: Path | None = None  # a new run starts from another run's state.pt (`warm_start`)
+    warmstart: Path | None = None  # else from a warm-start directory (`state.py`), e.g. the committed one
+    time_limit_s: float | None = None  # stop (evaluate, save) after this long: a lent GPU's call ends
+    bf16: bool | None = None  # autocast matrix products to bf16 (default: on CUDA)
     whole_tokens: int = 1000  # `pieces.choose`: the output vocabulary synth-en writes with
     part_tokens: int = 600
 
@@ -369,6 +377,14 @@ def train(opts: TrainOptions, log=print) -> Path:
     saved = torch.load(state_path, map_location="cpu", weights_only=False) if state_path.exists() else None
     init = (torch.load(opts.init_from, map_location="cpu", weights_only=False)
             if saved is None and opts.init_from else None)
+    config_name = "tiny" if opts.tiny else "synth-en"
+    if saved is None and init is None and opts.warmstart is not None:
+        saved = warm.load(opts.warmstart)
+        if saved is not None and warm.config_of(saved["meta"]) != config_name:
+            raise warm.WarmStartError(f"{opts.warmstart}: a {warm.config_of(saved['meta'])} state, this run trains "
+                                      f"{config_name}")
+        if saved is not None and not (out / "log.jsonl").exists():  # the curve goes on from the earlier sessions
+            (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in warm.history(saved["meta"])))
     prior = saved or init
     table: dict[str, int] = dict(prior["phones"]) if prior else phone_table_of(shards[:1])
     phone_chars = sorted(table, key=table.__getitem__)
@@ -388,13 +404,23 @@ def train(opts: TrainOptions, log=print) -> Path:
     model = Trainee(cfg, vocab, len(phone_chars), opts.seed).to(opts.device)
     torch.backends.cuda.matmul.allow_tf32 = True
     opt = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    step, rng, rewarm_from = 0, random.Random(opts.seed), None
+    step, rng, rewarm_from, frames_seen = 0, random.Random(opts.seed), None, 0
+    machine = warm.machine_kind(opts.device)
     if saved:
         st = saved
         missing, _ = model.load_state_dict({k: v.to(opts.device) for k, v in st["model"].items()}, strict=False)
-        step = st["step"]
-        rng.setstate(st["rng"])
-        if missing:  # a state from before these parameters: warm start, a fresh optimiser
+        step, frames_seen = st["step"], st.get("frames_seen", 0)
+        if "rng" in st:
+            rng.setstate(st["rng"])
+        else:  # a warm-start state: a fresh RNG of its own for this step
+            rng = random.Random(f"synth-en:{opts.seed}:resume:{step}")
+        if "opt" not in st:  # a warm-start state keeps no optimiser moments: a fresh AdamW, warmed up
+            rewarm_from = step
+            m = st["meta"]
+            log(f"resumed at step {step} from the warm-start state {opts.warmstart} "
+                f"({m.get('audio_hours_seen', 0)} h of audio seen; held-out WER {m.get('heldout_wer')} at step "
+                f"{m.get('heldout_wer_step')}, on {m.get('machine')})")
+        elif missing:  # a state from before these parameters: warm start, a fresh optimiser
             if "ph_emb.weight" in missing:
                 init_phone_embeddings(model, examples)
             rewarm_from = step
@@ -415,20 +441,44 @@ def train(opts: TrainOptions, log=print) -> Path:
 
     held = corpus.read_held_out()[:opts.eval_n]
     held_feats_path = out / f"heldout-{opts.eval_n}.npz"
-    if held_feats_path.exists():
-        with np.load(held_feats_path) as z:
+    # a rendered copy of at least as many (a lent GPU gets one: it has no Piper voice)
+    rendered = sorted((p for p in out.glob("heldout-*.npz") if p.stem.split("-")[1].isdigit()
+                       and int(p.stem.split("-")[1]) >= len(held)), key=lambda p: int(p.stem.split("-")[1]))
+    if rendered:
+        with np.load(rendered[0]) as z:
             held_feats = [z[f"f{i}"] for i in range(len(held))]
     else:
-        held_feats = [corpus.render_features(u.recipe) for u in held]
+        # fp16 like the training features (and the copy `make device-carry` takes to a lent GPU)
+        held_feats = [corpus.render_features(u.recipe).astype(np.float16) for u in held]
         np.savez(held_feats_path, **{f"f{i}": f for i, f in enumerate(held_feats)})
     held_refs = [u.recipe.text for u in held]
+
+    recipe = {"config": config_name, "seed": opts.seed, "lr": opts.lr, "hold_steps": opts.hold_steps,
+              "batch_frames": opts.batch_frames, "source_weights": corpus.SOURCE_WEIGHTS,
+              "w_ctc_tok": opts.w_ctc_tok, "w_ctc_ph": opts.w_ctc_ph, "w_match": opts.w_match,
+              "w_text": opts.w_text, "w_guide": opts.w_guide, "guide_steps": opts.guide_steps,
+              "corrupt": opts.corrupt, "vocab_rows": len(vocab)}
 
     def save():
         tmp = out / "state.pt.tmp"
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "rewarm_from": rewarm_from,
-                    "schedule": [opts.lr, opts.hold_steps],
+                    "schedule": [opts.lr, opts.hold_steps], "frames_seen": frames_seen, "machine": machine,
+                    "recipe": recipe, "eval_n": opts.eval_n,
                     "rng": rng.getstate(), "vocab": vocab.ids.tolist(), "phones": sorted(table.items())}, tmp)
         os.replace(tmp, state_path)
+
+    stop = []  # SIGTERM / SIGINT: finish the step, save, stop
+
+    def on_signal(signum, _frame):
+        stop.append(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            signal.signal(sig, on_signal)
+        except ValueError:  # not the main thread: no handler, the periodic saves remain
+            pass
+    bf16 = opts.device.startswith("cuda") if opts.bf16 is None else opts.bf16
+    autocast = (torch.autocast(torch.device(opts.device).type, dtype=torch.bfloat16) if bf16 else nullcontext())
 
     def lr_at(s: int) -> float:
         lr = opts.lr * min((s + 1) / opts.warmup, 1.0, math.sqrt(max(opts.hold_steps, opts.warmup) / (s + 1)))
@@ -441,7 +491,30 @@ def train(opts: TrainOptions, log=print) -> Path:
     text_paths: list[Path] = []
     last_save, t0, seen_frames = time.time(), time.time(), 0
     avg: dict[str, float] = {}
-    while step < opts.steps:
+    evaluated = [-1]
+
+    def evaluate_and_save() -> None:
+        evaluated[0] = step
+        model.eval()
+        ckpt = export_checkpoint(model, out / "checkpoint")
+        w, hyps = evaluate(ckpt, held_feats, held_refs)
+        gain = audio_gain(model, held_feats, [target_ids(tok, spell, r) for r in held_refs],
+                          (prefix, suffix), len(target_prefix))
+        rec = {"step": step, "time_s": round(time.time() - t0, 1), **{k: round(v, 4) for k, v in avg.items()},
+               "heldout_wer": round(w, 4), "audio_gain": round(gain, 4), "audio_h": round(frames_seen / 360000, 2),
+               "audio_per_s": round(seen_frames / 100 / max(time.time() - t0, 1e-9), 1),
+               "machine": machine, "date": time.strftime("%Y-%m-%d"), "example": hyps[0]}
+        with log_path.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        log(f"eval step {step}: held-out WER {w:.3f} | ref {held_refs[0]!r} | hyp {hyps[0]!r}")
+        plot_curve(log_path, out / "curve.png")
+        save()
+
+    def out_of_time() -> bool:
+        return bool(stop) or (opts.time_limit_s is not None and time.time() - t0 > opts.time_limit_s)
+
+    start_step = step
+    while step < opts.steps and not out_of_time():
         more = [p for p in corpus_shards(opts) if p not in shards]
         if more:  # the corpus build goes on beside training: take new shards each pass
             examples += load_examples(more, tok, table, spell, vocab)
@@ -454,14 +527,15 @@ def train(opts: TrainOptions, log=print) -> Path:
             log(f"{len(new_texts)} new text files: {len(texts)} texts without audio")
         max_frames = int(500 + min(1.0, step / max(opts.ramp_steps, 1)) * 1600)
         for group in batches(examples, rng, opts.batch_frames, max_frames):
-            if step >= opts.steps:
+            if step >= opts.steps or out_of_time():
                 break
             model.train()
             batch = Batch([torch.from_numpy(e.feats.astype(np.float32)).to(opts.device) for e in group],
                           [e.target for e in group], [e.phones for e in group], len(target_prefix),
                           opts.corrupt, opts.w_guide if step < opts.guide_steps else 0.0,
                           [e.words for e in group])
-            parts = losses(model, batch, (prefix, suffix))
+            with autocast:
+                parts = losses(model, batch, (prefix, suffix))
             loss = parts["ce"] + opts.w_ctc_tok * parts["ctc_tok"] + opts.w_ctc_ph * parts["ctc_ph"]
             loss = loss + opts.w_match * parts["match"]
             if "guide" in parts:
@@ -470,7 +544,8 @@ def train(opts: TrainOptions, log=print) -> Path:
                 picked = [texts[rng.randrange(len(texts))] for _ in range(opts.text_batch)]
                 rows = pseudo_rows(model, [t.phones for t in picked], [t.words for t in picked], rng)
                 text_batch = Batch([], [t.target for t in picked], [], len(target_prefix), opts.corrupt)
-                parts["ce_text"] = losses(model, text_batch, (prefix, suffix), rows=rows)["ce"]
+                with autocast:
+                    parts["ce_text"] = losses(model, text_batch, (prefix, suffix), rows=rows)["ce"]
                 loss = loss + opts.w_text * parts["ce_text"]
             for g in opt.param_groups:
                 g["lr"] = lr_at(step)
@@ -480,6 +555,7 @@ def train(opts: TrainOptions, log=print) -> Path:
             opt.step()
             step += 1
             seen_frames += sum(e.feats.shape[1] for e in group)
+            frames_seen += sum(e.feats.shape[1] for e in group)
             for k, v in parts.items():
                 avg[k] = 0.98 * avg.get(k, v.item()) + 0.02 * v.item()
             if step % 20 == 0:
@@ -490,22 +566,15 @@ def train(opts: TrainOptions, log=print) -> Path:
                     + (f"ce_text {avg['ce_text']:.3f} " if "ce_text" in avg else "")
                     + f"lr {lr_at(step):.2e} max_s {max_frames / 100:.0f} audio/s {seen_frames / 100 / el:.0f}")
             if step % opts.eval_every == 0 or step == opts.steps:
-                model.eval()
-                ckpt = export_checkpoint(model, out / "checkpoint")
-                w, hyps = evaluate(ckpt, held_feats, held_refs)
-                gain = audio_gain(model, held_feats, [target_ids(tok, spell, r) for r in held_refs],
-                                  (prefix, suffix), len(target_prefix))
-                rec = {"step": step, "time_s": round(time.time() - t0, 1), **{k: round(v, 4) for k, v in avg.items()},
-                       "heldout_wer": round(w, 4), "audio_gain": round(gain, 4), "example": hyps[0]}
-                with log_path.open("a") as f:
-                    f.write(json.dumps(rec) + "\n")
-                log(f"eval step {step}: held-out WER {w:.3f} | ref {held_refs[0]!r} | hyp {hyps[0]!r}")
-                plot_curve(log_path, out / "curve.png")
-                save()
+                evaluate_and_save()
                 last_save = time.time()
             elif time.time() - last_save > opts.save_every_s:
                 save()
                 last_save = time.time()
+    if step != evaluated[0] and (stop or step > start_step):  # stopped between evaluations: measure where it
+        evaluate_and_save()                                    # stopped, so the state packed has its WER
+        if stop:
+            log(f"stopped by signal {stop[0]} at step {step}; state saved")
     save()
     return export_checkpoint(model, out / "checkpoint")
 

@@ -1,0 +1,177 @@
+"""synth-en's training state, small enough to live in the repo, so one run continues on any machine.
+
+`harken train synth-en OUTDIR` saves its full state to OUTDIR/state.pt (fp32 weights, optimiser
+moments, RNG). That is ~100 MB: too big to commit. The warm-start state is what a run needs to go
+on elsewhere, in `cloud/synth/warmstart/`:
+
+    state.safetensors.zst   every trained tensor (the encoder, the decoder's layers, the trained
+                            vocabulary rows, the training-only CTC heads) in fp16, each tensor's
+                            bytes split into a high-byte and a low-byte plane (the sign/exponent
+                            bytes then compress well), zstd level 19
+    state.json              step, audio hours seen, held-out WER at that step, the recipe and seed,
+                            the machine kind it came from, the vocabulary rows and phoneme table,
+                            and the evaluation history of every session (the learning curve)
+
+The optimiser's moments do not fit in the 16 MB the repo grants (they would triple the size): a run
+resumed from the warm-start state starts a fresh AdamW and warms its learning rate up again over
+the first steps (`train.py`'s `rewarm_from`). fp16 rounding moves a weight by at most 2^-11 of its
+value, far below one step's update.
+
+    harken train synth-en OUTDIR --pack    OUTDIR/state.pt (+ log.jsonl) -> cloud/synth/warmstart/
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from harken.shared.errors import HarkenError
+
+WARMSTART_DIR = Path(__file__).with_name("warmstart")
+WEIGHTS_FILE = "state.safetensors.zst"
+META_FILE = "state.json"
+FORMAT = 1
+MAX_BYTES = 16 * 1024 * 1024  # what the repo grants the warm-start state, both files together
+ZSTD_LEVEL = 19
+
+
+class WarmStartError(HarkenError):
+    pass
+
+
+def machine_kind(device: str) -> str:
+    """'cpu (N cores)' or 'cuda (NVIDIA H100 ...)': where a state's last steps ran."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"gpu ({torch.cuda.get_device_name(0)})"
+    return f"cpu ({os.cpu_count()} cores, {platform.machine()})"
+
+
+# --- packing ------------------------------------------------------------------------------------
+
+def _planes(t: torch.Tensor) -> bytes:
+    """fp16 tensor -> its high bytes, then its low bytes (little-endian halves)."""
+    raw = t.detach().to(torch.float16).cpu().reshape(-1).contiguous().numpy().view(np.uint8).reshape(-1, 2)
+    return raw[:, 1].tobytes() + raw[:, 0].tobytes()
+
+
+def _unplanes(data: bytes, shape: list[int]) -> torch.Tensor:
+    n = int(np.prod(shape)) if shape else 1
+    buf = np.frombuffer(data, np.uint8)
+    pairs = np.empty((n, 2), np.uint8)
+    pairs[:, 1], pairs[:, 0] = buf[:n], buf[n:]
+    return torch.from_numpy(pairs.reshape(-1).view(np.float16).reshape(shape).copy())
+
+
+def pack(state: dict[str, Any], meta: dict[str, Any], out_dir: Path = WARMSTART_DIR) -> tuple[Path, int]:
+    """Write the warm-start files of `state` (as train.py saves it) into `out_dir`; `meta` adds the
+    run's facts (step, WER, recipe, history, ...). Returns the directory and the bytes written. A
+    state over `MAX_BYTES` is an error, not a silent truncation."""
+    import zstandard
+
+    model: dict[str, torch.Tensor] = state["model"]
+    index, blobs, offset = {}, [], 0
+    for name in sorted(model):
+        t = model[name]
+        if not t.is_floating_point():
+            raise WarmStartError(f"{name}: not a floating tensor ({t.dtype})")
+        half = t.detach().float().cpu().to(torch.float16)
+        if not torch.isfinite(half).all():
+            raise WarmStartError(f"{name}: not finite in fp16 (max |x| {t.abs().max().item():.3g})")
+        blob = _planes(half)
+        index[name] = {"shape": list(t.shape), "offset": offset, "bytes": len(blob)}
+        blobs.append(blob)
+        offset += len(blob)
+    data = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(b"".join(blobs))
+    full = {"format": FORMAT, **meta, "step": int(state["step"]), "frames_seen": int(state.get("frames_seen", 0)),
+            "vocab": [int(i) for i in state["vocab"]], "phones": [list(p) for p in state["phones"]],
+            "tensors": index, "sha256": hashlib.sha256(data).hexdigest()}
+    text = (json.dumps(full, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    total = len(data) + len(text)
+    if total > MAX_BYTES:
+        raise WarmStartError(f"the warm-start state is {total / 2**20:.1f} MiB, over the {MAX_BYTES / 2**20:.0f} MiB "
+                             f"the repo grants it")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, blob in ((WEIGHTS_FILE, data), (META_FILE, text)):
+        tmp = out_dir / (name + ".tmp")
+        tmp.write_bytes(blob)
+        os.replace(tmp, out_dir / name)
+    return out_dir, total
+
+
+def read_meta(src: Path = WARMSTART_DIR) -> dict[str, Any] | None:
+    """state.json of a warm-start directory, or None where there is none."""
+    path = Path(src) / META_FILE
+    if not path.exists():
+        return None
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise WarmStartError(f"{path}: unreadable ({e})") from e
+    if meta.get("format") != FORMAT:
+        raise WarmStartError(f"{path}: format {meta.get('format')!r}, this harken reads format {FORMAT}")
+    return meta
+
+
+def load(src: Path = WARMSTART_DIR) -> dict[str, Any] | None:
+    """The warm-start state as a train.py state dict without optimiser or RNG ("model" in fp32,
+    "step", "frames_seen", "vocab", "phones", plus "meta": state.json), or None where `src` has none."""
+    import zstandard
+
+    meta = read_meta(src)
+    if meta is None:
+        return None
+    path = Path(src) / WEIGHTS_FILE
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise WarmStartError(f"{path}: missing ({e}); restore it from git") from e
+    if hashlib.sha256(data).hexdigest() != meta["sha256"]:
+        raise WarmStartError(f"{path}: corrupted (its sha256 does not match {META_FILE}); restore it from git")
+    raw = zstandard.ZstdDecompressor().decompress(data)
+    model = {name: _unplanes(raw[d["offset"]:d["offset"] + d["bytes"]], d["shape"]).float()
+             for name, d in meta["tensors"].items()}
+    return {"model": model, "step": meta["step"], "frames_seen": meta.get("frames_seen", 0),
+            "vocab": meta["vocab"], "phones": [tuple(p) for p in meta["phones"]], "meta": meta}
+
+
+def config_of(meta: dict[str, Any]) -> str:
+    """Which model a state is of: "synth-en" or "tiny" (the smoke tests')."""
+    return str(meta.get("config") or meta.get("recipe", {}).get("config") or "synth-en")
+
+
+def history(meta: dict[str, Any] | None) -> list[dict[str, Any]]:
+    return list(meta.get("history", [])) if meta else []
+
+
+def pack_run(out: Path, warmstart_dir: Path = WARMSTART_DIR, recipe: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`harken train synth-en OUTDIR --pack`: OUTDIR/state.pt and the evaluations in OUTDIR/log.jsonl
+    -> the warm-start files. Returns what state.json says about the run (no tensors, no vocabulary)."""
+    state_path = out / "state.pt"
+    if not state_path.exists():
+        raise WarmStartError(f"{state_path}: no training state to pack (run `harken train synth-en {out}` first)")
+    state = torch.load(state_path, map_location="cpu", weights_only=False)
+    log_path = out / "log.jsonl"
+    evals = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()] if log_path.exists() else []
+    last = evals[-1] if evals else {}
+    meta = {
+        "step": state["step"],
+        "audio_hours_seen": round(state.get("frames_seen", 0) / 360000, 2),
+        "heldout_wer": last.get("heldout_wer"),
+        "heldout_wer_step": last.get("step"),
+        "audio_gain": last.get("audio_gain"),
+        "eval_n": state.get("eval_n"),
+        "machine": state.get("machine", "unknown"),
+        "recipe": recipe if recipe is not None else state.get("recipe", {}),
+        "seed": state.get("recipe", {}).get("seed", 0),
+        "history": evals,
+    }
+    _, total = pack(state, meta, warmstart_dir)
+    return {k: v for k, v in meta.items() if k != "history"} | {"bytes": total, "dir": str(warmstart_dir),
+                                                                  "evaluations": len(evals)}

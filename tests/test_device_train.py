@@ -1,0 +1,74 @@
+"""`make train-device` (deploy/device/train.sh), the command a lent GPU runs, exercised here on the CPU
+at toy size so that a GPU's minutes are never spent on debugging: the carried espeak-ng, texts and
+held-out features are what the corpus and the evaluation use, a toy state resumes, the files come
+back in $OUT, and what the device call carries stays under the 64 MiB it may take."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harken.cloud.synth import state as warm
+
+ROOT = Path(__file__).resolve().parents[1]
+CARRY = ROOT / ".device-carry"
+CARRY_LIMIT = 60 * 2**20  # the device takes 64 MiB of working tree; keep a margin
+
+
+@pytest.fixture(scope="module")
+def carry() -> Path:
+    """`make device-carry` (kept between runs: it only fills in what is missing)."""
+    run = subprocess.run(["bash", "deploy/device/carry.sh", str(CARRY)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=900, env={**os.environ, "PY": sys.executable})
+    assert run.returncode == 0, run.stderr[-3000:]
+    return CARRY
+
+
+def _size(paths: list[Path]) -> int:
+    return sum(p.stat().st_size for p in paths if p.is_file() and not p.is_symlink())
+
+
+def test_what_the_device_call_carries_stays_under_60_mib(carry):
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    tree = _size([ROOT / p.decode() for p in listed if p])
+    carried = _size(list(carry.rglob("*")))
+    assert (carry / "debs").glob("espeak-ng_*.deb") and len(list((carry / "wheels").glob("*.whl"))) >= 5
+    assert any("cp312" in w.name for w in (carry / "wheels").glob("*.whl"))  # for the device's Python
+    # the warm-start state may grow to its 16 MiB cap: count the cap, not today's size
+    ws_now = _size(list(warm.WARMSTART_DIR.glob("*"))) if warm.WARMSTART_DIR.exists() else 0
+    total = tree - ws_now + warm.MAX_BYTES + carried
+    assert total < CARRY_LIMIT, f"tree {tree / 2**20:.1f} MiB + carry {carried / 2**20:.1f} MiB"
+
+
+def _device_run(tmp: Path, out: Path, carry: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "deploy/device/train.sh"], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PY": sys.executable, "CARRY": str(carry), "PREFIX": str(tmp / "prefix"),
+                               "RUN": str(tmp / "run"), "OUT": str(out), "TOY": "1", "EVAL_N": "2", **env})
+
+
+def test_train_device_runs_at_toy_size_and_resumes_what_it_wrote(tmp_path, carry):
+    first = _device_run(tmp_path / "one", tmp_path / "out1", carry)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    out = tmp_path / "out1"
+    assert sorted(p.name for p in out.iterdir()) == ["device.txt", "log.jsonl", "train.log", "warmstart"]
+    device = (out / "device.txt").read_text()
+    # the carried espeak-ng (unpacked from the .debs into the prefix) spoke the corpus
+    assert f"espeak-ng: {tmp_path / 'one' / 'prefix' / 'bin' / 'espeak-ng'}" in device and "torch:" in device
+    meta = warm.read_meta(out / "warmstart")
+    assert meta is not None and meta["step"] == 2 and meta["heldout_wer_step"] == 2
+    assert meta["recipe"]["config"] == "tiny" and meta["machine"].startswith("cpu")
+    shards = json.loads((tmp_path / "one" / "run" / "corpus" / "train-00000.jsonl").read_text().splitlines()[0])
+    assert shards["recipe"]["voice"] != "piper-joe"  # the device has no Piper voice
+    # the next device call starts from what this one brought back
+    second = _device_run(tmp_path / "two", tmp_path / "out2", carry, WARMSTART=str(out / "warmstart"), STEPS="3")
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "resumed at step 2 from the warm-start state" in (tmp_path / "out2" / "train.log").read_text()
+    meta2 = warm.read_meta(tmp_path / "out2" / "warmstart")
+    assert meta2 is not None and meta2["step"] == 3
+    assert [r["step"] for r in meta2["history"]] == [2, 3]

@@ -1,0 +1,111 @@
+"""synth-en's warm-start state (cloud/synth/state.py): the packed tensors are the fp16 values exactly,
+a damaged or oversized state is refused, and a tiny run resumed from a packed state carries its step,
+weights, audio seen and learning curve over."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harken.cloud.synth import state as warm
+
+
+def _state(tensors: dict[str, torch.Tensor], step: int = 7) -> dict:
+    return {"model": tensors, "step": step, "frames_seen": 123456, "vocab": [5, 9, 151645],
+            "phones": [("a", 1), ("b", 2)]}
+
+
+def test_pack_load_gives_the_fp16_values_exactly(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    tensors = {"w": torch.randn(64, 33, generator=g) * 3, "b": torch.randn(7, generator=g) * 1e-3,
+               "s": torch.tensor(2.5), "big": torch.randn(300, 256, generator=g)}
+    _, total = warm.pack(_state(tensors), {"note": "x"}, tmp_path)
+    assert total == sum(p.stat().st_size for p in tmp_path.iterdir())
+    got = warm.load(tmp_path)
+    assert got is not None
+    assert got["step"] == 7 and got["frames_seen"] == 123456 and got["vocab"] == [5, 9, 151645]
+    assert got["phones"] == [("a", 1), ("b", 2)] and got["meta"]["note"] == "x"
+    for name, t in tensors.items():
+        assert got["model"][name].dtype == torch.float32 and got["model"][name].shape == t.shape
+        assert torch.equal(got["model"][name], t.to(torch.float16).float()), name
+    # the byte planes compress fp16 better than the interleaved bytes do
+    import zstandard
+
+    raw = tensors["big"].to(torch.float16).numpy().tobytes()
+    planes = warm._planes(tensors["big"])
+    assert len(zstandard.ZstdCompressor(level=19).compress(planes)) < len(zstandard.ZstdCompressor(level=19).compress(raw))
+
+
+def test_a_damaged_or_oversized_state_is_refused(tmp_path, monkeypatch):
+    tensors = {"w": torch.randn(32, 32)}
+    warm.pack(_state(tensors), {}, tmp_path)
+    data = bytearray((tmp_path / warm.WEIGHTS_FILE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (tmp_path / warm.WEIGHTS_FILE).write_bytes(bytes(data))
+    with pytest.raises(warm.WarmStartError, match="corrupted"):
+        warm.load(tmp_path)
+    with pytest.raises(warm.WarmStartError, match="not finite"):
+        warm.pack(_state({"w": torch.tensor([1e6])}), {}, tmp_path / "inf")
+    monkeypatch.setattr(warm, "MAX_BYTES", 1000)
+    with pytest.raises(warm.WarmStartError, match="over the"):
+        warm.pack(_state({"w": torch.randn(64, 64)}), {}, tmp_path / "big")
+    assert not (tmp_path / "big").exists()
+    assert warm.load(tmp_path / "nothing") is None
+
+
+def _train(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6",
+           "--phrases", "3", "--texts", "5", "--eval-every", "2", "--eval-n", "2", "--threads", "1", "--workers", "1",
+           "--batch-frames", "3000", "--corpus", str(out.parent / "corpus"), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+def test_a_run_resumes_from_a_packed_state_with_its_step_weights_and_curve(tmp_path):
+    first = _train(tmp_path / "a", "--steps", "2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    ws = tmp_path / "warmstart"
+    packed = subprocess.run([sys.executable, "-m", "harken.cli", "train", "synth-en", str(tmp_path / "a"), "--pack",
+                             "--warmstart", str(ws)], capture_output=True, text=True, timeout=300)
+    assert packed.returncode == 0, packed.stderr[-2000:]
+    summary = json.loads(packed.stdout)
+    assert summary["step"] == 2 and summary["heldout_wer_step"] == 2 and summary["evaluations"] == 1
+    assert summary["machine"].startswith("cpu") and summary["recipe"]["config"] == "tiny"
+    a_state = torch.load(tmp_path / "a" / "state.pt", weights_only=False)
+
+    # a new machine: no state.pt, the packed state; --steps 2 trains nothing, so what it saves is what it loaded
+    same = _train(tmp_path / "b", "--warmstart", str(ws), "--steps", "2")
+    assert same.returncode == 0, same.stderr[-2000:]
+    assert "resumed at step 2 from the warm-start state" in same.stderr
+    b_state = torch.load(tmp_path / "b" / "state.pt", weights_only=False)
+    assert b_state["step"] == 2 and b_state["frames_seen"] == a_state["frames_seen"] > 0
+    assert b_state["vocab"] == a_state["vocab"] and b_state["phones"] == a_state["phones"]
+    assert b_state["model"].keys() == a_state["model"].keys()
+    for name, t in a_state["model"].items():
+        assert torch.equal(b_state["model"][name], t.to(torch.float16).float()), name
+
+    # and it trains on: step 3, the learning curve of both machines in one log
+    on = _train(tmp_path / "b", "--steps", "3")
+    assert on.returncode == 0, on.stderr[-2000:]
+    log = [json.loads(line) for line in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [2, 3]
+    assert log[1]["audio_h"] >= log[0]["audio_h"] and all("machine" in r for r in log)
+    c_state = torch.load(tmp_path / "b" / "state.pt", weights_only=False)
+    assert c_state["step"] == 3 and c_state["frames_seen"] > a_state["frames_seen"]
+    assert not torch.equal(c_state["model"]["emb"], b_state["model"]["emb"])
+
+
+def test_a_tiny_run_refuses_a_synth_en_state(tmp_path):
+    from harken.cloud.synth.examples import Vocab
+    from harken.cloud.synth.train import Trainee, synth_en_config
+
+    model = Trainee(synth_en_config(), Vocab(list(range(20)), 151936), 4, seed=0)
+    warm.pack({"model": model.state_dict(), "step": 9, "vocab": list(range(20)), "phones": [("a", 1)]},
+              {"config": "synth-en"}, tmp_path / "ws")
+    run = _train(tmp_path / "a", "--warmstart", str(tmp_path / "ws"), "--steps", "9")
+    assert run.returncode != 0
+    assert "a synth-en state, this run trains tiny" in run.stderr and "Traceback" not in run.stderr
