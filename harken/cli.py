@@ -281,7 +281,7 @@ def _build_parser() -> argparse.ArgumentParser:
     b = bsub.add_parser("ray", help="Ray Serve on this machine: throughput with 2 replicas vs 1, the proxy's latency",
                         description="Start a local Ray cluster; print ray_scaling (aggregate throughput with 2 "
                                     "replicas over 1) and proxy_p50_ms / proxy_p95_ms (update latency through "
-                                    "Serve's proxy minus an in-process server's). Definitions: cloud/bench_ray.py.")
+                                    "Serve's proxy minus an in-process server's). Definitions: bench/ray_scaling.py.")
     b.add_argument("--streams", type=int, default=4, help="concurrent streams N (default 4)")
     b.add_argument("--seconds", type=float, default=10.0, help="audio per stream (default 10)")
     b.add_argument("--model", default="tiny", help="model of every replica (default tiny)")
@@ -291,7 +291,7 @@ def _build_parser() -> argparse.ArgumentParser:
                         description="N concurrent SDK clients each stream S seconds of the bundled sample "
                                     "(tiled) in real time, 100 ms pieces; p50/p95 latency of updates, first "
                                     "partials and finals as the clients see them, errors by gRPC code, "
-                                    "realtime_ok (definitions: edge/bench_load.py).")
+                                    "realtime_ok (definitions: bench/load.py).")
     b.add_argument("--server", help="HOST:PORT of a harken server")
     b.add_argument("--self-serve", action="store_true", help="start an in-process server (--model) on a free port")
     b.add_argument("--model", default="tiny",
@@ -308,7 +308,7 @@ def _build_parser() -> argparse.ArgumentParser:
                         "after the other and printed side by side as {\"runs\": [...]}")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b = bsub.add_parser("fuzz", help="fuzz the wire decoders and the served session: inputs tried, crashes",
-                        description="A seeded fuzzing run (cloud/bench_fuzz.py): codec payloads, wire "
+                        description="A seeded fuzzing run (bench/fuzz.py): codec payloads, wire "
                                     "messages, data-channel frames (both sides) and whole streams through "
                                     "the served session (tiny model), beside a reference session whose "
                                     "transcript must not change. Prints tried, crashes, rejections_by_code, "
@@ -326,7 +326,7 @@ def _build_parser() -> argparse.ArgumentParser:
                                     "for --minutes; every --sample-s the process's RSS and the p50/p95 update "
                                     "latency of that minute. Prints samples, rss_growth_mb, "
                                     "rss_slope_mb_per_hour, p95_update_ms_first/last (definitions: "
-                                    "cloud/bench_soak.py).")
+                                    "bench/soak.py).")
     b.add_argument("--minutes", type=float, default=30.0, help="wall minutes of streaming (default 30)")
     b.add_argument("--speed", type=float, default=1.0,
                    help="audio seconds handed over per wall second (default 1: real time)")
@@ -338,7 +338,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="forced language (default English: the tiny models' random weights write text only then)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b = bsub.add_parser("overload", help="2x the admitted sessions, and clients trying to push others out",
-                        description="Three runs on fresh in-process servers (cloud/bench_overload.py): M users "
+                        description="Three runs on fresh in-process servers (bench/overload.py): M users "
                                     "alone; M users while M more try to open streams again and again "
                                     "(RESOURCE_EXHAUSTED, and how fast); the same with an attacker key "
                                     "over-claiming frames, flooding 8 frames per byte and holding an idle "
@@ -359,7 +359,7 @@ def _build_parser() -> argparse.ArgumentParser:
                                     "in-process server + the SDK), served_audio (thin client), "
                                     "opus_{16,24,32} (Opus round trip, server-side features), webrtc (data "
                                     "channel). Prints wer_<path>, kbps_<path>, partial/commit_latency_p50/"
-                                    "p95_s, partial_churn, n_words (definitions: cloud/bench_wer.py).")
+                                    "p95_s, partial_churn, n_words (definitions: bench/wer.py).")
     b.add_argument("--model", required=True,
                    help="checkpoint dir, Hugging Face id, 'tiny' or 'synth-en'")
     b.add_argument("--set", dest="held_set", default="held-out",
@@ -377,7 +377,7 @@ def _build_parser() -> argparse.ArgumentParser:
                         description="An in-process server and the page in headless chromium (fake microphone "
                                     "playing the sample, then 10 s of quiet noise), features mode and Opus mode: "
                                     "features_kbps_speech/_silence, opus_kbps_speech/_silence, "
-                                    "features_max_abs_vs_python (definitions: cloud/bench_web.py).")
+                                    "features_max_abs_vs_python (definitions: bench/web.py).")
     b.add_argument("--model", default="tiny", help="the server's model (default tiny)")
     b.add_argument("--input", help="speech WAV (default: the bundled sample)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
@@ -497,19 +497,19 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return make_tiny_model_command(args.dir, seed=args.seed, vocab=args.vocab, head=args.head,
                                        head_dim=args.head_dim)
     if args.command == "bench" and args.bench == "model":
-        from harken.cloud.bench_model import bench_model_command
+        from harken.bench.model import bench_model_command
 
         return bench_model_command(real_dims=args.real_dims, tiny_only=args.tiny_only,
                                    device=args.device, dtype=args.dtype, threads=args.threads)
     if args.command == "bench" and args.bench == "stream":
-        from harken.cloud.bench_stream import StreamBenchOptions, bench_stream_command
+        from harken.bench.stream import StreamBenchOptions, bench_stream_command
 
         return bench_stream_command(StreamBenchOptions(
             model=args.model, real_dims=args.real_dims, seconds=args.seconds, streams=args.streams,
             update_interval_s=args.update_interval, phase1_max_seconds=args.phase1_max_seconds,
             repeats=args.repeats, language=args.language, device=args.device, dtype=args.dtype))
     if args.command == "bench" and args.bench == "load":
-        from harken.edge.bench_load import LoadBenchOptions, bench_load_command
+        from harken.bench.load import LoadBenchOptions, bench_load_command
 
         language = args.language if args.language is not None else (
             "English" if args.self_serve and args.model == "tiny" else "")
@@ -518,39 +518,39 @@ def _dispatch(args: argparse.Namespace) -> int | None:
             tls_ca=args.tls_ca, language=language, self_serve=args.self_serve, model=args.model,
             decoder=args.decoder))
     if args.command == "bench" and args.bench == "ray":
-        from harken.cloud.bench_ray import RayBenchOptions, bench_ray_command
+        from harken.bench.ray_scaling import RayBenchOptions, bench_ray_command
 
         return bench_ray_command(RayBenchOptions(streams=args.streams, seconds=args.seconds, model=args.model,
                                                  cpus=args.cpus))
     if args.command == "bench" and args.bench == "wer":
-        from harken.cloud.bench_wer import PATHS, WerBenchOptions, bench_wer_command
+        from harken.bench.wer import PATHS, WerBenchOptions, bench_wer_command
 
         paths = tuple(p.strip() for p in args.paths.split(",") if p.strip()) if args.paths else PATHS
         return bench_wer_command(WerBenchOptions(
             model=args.model, held_set=args.held_set, n=args.n, paths=paths, language=args.language,
             realtime=not args.fast, device=args.device, dtype=args.dtype))
     if args.command == "bench" and args.bench == "web":
-        from harken.cloud.bench_web import WebBenchOptions, bench_web_command
+        from harken.bench.web import WebBenchOptions, bench_web_command
 
         return bench_web_command(WebBenchOptions(model=args.model, speech_wav=args.input))
     if args.command == "bench" and args.bench == "fuzz":
-        from harken.cloud.bench_fuzz import FuzzBenchOptions, bench_fuzz_command
+        from harken.bench.fuzz import FuzzBenchOptions, bench_fuzz_command
 
         return bench_fuzz_command(FuzzBenchOptions(examples=args.examples, seed=args.seed,
                                                    session_share=args.session_share,
                                                    concurrency=args.concurrency, model=args.model))
     if args.command == "bench" and args.bench == "soak":
-        from harken.cloud.bench_soak import SoakBenchOptions, bench_soak_command
+        from harken.bench.soak import SoakBenchOptions, bench_soak_command
 
         return bench_soak_command(SoakBenchOptions(minutes=args.minutes, speed=args.speed, sample_s=args.sample_s,
                                                    model=args.model, language=args.language))
     if args.command == "bench" and args.bench == "overload":
-        from harken.cloud.bench_overload import OverloadBenchOptions, bench_overload_command
+        from harken.bench.overload import OverloadBenchOptions, bench_overload_command
 
         return bench_overload_command(OverloadBenchOptions(sessions=args.sessions, seconds=args.seconds,
                                                            attacker_share=args.attacker_share, model=args.model))
     if args.command == "bench" and args.bench == "edge":
-        from harken.edge.bench import bench_edge_command
+        from harken.bench.edge import bench_edge_command
 
         return bench_edge_command(args.input or _sample_path(), repeats=args.repeats)
     raise AssertionError(f"unhandled command {args.command}")

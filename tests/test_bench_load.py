@@ -1,4 +1,4 @@
-"""`harken bench load` (edge/bench_load.py): its timing bookkeeping and output contract.
+"""`harken bench load` (bench/load.py): its timing bookkeeping and output contract.
 No timing thresholds: the figures are the benchmark's business, not the tests'."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from harken.cli import main
-from harken.edge.bench_load import LoadBenchOptions, StreamRecord, percentiles, sent_at, tiled
+from harken.bench.load import LoadBenchOptions, StreamRecord, percentiles, sent_at, tiled
 from harken.shared.errors import HarkenError
 from harken.shared.transcript import TranscriptEvent
 

@@ -1,4 +1,4 @@
-"""`harken bench overload` (cloud/bench_overload.py): its bookkeeping and output contract at a tiny
+"""`harken bench overload` (bench/overload.py): its bookkeeping and output contract at a tiny
 scale (2 users, 3 s). No timing thresholds: the figures are the benchmark's business, not the tests'."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from harken.cli import main
-from harken.cloud.bench_overload import FLOOD_FRAMES, Knocks, OverloadBenchOptions
+from harken.bench.overload import FLOOD_FRAMES, Knocks, OverloadBenchOptions
 from harken.shared.errors import HarkenError
 
 RUN = ("p50_update_ms", "p95_update_ms", "errors", "events", "segments", "wall_s")

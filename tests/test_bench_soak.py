@@ -1,4 +1,4 @@
-"""`harken bench soak` (cloud/bench_soak.py): its bookkeeping and output contract at a tiny scale.
+"""`harken bench soak` (bench/soak.py): its bookkeeping and output contract at a tiny scale.
 No timing or memory thresholds: the figures are the benchmark's business, not the tests'."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from harken.cli import main
-from harken.cloud.bench_soak import SoakBenchOptions, SoakRecord, endless_pieces, rss_mb
+from harken.bench.soak import SoakBenchOptions, SoakRecord, endless_pieces, rss_mb
 from harken.shared.errors import HarkenError
 
 CONTRACT = ("minutes", "speed", "sample_s", "samples", "rss_start_mb", "rss_growth_mb", "rss_max_mb",
@@ -70,7 +70,7 @@ def test_soak_reports_samples_and_growth(capsys):
 
 
 def test_rss_slope_is_the_least_squares_trend_per_hour():
-    from harken.cloud.bench_soak import rss_slope
+    from harken.bench.soak import rss_slope
 
     samples = [{"t_s": 60.0 * k, "rss_mb": 500.0 + 0.1 * k + (0.05 if k % 2 else -0.05)} for k in range(1, 11)]
     assert rss_slope(samples) == pytest.approx(6.0, abs=0.5)  # 0.1 MB a minute

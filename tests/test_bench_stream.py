@@ -1,4 +1,4 @@
-"""`harken bench stream` (cloud/bench_stream.py): its input, bookkeeping and output contract.
+"""`harken bench stream` (bench/stream.py): its input, bookkeeping and output contract.
 No timing thresholds: the figures are the benchmark's business, not the tests'."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from harken.cloud.bench_stream import (PACKET_FRAMES, BenchStream, StreamBenchOptions, bench_stream,
+from harken.bench.stream import (PACKET_FRAMES, BenchStream, StreamBenchOptions, bench_stream,
                                        integrate_sampled, packets_between, tiled_stream, update_growth)
 from harken.cli import main
 

@@ -7,10 +7,10 @@ import subprocess
 import numpy as np
 import pytest
 
-from harken.cloud.bench_wer import PATHS, AudioClock, WerBenchOptions, bench_wer, paced_pieces
+from harken.bench.wer import PATHS, AudioClock, WerBenchOptions, bench_wer, paced_pieces
 from harken.cloud.synth import speech
 from harken.cloud.synth.word_timing import WordTime, synthesize, word_ends, word_ends_dry
-from harken.cloud.word_latency import TimedEvent, partial_churn, word_latencies
+from harken.bench.word_latency import TimedEvent, partial_churn, word_latencies
 from harken.shared.errors import HarkenError
 from harken.shared.transcript import TranscriptEvent
 

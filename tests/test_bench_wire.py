@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from harken.edge.bench import run_stream
-from harken.edge.bench_wire import IP_UDP_BYTES, RTP_PACKET_OVERHEAD, wire_comparison
+from harken.bench.edge import run_stream
+from harken.bench.wire import IP_UDP_BYTES, RTP_PACKET_OVERHEAD, wire_comparison
 from harken.edge.audio import peak_normalize
 from signals import concat, silence, speech
 

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from harken.edge.bench_wire import open_loopback
+from harken.bench.wire import open_loopback
 from harken.shared.datachannel import send_when_drained
 
 TIMEOUT = 60

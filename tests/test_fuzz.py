@@ -1,8 +1,8 @@
-"""cloud/fuzz.py and `harken bench fuzz`: hypothesis over the wire decoders and the served session.
+"""bench/fuzz_targets.py and `harken bench fuzz`: hypothesis over the wire decoders and the served session.
 
-Hypothesis drives the random source of cloud/fuzz.py's generators (so failures shrink and replay);
+Hypothesis drives the random source of bench/fuzz_targets.py's generators (so failures shrink and replay);
 plain binary and text come straight from hypothesis too. Every target raises `Crash` when a
-property breaks (see cloud/fuzz.py): a decoder's rejection that is not a HarkenError mapped to
+property breaks (see bench/fuzz_targets.py): a decoder's rejection that is not a HarkenError mapped to
 INVALID_ARGUMENT, a stream that ends INTERNAL or hangs, a reference session beside the fuzzed ones
 whose transcript changes. The `slow` variants (run by `make bench`, beside `harken bench fuzz`)
 try many more examples.
@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from harken.cloud import fuzz
-from harken.cloud import fuzz_inputs as inputs
-from harken.cloud.bench_fuzz import split
+from harken.bench import fuzz_targets as fuzz
+from harken.bench import fuzz_inputs as inputs
+from harken.bench.fuzz import split
 from harken.cli import main
 from harken.shared.codec import CODEC_NAME, MAX_FRAMES
 

@@ -1,4 +1,4 @@
-"""The Phase-1 baseline (cloud/reencode_baseline.py): what it decodes is checked against the model's own
+"""The Phase-1 baseline (bench/reencode_baseline.py): what it decodes is checked against the model's own
 one-pass transcription and against a cache-free full recompute; its rollback against the rule.
 
 The model is a tiny random one built in memory (seeded torch init, the tiny checkpoint's
@@ -18,7 +18,7 @@ from harken.cloud.model.decoder import Qwen3Decoder
 from harken.cloud.model.encoder import AudioEncoder
 from harken.cloud.model.tiny import ensure_tiny_model
 from harken.cloud.model.tokenizer import Tokenizer
-from harken.cloud.reencode_baseline import Phase1Options, Phase1Stream, forced_prefix, phase1_decode
+from harken.bench.reencode_baseline import Phase1Options, Phase1Stream, forced_prefix, phase1_decode
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -143,7 +143,7 @@ def test_served_stream_decoder_vllm_gives_the_own_transcript(asr32):
     """End to end through the service: the SDK client streams the sample to `serve --decoder vllm`
     and to the own engine; every segment's committed text and final are the same."""
     from harken.cloud.server import ServerOptions, start_server
-    from harken.edge.bench_load import sample_audio
+    from harken.bench.load import sample_audio
     from harken.edge.transport import ClientOptions, TranscriptionClient
 
     audio = sample_audio()

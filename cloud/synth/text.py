@@ -83,7 +83,8 @@ def _text_dir() -> Path | None:
 def fortune_sentences(directory: Path | None = None) -> list[str]:
     """Sentences of every fortune file (not the offensive set), in file-name order."""
     if directory is None:
-        directory = _text_dir() / "fortunes" if _text_dir() else FORTUNE_DIR
+        carried = _text_dir()
+        directory = carried / "fortunes" if carried else FORTUNE_DIR
     files = sorted(p for p in directory.glob("*") if p.is_file() and p.suffix not in (".dat", ".u8"))
     if not files:
         raise CorpusTextError(f"{directory}: no fortune files (apt-get install fortunes fortunes-min)")

@@ -16,7 +16,7 @@ mkdir -p "$PREFIX/bin" "$PREFIX/root" "$PREFIX/site" "$PREFIX/texts"
 REPO=$(pwd)
 
 # the package's own links (harken/edge -> ../edge, ...) if the copy lost them
-for d in edge cloud shared proto; do
+for d in edge cloud shared proto bench; do
   [ -e "harken/$d" ] || ln -sfn "../$d" "harken/$d"
 done
 

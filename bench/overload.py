@@ -2,7 +2,7 @@
 
 Three runs, each on a fresh in-process server (cloud/server.py, `model`, tiny by default) with an
 API key per client, each `seconds` of audio per user; users are SDK clients (`TranscriptionClient`)
-streaming the bundled sample like a microphone, as in `harken bench load` (edge/bench_load.py):
+streaming the bundled sample like a microphone, as in `harken bench load` (bench/load.py):
 
   alone      the server admits M sessions (`--max-sessions M`); M users stream.
   overload   the same server; while M users stream, M more users each try to open a stream again
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harken.edge.bench_load import PIECE_MS, StreamRecord, paced, percentiles, sample_audio, tiled
+from harken.bench.load import PIECE_MS, StreamRecord, paced, percentiles, sample_audio, tiled
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import SAMPLE_RATE
 
@@ -155,7 +155,7 @@ async def knocking(target: str, keys: list[str], options: OverloadBenchOptions, 
 
 async def run_users(target: str, keys: list[str], options: OverloadBenchOptions, sample: np.ndarray,
                     first_done: asyncio.Event) -> dict:
-    """M users streaming at once (edge/bench_load.py's clients); their latency and errors.
+    """M users streaming at once (bench/load.py's clients); their latency and errors.
     `first_done` is set when the first of them ends (its session then frees its slot)."""
     from harken.edge.transport import ClientOptions, TranscriptionClient
 

@@ -1,8 +1,8 @@
 """Fuzzing the wire decoders and the served session (issue 14): the targets and their properties.
 
 Used by tests/test_fuzz.py (hypothesis drives the random source, a bounded number of examples) and
-by `harken bench fuzz` (cloud/bench_fuzz.py: a seeded run of any length); the inputs come from
-cloud/fuzz_inputs.py. Every target takes what a peer could send and returns the status code name
+by `harken bench fuzz` (bench/fuzz.py: a seeded run of any length); the inputs come from
+bench/fuzz_inputs.py. Every target takes what a peer could send and returns the status code name
 of its outcome ("OK" when accepted); a broken property raises `Crash`.
 
     codec               shared/codec.decode_frames(payload, max_frames)
@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from harken.cloud import wire
-from harken.cloud.fuzz_inputs import FUZZ_LANGUAGE, FuzzCorpus, FuzzStream, features_message
+from harken.bench.fuzz_inputs import FUZZ_LANGUAGE, FuzzCorpus, FuzzStream, features_message
 from harken.cloud.grpc_service import status_of
 from harken.proto import harken_pb2 as pb
 from harken.shared.codec import CODEC_NAME, MAX_FRAMES, VALUE_LIMIT, decode_frames

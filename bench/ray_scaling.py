@@ -4,7 +4,7 @@
   as fast as the servers take them) with 2 replicas over the same with 1.
 - `proxy_p50_ms`, `proxy_p95_ms`: the latency Serve's proxy adds per update — the update latency
   of N live (real-time paced) streams through 1 replica minus the same load on an in-process
-  `harken serve` (edge/bench_load.py measures both the same way).
+  `harken serve` (bench/load.py measures both the same way).
 
 A local Ray cluster is started with `cpus` CPUs, no dashboard and a small object store, and shut
 down at the end. The replicas get `cpus / 2` CPUs each.
@@ -68,7 +68,7 @@ def bench_ray(options: RayBenchOptions) -> dict:
         raise HarkenError("bench ray needs Ray Serve: pip install 'harken[scale]'") from e
     from harken.cloud.ray_app import Scaling, start_ray
     from harken.cloud.server import ServerOptions, start_server
-    from harken.edge.bench_load import LoadBenchOptions, run_load, sample_audio, tiled
+    from harken.bench.load import LoadBenchOptions, run_load, sample_audio, tiled
 
     import torch
 

@@ -1,4 +1,4 @@
-"""What the fuzzer feeds harken (cloud/fuzz.py): a corpus of valid inputs and random generators.
+"""What the fuzzer feeds harken (bench/fuzz_targets.py): a corpus of valid inputs and random generators.
 
 The corpus comes from the bundled sample through the edge pipeline; every generator takes a
 `random.Random` (a seeded one in `harken bench fuzz`, hypothesis's in tests/test_fuzz.py) and draws

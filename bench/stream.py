@@ -14,7 +14,7 @@ ingested, then the engine steps until no session has work (see `run_engine`):
   sequential  (N > 1) the same N sessions one at a time, each alone in an engine: its transcripts
               must equal the batched ones (asserted; `transcripts_identical`);
   continuous  one session over the continuous input;
-  phase1      `cloud/reencode_baseline.py` on stream 0's speech frames (the frames the engine receives, in
+  phase1      `bench/reencode_baseline.py` on stream 0's speech frames (the frames the engine receives, in
               order; the official streaming has no VAD and would re-feed the pauses too, so this
               is the conservative choice), re-feeding everything every `update_interval_s`. Phase 1
               is O(S^2): when its estimated cost exceeds `phase1_max_seconds`, only every K-th
@@ -200,7 +200,7 @@ class Phase1Run:
 def run_phase1(asr, stream: BenchStream, opts: StreamBenchOptions, clock: ComputeClock) -> Phase1Run:
     """Stream 0's speech frames through Phase 1, fully or every K-th update (see module doc)."""
     from harken.cloud.model.prompt import forced_language
-    from harken.cloud.reencode_baseline import Phase1Options, Phase1Stream, phase1_decode
+    from harken.bench.reencode_baseline import Phase1Options, Phase1Stream, phase1_decode
 
     p1 = Phase1Options(update_interval_s=opts.update_interval_s, language=opts.language)
     feats = stream.speech_features()

@@ -5,7 +5,7 @@ streaming pipeline runs them; for each codec mode the bitrate during speech and 
 log-mel error of the decoded frames; and PCM16 and Opus at 16/24/32 kbps, each with its actual
 size and the log-mel error of its decoded audio. Errors are in dB over bins within 80 dB of the
 running max, on the frames the VAD sent (shared/fidelity.py). `webrtc_*`: the wire bytes of the
-features over a WebRTC data channel vs an Opus track, packet overheads counted (edge/bench_wire.py).
+features over a WebRTC data channel vs an Opus track, packet overheads counted (bench/wire.py).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from harken.edge.audio import load_audio
-from harken.edge.bench_wire import wire_comparison
+from harken.bench.wire import wire_comparison
 from harken.edge.pipeline import FeaturePacket, FeatureStream
 from harken.edge.features import log_mel_raw
-from harken.edge.opus_reference import opus_round_trip
+from harken.bench.opus_reference import opus_round_trip
 from harken.shared.codec import MODES, decode_frames
 from harken.shared.features_spec import SAMPLE_RATE, RunningMaxFloor
 from harken.shared.fidelity import feature_error_db

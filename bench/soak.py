@@ -10,7 +10,7 @@ time, 8 bytes: 0.3 MB an hour at real time), so what grows is the server's and t
 Every `sample_s` (60 s) one sample:
   rss_mb              the process's resident set (server + client + bench, /proc/self/status VmRSS)
   updates, p50_update_ms, p95_update_ms   the non-final events that arrived since the last sample,
-                      and their latency as `harken bench load` defines it (edge/bench_load.py):
+                      and their latency as `harken bench load` defines it (bench/load.py):
                       arrival minus when the audio the event covers had been handed to the client
   finals, audio_s     segments finalised since the last sample; stream time handed over so far
   events_held         transcript events the server's session holds for replay (its event log)
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harken.edge.bench_load import PIECE_MS, percentiles, sample_audio, sent_at
+from harken.bench.load import PIECE_MS, percentiles, sample_audio, sent_at
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import SAMPLE_RATE
 

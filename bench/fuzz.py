@@ -1,6 +1,6 @@
 """`harken bench fuzz`: a long fuzzing run over the wire decoders and the served session, counted.
 
-The inputs, targets and properties are cloud/fuzz.py's (tests/test_fuzz.py runs them with
+The inputs, targets and properties are bench/fuzz_targets.py's (tests/test_fuzz.py runs them with
 hypothesis, a few hundred examples). Here one seeded random source drives `examples` inputs:
 `session_share` of them whole streams through the served session (`ServedFuzz`: the tiny model's
 engine and session table, `TranscriptionService.Stream` called in-process, `concurrency` streams
@@ -10,7 +10,7 @@ each of its runs must give the transcript it gets alone.
 
 Output (one JSON object):
   tried                 inputs tried, all targets (a session example is one whole stream)
-  crashes               broken properties (cloud/fuzz.py), all targets; `crash_examples` shows the first few
+  crashes               broken properties (bench/fuzz_targets.py), all targets; `crash_examples` shows the first few
   rejections_by_code    rejections of what a client can send (codec, wire, datachannel_server,
                         session), by status code; `accepted` the inputs taken as valid
   by_target             per target: tried and outcomes by code ("OK" accepted; "CANCELLED": a stream
@@ -36,8 +36,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from harken.cloud import fuzz
-from harken.cloud import fuzz_inputs as inputs
+from harken.bench import fuzz_targets as fuzz
+from harken.bench import fuzz_inputs as inputs
 from harken.shared.errors import HarkenError
 
 

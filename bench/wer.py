@@ -10,7 +10,7 @@ Each held-out recipe (`synth/heldout.jsonl`, or a JSONL of recipes) is rendered 
     served_features_<mode>    `harken serve` in this process + the SDK (`TranscriptionClient`), the
                               edge's features with codec mode hifi / balanced / low
     served_audio              the thin client: PCM16 `Audio`, VAD and features on the server
-    opus_<kbps>               the audio through libopus at 16 / 24 / 32 kbps (`edge/opus_reference`:
+    opus_<kbps>               the audio through libopus at 16 / 24 / 32 kbps (`bench/opus_reference`:
                               20 ms frames, VBR, voip, as WebRTC sends it), decoded, then as
                               served_audio (server-side features)
     webrtc                    the SDK over a WebRTC data channel (`WebRTCTranscriptionClient`),
@@ -38,7 +38,7 @@ from typing import Iterator, Protocol
 import numpy as np
 
 from harken.cloud.synth.word_timing import WordTime
-from harken.cloud.word_latency import Churn, TimedEvent, WordLatency, partial_churn, word_latencies
+from harken.bench.word_latency import Churn, TimedEvent, WordLatency, partial_churn, word_latencies
 from harken.shared.codec import DEFAULT_MODE, MODES
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
@@ -176,7 +176,7 @@ def stream_timed(audio: np.ndarray, engine, options, clock: Clock) -> list[Timed
 
 def _feature_kbps_inputs(audio: np.ndarray, mode: str) -> tuple[int, float]:
     """(payload bytes, seconds of frames) the edge pipeline sends for `audio` in `mode`."""
-    from harken.edge.bench import run_stream
+    from harken.bench.edge import run_stream
 
     _, packets = run_stream(audio, mode)
     return sum(len(p.payload) for p in packets), sum(p.frame_count for p in packets) / FRAMES_PER_SECOND
@@ -238,7 +238,7 @@ async def run_served(asr, utterances: list[BenchUtterance], paths: list[str], la
                      log) -> dict[str, PathResult]:
     """The served paths against one in-process server (gRPC and WebRTC signaling on free ports)."""
     from harken.cloud.server import ServerOptions, start_server
-    from harken.edge.opus_reference import opus_round_trip
+    from harken.bench.opus_reference import opus_round_trip
     from harken.edge.transport import ClientOptions, TranscriptionClient
 
     server = await start_server(asr, ServerOptions(host="127.0.0.1", port=0,

@@ -27,7 +27,7 @@ WEBRTC_OPUS_KBPS = (24, 32)  # 32: Chrome's default for mono speech
 
 
 def opus_track_wire(audio: np.ndarray, kbps: int) -> dict:
-    from harken.edge.opus_reference import opus_round_trip
+    from harken.bench.opus_reference import opus_round_trip
 
     rt = opus_round_trip(audio, kbps)
     return {"payload_bytes": rt.payload_bytes, "packets": rt.packets,
