@@ -41,6 +41,8 @@ Wire format, version 1 (a varint is 7 bits per byte, low first, at most 2 bytes 
 
 from __future__ import annotations
 
+import math
+
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
@@ -115,6 +117,12 @@ class MelLayout:
     # [128] how far above its sources a dependent can sit (log10(ratio_a + ratio_b)); values at
     # the floor are sunk this much further so their dependents' predictions stay under it too
     floor_sink: np.ndarray
+    # the logs of the ratios, as the TypeScript codec reads them (edge/web/src/codec_tables.json):
+    # computed by `math` (the C library), not by numpy, whose SIMD log differs in the last bit between
+    # numpy versions and CPUs; -inf where ratio_b = 0
+    log_ratio_a: np.ndarray
+    log_ratio_b: np.ndarray
+    log10_ratio_a: np.ndarray
 
 
 @lru_cache(maxsize=1)
@@ -144,18 +152,22 @@ def mel_layout() -> MelLayout:
     basis = np.array([m for m in range(N_MELS) if m not in set(dep)])
     sink = np.zeros(N_MELS)
     for a, b, ra, rb in zip(src_a, src_b, r_a, r_b):
-        sink[[a, b]] = np.maximum(sink[[a, b]], np.log10(ra + rb))
+        sink[[a, b]] = np.maximum(sink[[a, b]], math.log10(float(ra + rb)))
     return MelLayout(basis, np.array(dep, dtype=np.int64), np.array(src_a, dtype=np.int64),
-                     np.array(src_b, dtype=np.int64), np.array(r_a), np.array(r_b), sink)
+                     np.array(src_b, dtype=np.int64), np.array(r_a), np.array(r_b), sink,
+                     np.array([math.log(float(r)) for r in r_a]),
+                     np.array([math.log(float(r)) if r > 0 else -math.inf for r in r_b]),
+                     np.array([math.log10(float(r)) for r in r_a]))
+
+
+LN10 = math.log(10.0)
 
 
 def predict_dependent(frames: np.ndarray, layout: MelLayout) -> np.ndarray:
     """frames: [128, k] (basis rows filled) -> [nd, k] predicted dependent rows."""
-    ln10 = np.log(10.0)
-    with np.errstate(divide="ignore"):
-        a = frames[layout.source_a] * ln10 + np.log(layout.ratio_a)[:, None]
-        b = frames[layout.source_b] * ln10 + np.log(layout.ratio_b)[:, None]
-    return np.logaddexp(a, b) / ln10
+    a = frames[layout.source_a] * LN10 + layout.log_ratio_a[:, None]
+    b = frames[layout.source_b] * LN10 + layout.log_ratio_b[:, None]
+    return np.logaddexp(a, b) / LN10
 
 
 # ------------------------------------------------------------------------------------ transforms
@@ -487,7 +499,7 @@ def encode_frames(frames: np.ndarray, mode: str = DEFAULT_MODE, floor_log10: flo
     single = layout.ratio_b == 0
     src, dep_rows = layout.source_a[single], layout.dependent[single]
     known = at_floor[src] & ~at_floor[dep_rows]  # [ns, k]
-    implied = x[dep_rows] - np.log10(layout.ratio_a[single])[:, None]
+    implied = x[dep_rows] - layout.log10_ratio_a[single][:, None]
     x_coded[src] = np.where(known, implied, x_coded[src])
 
     # dependents: predicted from the basis as the decoder will see it; a residual only where

@@ -51,8 +51,6 @@ def codec_tables() -> dict:
     layout = codec.mel_layout()
     single = layout.ratio_b == 0
     a, b = entropy.class_bit_costs()
-    with np.errstate(divide="ignore"):
-        log_b = np.log(layout.ratio_b)
     return {
         "format": codec.CODEC_NAME,
         "magic": codec.MAGIC, "version": codec.VERSION,
@@ -67,11 +65,11 @@ def codec_tables() -> dict:
         "dependent": layout.dependent.tolist(),
         "source_a": layout.source_a.tolist(),
         "source_b": layout.source_b.tolist(),
-        "log_ratio_a": np.log(layout.ratio_a).tolist(),
-        "log_ratio_b": [None if not np.isfinite(v) else float(v) for v in log_b],  # null: no second source
-        "log10_ratio_single": [float(np.log10(r)) if s else None for r, s in zip(layout.ratio_a, single)],
+        "log_ratio_a": layout.log_ratio_a.tolist(),
+        "log_ratio_b": [None if not np.isfinite(v) else float(v) for v in layout.log_ratio_b],  # null: no second source
+        "log10_ratio_single": [float(v) if s else None for v, s in zip(layout.log10_ratio_a, single)],
         "floor_sink": layout.floor_sink.tolist(),
-        "ln10": float(np.log(10.0)),
+        "ln10": codec.LN10,
         "n_classes": entropy.N_CLASSES,
         "class_bit_b": b.tolist(),
         "value_bits": codec._value_bits().tolist(),
@@ -89,7 +87,7 @@ def entropy_tables() -> dict:
 
 def expected(wav: Path) -> tuple[np.ndarray, dict]:
     """(raw log-mel [128, T], the JSON record) of one vector WAV, from the Python edge."""
-    from harken.edge import wire
+    from harken.shared import wire
     from harken.edge.audio import load_audio
     from harken.edge.features import StreamingLogMel, log_mel_raw
     from harken.edge.pipeline import FeatureStream
@@ -134,7 +132,7 @@ def expected(wav: Path) -> tuple[np.ndarray, dict]:
                      "frame_count": p.frame_count, "segment_start": p.segment_start, "segment_end": p.segment_end,
                      "running_max_log10": p.running_max_log10, "floor_log10": floor, "payload": p.payload.hex(),
                      "crc32c": payload_crc32c(p.payload),
-                     "message": wire.client_message(Features(n + 1, p)).SerializeToString().hex()}
+                     "message": wire.client_message_to_proto(Features(n + 1, p)).SerializeToString().hex()}
                     for n, (p, floor) in enumerate(zip(packets, floors))],
     }
     return mel, record
@@ -187,7 +185,7 @@ def codec_cases(name: str, mel: np.ndarray, record: dict) -> list[dict]:
 def wire_cases() -> dict:
     """Messages besides Features, as the Python wire writes them: a port decodes the server's and
     writes the client's Start/End byte for byte."""
-    from harken.edge import wire
+    from harken.shared import wire
     from harken.proto import harken_pb2 as pb
     from harken.shared.protocol import End, KeepAlive, SessionSeed, Start
 
@@ -202,9 +200,9 @@ def wire_cases() -> dict:
 
     client = [{"start": {"language": m.language, "context": m.context, "codec": m.codec, "session_id": m.session_id,
                          "last_event_seq": m.last_event_seq, "seed": seed_json(m.seed)},
-               "bytes": wire.client_message(m).SerializeToString().hex()} for m in starts]
-    client.append({"end": {}, "bytes": wire.client_message(End()).SerializeToString().hex()})
-    client.append({"keep_alive": {}, "bytes": wire.client_message(KeepAlive()).SerializeToString().hex()})
+               "bytes": wire.client_message_to_proto(m).SerializeToString().hex()} for m in starts]
+    client.append({"end": {}, "bytes": wire.client_message_to_proto(End()).SerializeToString().hex()})
+    client.append({"keep_alive": {}, "bytes": wire.client_message_to_proto(KeepAlive()).SerializeToString().hex()})
     server = [
         pb.ServerMessage(ready=pb.Ready(session_id="sid-1", resume_after_seq=5, last_final_segment=-1)),
         pb.ServerMessage(ack=pb.Ack(seq=12, last_final_segment=-1)),
