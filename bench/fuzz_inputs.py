@@ -79,10 +79,10 @@ def build_corpus(seconds: float = 4.0) -> FuzzCorpus:
 
 
 def features_message(p: FeaturePacket, seq: int) -> pb.ClientMessage:
-    """The edge's message for packet `p` (edge/wire.features_message: with its CRC32C)."""
-    from harken.edge.wire import features_message as edge_features_message
+    """The edge's message for packet `p` (shared/wire.features_to_proto: with its CRC32C)."""
+    from harken.shared.wire import features_to_proto
 
-    return edge_features_message(p, seq=seq)
+    return features_to_proto(p, seq=seq)
 
 
 # ---- random values -------------------------------------------------------------------------------

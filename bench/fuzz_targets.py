@@ -6,11 +6,11 @@ bench/fuzz_inputs.py. Every target takes what a peer could send and returns the 
 of its outcome ("OK" when accepted); a broken property raises `Crash`.
 
     codec               shared/codec.decode_frames(payload, max_frames)
-    wire                cloud/wire: bytes -> ClientMessage -> the domain message -> decoded features
+    wire                shared/wire: bytes -> ClientMessage -> the domain message -> decoded features
     datachannel_server  cloud/webrtc's data-channel framing (binary = a message, text = a control
                         frame), then every message it queued, as `wire`
     datachannel_client  edge/webrtc_transport.DataChannelCall, the same framing from the client's
-                        side: text = the call's status, binary = a ServerMessage (edge/wire.py)
+                        side: text = the call's status, binary = a ServerMessage (shared/wire.py)
     session             `TranscriptionService.Stream`, the served session behind the gRPC and WebRTC
                         drivers, fed whole streams (`ServedFuzz`): Start/Features/Audio/Finalize/End
                         in any order, replays, gaps, resumes of other sessions, garbage, half-closes
@@ -43,7 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from harken.cloud import wire
+from harken.cloud.audio_front_end import check_seeded_front_end
+
+from harken.shared import wire
 from harken.bench.fuzz_inputs import FUZZ_LANGUAGE, FuzzCorpus, FuzzStream, features_message
 from harken.cloud.grpc_service import status_of
 from harken.proto import harken_pb2 as pb
@@ -111,7 +113,7 @@ def check_codec(payload: bytes, max_frames: int = MAX_FRAMES) -> str:
 
 def check_wire(data: bytes, target: str = "wire") -> str:
     try:
-        item = wire.parse_client_message(wire.client_message_from_bytes(data))
+        item = wire.client_message_from_proto(wire.client_message_from_bytes(data), front_end=check_seeded_front_end)
         if isinstance(item, Features):
             frames = wire.decode_features(item.packet)
     except Exception as e:
@@ -182,7 +184,7 @@ async def check_datachannel_client(data: bytes | str) -> str:
     read without raising: a message, the end of the call with a status, or the call failing."""
     import grpc
 
-    from harken.edge import wire as edge_wire
+    from harken.shared import wire as edge_wire
     from harken.edge.grpc_faults import status_error
     from harken.edge.webrtc_transport import DataChannelCall
 
@@ -198,7 +200,7 @@ async def check_datachannel_client(data: bytes | str) -> str:
             if not isinstance(code, grpc.StatusCode):
                 raise Crash("datachannel_client", f"status {code!r} is no grpc.StatusCode", data)
             return "OK"
-        reply = edge_wire.server_message(msg)
+        reply = edge_wire.server_message_from_proto(msg)
         if isinstance(reply, ServerError) and not isinstance(status_error(reply).code(), grpc.StatusCode):
             raise Crash("datachannel_client", f"Error code {reply.code!r} became no grpc.StatusCode", data)
     except Crash:

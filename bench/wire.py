@@ -54,13 +54,13 @@ async def open_loopback(client, server, channel, timeout_s: float = 10.0) -> Non
 async def _data_channel_wire(packets: list[FeaturePacket]) -> dict:
     from aiortc import RTCPeerConnection
 
-    from harken.edge.transport import features_message
+    from harken.shared.wire import features_to_proto
     from harken.proto import harken_pb2 as pb
     from harken.shared.codec import CODEC_NAME
 
     messages = [pb.ClientMessage(start=pb.Start(codec=CODEC_NAME)).SerializeToString()]
     for seq, p in enumerate(packets, 1):
-        messages.append(features_message(p, seq=seq).SerializeToString())  # as the client sends them
+        messages.append(features_to_proto(p, seq=seq).SerializeToString())  # as the client sends them
     messages.append(pb.ClientMessage(end=pb.End()).SerializeToString())
 
     client, server = RTCPeerConnection(), RTCPeerConnection()

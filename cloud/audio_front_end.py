@@ -1,11 +1,14 @@
 """The thin clients' front end on the server: PCM at any rate -> the edge's VAD + log-mel + codec ->
-the `FeaturePacket`s a Features client would have sent, with checkpoints for exact replay."""
+the `FeaturePacket`s a Features client would have sent, with checkpoints for exact replay.
+
+This is where the cloud runs edge code (edge/pipeline.py, loaded on first use: thin clients only),
+and the one place it does so: `AudioFrontEnd` and `check_seeded_front_end`."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from harken.edge.checkpoint import FrontEndCheckpoint
+from harken.shared.front_end_checkpoint import FrontEndCheckpoint
 from harken.shared.features_spec import SAMPLE_RATE
 from harken.shared.protocol import FeaturePacket
 
@@ -14,7 +17,7 @@ class AudioFrontEnd:
     """Thin clients: PCM at any rate -> the edge's FeatureStream (VAD + features + codec) ->
     `FeaturePacket`s, exactly what a Features client would send. Runs in the executor.
 
-    At 16 kHz it also checkpoints the stream (edge/checkpoint.py) at every point of the checkpoint
+    At 16 kHz it also checkpoints the stream (shared/front_end_checkpoint.py) at every point of the checkpoint
     grid where one can be taken (the audio is pushed in pieces that end there; what the stream sends
     does not depend on how its input is cut), for the seeds of final events; `resume` starts from
     one. Resampled audio gets none: the resampler's state is in no checkpoint, and a client would
@@ -67,3 +70,12 @@ class AudioFrontEnd:
     @property
     def running_max_log10(self) -> float:
         return self.stream.floor.max_log10
+
+
+def check_seeded_front_end(checkpoint: FrontEndCheckpoint) -> None:
+    """ValueError unless this server's front end can resume `checkpoint` (a thin client's seeded
+    `front_end_state`: made by a front end with the same VAD options, codec mode and packet size, at
+    a point of the checkpoint grid). The server's wire parsing calls it (`shared/wire.py`)."""
+    from harken.edge.pipeline import check_resumable
+
+    check_resumable(checkpoint)

@@ -7,19 +7,13 @@ they are: they say what was wrong and never echo secrets.
 
 from __future__ import annotations
 
-from harken.shared.errors import EngineOverloaded, HarkenError, StreamInputError, StreamOrderError
+from harken.shared.errors import EngineOverloaded, HarkenError, MalformedMessage, MessageTooLarge, OutOfOrder
+
+# the wire's own failures (MalformedMessage, OutOfOrder, MessageTooLarge) are shared/errors.py's: the
+# wire mapping (shared/wire.py) raises them; they are re-exported here beside the service's others
 
 __all__ = ["MalformedMessage", "OutOfOrder", "Unauthenticated", "NotYourSession", "SessionNotFound",
            "Overloaded", "MessageTooLarge", "ShuttingDown", "Superseded", "EngineFailed", "IdleTimeout"]
-
-
-class MalformedMessage(StreamInputError):
-    """A message that is invalid on its own: bad sizes, counts, values (INVALID_ARGUMENT)."""
-
-
-class OutOfOrder(StreamOrderError):
-    """A message that is valid alone but not now: no `start` first, a gap in `seq`, frames not
-    contiguous, Audio after Features (FAILED_PRECONDITION)."""
 
 
 class Unauthenticated(HarkenError):
@@ -36,10 +30,6 @@ class SessionNotFound(HarkenError):
 
 class Overloaded(EngineOverloaded):
     """Admission control said no: session limits, per-key limits (RESOURCE_EXHAUSTED)."""
-
-
-class MessageTooLarge(HarkenError):
-    """A message over the server's size limit (RESOURCE_EXHAUSTED, as gRPC itself answers one)."""
 
 
 class IdleTimeout(HarkenError):

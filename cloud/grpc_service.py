@@ -18,7 +18,9 @@ import logging
 
 import grpc
 
-from harken.cloud import wire
+from harken.cloud.audio_front_end import check_seeded_front_end
+
+from harken.shared import wire
 from harken.cloud.auth import OPEN_ACCESS, ApiKeys, Caller
 from harken.cloud.metrics import ServerMetrics
 from harken.cloud.errors import (IdleTimeout, MalformedMessage, MessageTooLarge, NotYourSession, SessionNotFound,
@@ -85,7 +87,7 @@ class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
         attachment: Attachment | None = None
         try:
             caller = self._authenticate(context)
-            start = wire.require_start(await _first(requests, self.max_message_bytes))
+            start = wire.require_start(await _first(requests, self.max_message_bytes), front_end=check_seeded_front_end)
             if start.session_id:
                 session = self.table.find(caller.key_id, start.session_id)
                 attachment = await session.attach(start.last_event_seq)
@@ -98,7 +100,7 @@ class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
             attachment.reader = asyncio.get_running_loop().create_task(
                 _read(requests, self.table, session, attachment, self.max_message_bytes),
                 name=f"reader-{session.session_id[:6]}")
-            yield wire.server_message(Ready(session.session_id, session.applied_seq, session.last_final_segment,
+            yield wire.server_message_to_proto(Ready(session.session_id, session.applied_seq, session.last_final_segment,
                                              keep_alive=True))
             async for message in _outgoing(session, attachment):
                 yield message
@@ -118,7 +120,7 @@ class TranscriptionService(harken_pb2_grpc.TranscriptionServicer):
                 await self.table.discard(session)
             # the same code and message as a last message too: a grpc.aio client that is still
             # writing when the stream ends may be shown INTERNAL instead of the status (grpc#36066)
-            yield wire.server_message(ServerError(code.name, message))
+            yield wire.server_message_to_proto(ServerError(code.name, message))
             if attachment is None or attachment.reader is None or attachment.reader.done():
                 await _drain(requests)  # nobody else reads them
             await context.abort(code, message)
@@ -189,7 +191,7 @@ async def _read(requests, table: SessionTable, session: HostedSession, attachmen
     try:
         async for data in requests:
             session.heard(attachment)
-            item = wire.parse_client_message(wire.client_message_from_bytes(data, max_bytes))
+            item = wire.client_message_from_proto(wire.client_message_from_bytes(data, max_bytes), front_end=check_seeded_front_end)
             if isinstance(item, KeepAlive):
                 continue  # heard: that was all it was for
             await table.wait_for_room(session)
@@ -216,11 +218,11 @@ async def _outgoing(session: HostedSession, a: Attachment):
         await woken(a)
         end = a.end
         for event in session.events_after(a.sent_event_seq):
-            yield wire.server_message(event)
+            yield wire.server_message_to_proto(event)
             session.sent(a, event.event_seq)
         if a.ack_due or end is not None:
             a.ack_due = False
-            yield wire.server_message(Ack(session.applied_seq, session.last_final_segment))
+            yield wire.server_message_to_proto(Ack(session.applied_seq, session.last_final_segment))
         if end is not None:
             if end == CLOSED_OK:
                 return

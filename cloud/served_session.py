@@ -27,7 +27,7 @@ An ended session (End, shutdown) frees its engine slot at once but stays in the 
 stream has sent its last event and closed OK, or its grace period ends, so a client that loses the
 connection just before the end can still resume for the finals.
 
-Thin clients (16 kHz Audio): the front end's checkpoints (edge/checkpoint.py) ride on the seeds of
+Thin clients (16 kHz Audio): the front end's checkpoints (shared/front_end_checkpoint.py) ride on the seeds of
 final events, each the latest taken before the next segment began; a session seeded with one
 resumes the front end there, so a replacement segments the client's replayed audio exactly as the
 lost session did.
@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from harken.cloud import wire
+from harken.shared import wire
 from harken.cloud.audio_front_end import AudioFrontEnd
 from harken.cloud.errors import ShuttingDown
 from harken.cloud.metrics import ServerMetrics

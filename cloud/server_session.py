@@ -35,8 +35,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from harken.cloud.errors import MalformedMessage, OutOfOrder, SessionNotFound, ShuttingDown, Superseded
-from harken.cloud.wire import MAX_SEGMENT_ID
-from harken.edge.checkpoint import FrontEndCheckpoint
+from harken.shared.wire import MAX_SEGMENT_ID
+from harken.shared.front_end_checkpoint import FrontEndCheckpoint
 from harken.shared.features_spec import SAMPLE_RATE
 from harken.shared.protocol import (Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive,
                                     SessionSeed, Start, Transcript)

@@ -44,7 +44,7 @@ import numpy as np
 
 from harken.cloud.auth import ApiKeys
 from harken.cloud.errors import Unauthenticated
-from harken.edge import wire as edge_wire
+from harken.shared import wire as edge_wire
 from harken.shared.datachannel import send_when_drained
 from harken.shared.protocol import Audio
 
@@ -144,7 +144,7 @@ class _TrackFeed:
         if self.requests is None or self.next_seq is None:
             return
         for pcm in self.pending:
-            msg = edge_wire.client_message(Audio(self.next_seq, pcm, self.sample_rate))
+            msg = edge_wire.client_message_to_proto(Audio(self.next_seq, pcm, self.sample_rate))
             self.next_seq += 1
             self.requests.put(msg.SerializeToString())
         self.pending.clear()

@@ -13,7 +13,7 @@ import asyncio
 
 import grpc
 
-from harken.edge import wire
+from harken.shared import wire
 from harken.shared.protocol import ServerError, ServerMessage
 
 
@@ -24,7 +24,7 @@ def call_message(msg) -> ServerMessage | None:
     if msg is None:
         raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                    details="malformed message from the server")
-    return wire.server_message(msg)
+    return wire.server_message_from_proto(msg)
 
 
 def status_error(error: ServerError) -> grpc.aio.AioRpcError:

@@ -22,7 +22,7 @@ On the frame grid a segment [start_sample, end_sample) is frames [start_sample /
 ceil(end_sample / 160)) — the frames centred inside it — except that a start never goes before the
 previous segment's end frame (two segments 0.01 s apart share no frame).
 
-Checkpoints (edge/checkpoint.py): `checkpoint()` gives the stream's whole state at a quiet point on
+Checkpoints (shared/front_end_checkpoint.py): `checkpoint()` gives the stream's whole state at a quiet point on
 the `CHECKPOINT_SAMPLES` grid, and `FeatureStream.resume(checkpoint)` a stream that, fed the audio
 from the checkpoint's `replay_from` on, sends exactly what this one sent after it. A thin client's
 server takes them, so that a replacement session continues the lost one by construction.
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from harken.edge.checkpoint import FrontEndCheckpoint
+from harken.shared.front_end_checkpoint import FrontEndCheckpoint
 from harken.edge.features import StreamingLogMel, first_frame_from
 from harken.edge.vad import WINDOW_SAMPLES, SegmentEnd, SegmentStart, StreamingVad, VadOptions
 from harken.shared.codec import DEFAULT_MODE, MAX_PACKET_FRAMES, encode_frames
@@ -176,7 +176,7 @@ class FeatureStream:
         return packets
 
     def checkpoint(self) -> FrontEndCheckpoint | None:
-        """The stream's state now, if it can be resumed from here (see edge/checkpoint.py): on the
+        """The stream's state now, if it can be resumed from here (see shared/front_end_checkpoint.py): on the
         `CHECKPOINT_SAMPLES` grid, the VAD idle (no segment open or undecided) and every segment's
         packets out. Else None."""
         sample = self._samples

@@ -10,7 +10,7 @@ and how a lost session is replayed, depends on what the messages carry:
   segments) splits the segment: the rest continues as the next one.
 - `AudioBuffer` (thin client: PCM16, the server segments it): audio leaves once applied and behind
   the replay point of the last final's seed (where the server's front-end checkpoint in it is
-  replayed from; edge/checkpoint.py); a replacement session resumes that checkpoint and gets the
+  replayed from; shared/front_end_checkpoint.py); a replacement session resumes that checkpoint and gets the
   audio from there, its times those of the lost session. A seed without a checkpoint: the audio
   since the last final segment's end, into a fresh front end whose times start at the replay.
 

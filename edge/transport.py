@@ -5,7 +5,7 @@ edge pipeline's feature packets, or PCM16 for a thin client), one `harken.v1.Tra
 call per attempt, and yields the server's transcript as `TranscriptEvent`s. What to send, what
 to resend after a dropped call, what the user sees and whether to try again is decided by one
 `ClientSession` (`edge/client_session.py`, sans-IO, where the session semantics are documented);
-this module only moves its messages over the network (proto only through `edge/wire.py`), times
+this module only moves its messages over the network (proto only through `shared/wire.py`), times
 the calls and classifies their failures:
 
 - A TLS mismatch is not a network fault: a certificate the CA does not sign (or issued for another
@@ -29,7 +29,7 @@ from typing import Any, Literal, overload
 
 import grpc
 
-from harken.edge import wire
+from harken.shared import wire
 from harken.edge.client_session import (ClientOptions, ClientSession, Disconnect, Lifecycle, StreamProgress,
                                         TransportStats)
 from harken.edge.errors import (BufferOverflowError, ServerRejectedError, ServerUnavailableError, TransportError,
@@ -37,7 +37,7 @@ from harken.edge.errors import (BufferOverflowError, ServerRejectedError, Server
 from harken.edge.grpc_faults import (call_message, closed_at_once, raise_status, speaks_tls, status_error,
                                       tls_mismatch)
 from harken.edge.front_end import AudioSource, Notify, as_async_pieces, audio_pieces, file_pieces, front_end
-from harken.edge.wire import features_message
+from harken.shared.wire import features_to_proto
 from harken.proto import harken_pb2_grpc
 from harken.shared.protocol import ServerError
 from harken.shared.text import TranscriptText
@@ -45,7 +45,7 @@ from harken.shared.transcript import TranscriptEvent
 
 __all__ = ["TranscriptionClient", "ClientOptions", "TransportStats", "StreamProgress", "TranscriptEvent",
            "TransportError", "ServerUnavailableError", "BufferOverflowError", "TransportSecurityError",
-           "ServerRejectedError", "AudioSource", "file_pieces", "audio_pieces", "features_message"]
+           "ServerRejectedError", "AudioSource", "file_pieces", "audio_pieces"]
 
 
 # The call metadata a session-affine router hashes (the key Ray Serve's gRPC proxy reads into its
@@ -197,7 +197,7 @@ class TranscriptionClient:
             call = harken_pb2_grpc.TranscriptionStub(channel).Stream(metadata=metadata)
             tasks: set[asyncio.Task] = set()
             try:
-                await call.write(wire.client_message(session.start_message()))
+                await call.write(wire.client_message_to_proto(session.start_message()))
                 first = await asyncio.wait_for(call.read(), self.options.connect_timeout_s)
                 if first is grpc.aio.EOF:
                     await raise_status(call)
@@ -240,7 +240,7 @@ class TranscriptionClient:
         while True:
             wake.clear()
             while (msg := session.next_message(self._clock())) is not None:
-                await call.write(wire.client_message(msg))
+                await call.write(wire.client_message_to_proto(msg))
                 session.sent(msg)
             if session.lifecycle is Lifecycle.DRAINING:  # End is out (or the server holds ours)
                 await call.done_writing()

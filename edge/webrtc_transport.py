@@ -26,7 +26,7 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from harken.edge import wire
+from harken.shared import wire
 from harken.edge.client_session import ClientOptions
 from harken.edge.errors import ServerRejectedError
 from harken.edge.front_end import as_async_pieces
@@ -292,18 +292,18 @@ async def stream_opus(url: str, source, api_key: str | None = None, language: st
         channel = peer.channel
         assert channel is not None  # open once entered
         call = DataChannelCall(channel, pb.ServerMessage.FromString, pb.ClientMessage.SerializeToString)
-        await call.write(wire.client_message(Start(language=language, context=context)))
+        await call.write(wire.client_message_to_proto(Start(language=language, context=context)))
 
         async def end_after_source():
             await track.source_done.wait()
             await asyncio.sleep(TRAILING_SILENCE_S / speed + 0.2)
             channel.send(json.dumps({"flush_audio": True}))
-            await call.write(wire.client_message(End()))
+            await call.write(wire.client_message_to_proto(End()))
 
         ender = asyncio.create_task(end_after_source())
         try:
             while (msg := await call.read()) is not grpc.aio.EOF:
-                if isinstance(reply := wire.server_message(msg), Transcript):
+                if isinstance(reply := wire.server_message_from_proto(msg), Transcript):
                     yield reply.event
             code = await call.code()
             if code != grpc.StatusCode.OK:

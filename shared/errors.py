@@ -38,3 +38,18 @@ class EngineOverloaded(HarkenError):
 
 class UnknownSession(HarkenError):
     """No open engine session with that id (NOT_FOUND)."""
+
+
+# ---- the wire's failures (shared/wire.py raises them on the server's way in) ---------------------
+
+class MalformedMessage(StreamInputError):
+    """A message that is invalid on its own: bad sizes, counts, values (INVALID_ARGUMENT)."""
+
+
+class OutOfOrder(StreamOrderError):
+    """A message that is valid alone but not now: no `start` first, a gap in `seq`, frames not
+    contiguous, Audio after Features (FAILED_PRECONDITION)."""
+
+
+class MessageTooLarge(HarkenError):
+    """A message over the server's size limit (RESOURCE_EXHAUSTED, as gRPC itself answers one)."""

@@ -2,7 +2,7 @@
 
 The codec's payload has no redundancy to spare (every bit is entropy-coded), so a flipped bit can
 decode into other, valid-looking features. The edge sends the CRC32C of each payload beside it and
-the server compares when it parses the message, before any decoding (`cloud/wire.py`): a mismatch
+the server compares when it parses the message, before any decoding (`shared/wire.py`): a mismatch
 is INVALID_ARGUMENT.
 
 CRC32C (Castagnoli) rather than zlib's CRC-32: the same cost with hardware support (SSE4.2, ARMv8),

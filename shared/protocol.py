@@ -1,8 +1,8 @@
 """The session protocol's messages as plain data: `proto/harken.proto` (harken.v1) without proto.
 
 One type per concept, on both sides of the wire: a feature packet, the resume seed, the messages
-of one `Transcription/Stream` call. Proto names stay at the wire boundary (`edge/wire.py` for the
-client); everything inside works with these. The session semantics are documented in the proto.
+of one `Transcription/Stream` call. Proto names stay at the wire boundary (`shared/wire.py`, both
+ways); everything inside works with these. The session semantics are documented in the proto.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class SessionSeed:
     running_max_log10: float
     context_tail: str
     next_segment_id: int
-    # Thin clients: the server's front end at a quiet point (opaque bytes, edge/checkpoint.py), and
+    # Thin clients: the server's front end at a quiet point (opaque bytes, shared/front_end_checkpoint.py), and
     # the sample (in the seeding session's count) a replacement session's audio must start at.
     front_end_state: bytes = b""
     audio_sample: int = 0

@@ -1,4 +1,4 @@
-"""edge/checkpoint: the front-end state's wire format. What a checkpoint restores is tested with the
+"""shared/front_end_checkpoint: the front-end state's wire format. What a checkpoint restores is tested with the
 pipeline that makes and resumes it (test_pipeline.py) and through the server (test_server.py,
 test_transport.py)."""
 
@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from harken.edge.checkpoint import SIZE, FrontEndCheckpoint
+from harken.shared.front_end_checkpoint import SIZE, FrontEndCheckpoint
 
 
 def checkpoint(**kw) -> FrontEndCheckpoint:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from harken.edge.checkpoint import FrontEndCheckpoint
+from harken.shared.front_end_checkpoint import FrontEndCheckpoint
 from harken.edge.pipeline import CHECKPOINT_SAMPLES, FeatureStream, replay_lead_samples
 from harken.edge.features import log_mel_raw
 from harken.edge.vad import VadOptions, get_speech_timestamps

@@ -14,11 +14,13 @@ import grpc
 import numpy as np
 import pytest
 
-from harken.cloud import wire
+from harken.cloud.audio_front_end import check_seeded_front_end
+
+from harken.shared import wire
 from harken.cloud.grpc_service import status_of
 from harken.cloud.server import ServerOptions, start_server
 from harken.edge.pipeline import FeatureStream
-from harken.edge.transport import features_message
+from harken.shared.wire import features_to_proto
 from harken.proto import harken_pb2 as pb
 from harken.proto import harken_pb2_grpc
 from harken.shared.codec import CodecError, decode_frames
@@ -42,7 +44,7 @@ def packets():
 def _decode(data: bytes) -> np.ndarray | None:
     """What the server does with the bytes of one Features message: parse, check, decode (None when
     they parse as another kind of message: no features at all)."""
-    item = wire.parse_client_message(wire.client_message_from_bytes(data))
+    item = wire.client_message_from_proto(wire.client_message_from_bytes(data), front_end=check_seeded_front_end)
     return wire.decode_features(item.packet) if isinstance(item, Features) else None
 
 
@@ -65,7 +67,7 @@ def _checked_span(p, data: bytes) -> list[int]:
 def test_the_edge_sends_the_crc32c_and_intact_packets_decode(packets):
     assert payload_crc32c(b"123456789") == 0xE3069283  # the CRC32C check value (RFC 3720, B.4)
     for p in packets:
-        msg = features_message(p, seq=1)
+        msg = features_to_proto(p, seq=1)
         assert msg.features.HasField("payload_crc32c") and msg.features.payload_crc32c == payload_crc32c(p.payload)
         np.testing.assert_array_equal(_decode(msg.SerializeToString()), decode_frames(p.payload))
 
@@ -76,7 +78,7 @@ def test_every_single_bit_flip_is_invalid_argument_or_leaves_the_features_intact
     the payload as it was, so it is rejected or decodes to exactly the sent features."""
     payload_flips = 0
     for p in packets:
-        data = features_message(p, seq=1).SerializeToString()
+        data = features_to_proto(p, seq=1).SerializeToString()
         sent = decode_frames(p.payload)
         checked = set(_checked_span(p, data))
         for i in range(len(data)):
@@ -101,11 +103,11 @@ def test_random_multi_bit_corruption_is_invalid_argument(packets):
     rng = random.Random(14)
     for trial in range(3_000):
         p = packets[trial % len(packets)]
-        data = bytearray(features_message(p, seq=1).SerializeToString())
+        data = bytearray(features_to_proto(p, seq=1).SerializeToString())
         span = _checked_span(p, bytes(data))
         for _ in range(rng.randint(2, 24)):
             data[rng.choice(span)] ^= 1 << rng.randrange(8)
-        if bytes(data) != features_message(p, seq=1).SerializeToString():  # flips may cancel out
+        if bytes(data) != features_to_proto(p, seq=1).SerializeToString():  # flips may cancel out
             assert _rejected(bytes(data)), f"trial {trial} decoded as valid features"
 
 
@@ -129,10 +131,10 @@ def test_without_the_checksum_most_flips_decode_as_features(packets):
 def test_a_missing_checksum_is_accepted_and_a_wrong_one_is_not(packets):
     """Clients written before the field was added send none: their payloads are decoded unchecked."""
     p = packets[0]
-    old_client = features_message(p, seq=1)
+    old_client = features_to_proto(p, seq=1)
     old_client.features.ClearField("payload_crc32c")
     np.testing.assert_array_equal(_decode(old_client.SerializeToString()), decode_frames(p.payload))
-    wrong = features_message(p, seq=1)
+    wrong = features_to_proto(p, seq=1)
     wrong.features.payload_crc32c ^= 1
     with pytest.raises(wire.MalformedMessage, match="payload_crc32c does not match"):
         _decode(wrong.SerializeToString())
@@ -142,7 +144,7 @@ def test_the_server_ends_a_stream_with_a_corrupted_packet_invalid_argument(asr, 
     """A real server: one flipped payload bit -> INVALID_ARGUMENT naming the checksum; the same
     packets intact (as the edge sends them) -> the whole stream, OK."""
     start = pb.ClientMessage(start=pb.Start(language="English", codec="harken-mel/1"))
-    intact = [features_message(p, seq=i) for i, p in enumerate(packets, 1)]
+    intact = [features_to_proto(p, seq=i) for i, p in enumerate(packets, 1)]
     corrupt = pb.ClientMessage()
     corrupt.CopyFrom(intact[1])
     payload = bytearray(corrupt.features.payload)

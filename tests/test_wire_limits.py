@@ -1,4 +1,4 @@
-"""cloud/wire: what one message may claim, checked before any decoding work, and a fuzz over the
+"""shared/wire (the server reading): what one message may claim, checked before any decoding work, and a fuzz over the
 decoder: whatever the bytes, a Features message either decodes to what it says or is rejected with
 an error that maps to INVALID_ARGUMENT (never another exception)."""
 
@@ -8,7 +8,9 @@ import grpc
 import numpy as np
 import pytest
 
-from harken.cloud import wire
+from harken.cloud.audio_front_end import check_seeded_front_end
+
+from harken.shared import wire
 from harken.cloud.grpc_service import status_of
 from harken.proto import harken_pb2 as pb
 from harken.shared.codec import MAX_FRAMES_PER_PAYLOAD_BYTE, MAX_PACKET_FRAMES, encode_frames
@@ -27,7 +29,7 @@ def _features(payload: bytes, frame_count: int) -> bytes:
 
 
 def _decode(data: bytes):
-    item = wire.parse_client_message(wire.client_message_from_bytes(data))
+    item = wire.client_message_from_proto(wire.client_message_from_bytes(data), front_end=check_seeded_front_end)
     return wire.decode_features(item.packet) if isinstance(item, Features) else None
 
 

@@ -1,31 +1,43 @@
-"""The server's wire boundary: `harken.v1` proto messages <-> shared/protocol messages.
+"""The wire contract's one mapping: shared/protocol messages <-> `harken.v1` proto messages, both ways.
 
-Proto names stop here, as they do in `edge/wire.py` for the client: the service works with the
-client's own types, one per concept (`FeaturePacket`, `SessionSeed`, `Start`, `Transcript`, ...).
-Everything a message can get wrong on its own (sizes, counts, values, a payload's checksum, a
-payload the codec rejects) raises `MalformedMessage` or `CodecError` here, so nothing malformed
-gets further in; what depends on the session's state (order, gaps, ownership) is checked by
-`cloud/served_session.py`.
+Proto names appear here and in the network drivers that move these messages as they are; the
+client's `ClientSession` and the server's `ServerSession` see only shared/protocol types. Every
+name says its direction:
+
+    client sends      client_message_to_proto, features_to_proto, seed_to_proto
+    server reads      client_message_from_bytes, client_message_from_proto, require_start,
+                      decode_features, front_end_checkpoint
+    server sends      server_message_to_proto, transcript_to_proto, seed_to_proto
+    client reads      server_message_from_proto, seed_from_proto
+
+On the way in, everything a message can get wrong on its own (sizes, counts, values, a payload's
+checksum, a payload the codec rejects) raises `MalformedMessage` or `CodecError` here, so nothing
+malformed gets further in; what depends on the session's state (order, gaps, ownership) is checked
+by the server's session core (`cloud/server_session.py`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from harken.cloud.errors import MalformedMessage, MessageTooLarge, OutOfOrder
-from harken.edge.checkpoint import SIZE as FRONT_END_STATE_BYTES
-from harken.edge.checkpoint import FrontEndCheckpoint
 from harken.proto import harken_pb2 as pb
 from harken.shared.codec import (CODEC_NAME, MAX_FRAMES, MAX_FRAMES_PER_PAYLOAD_BYTE, decode_frames,
                                  max_frames_for_payload)
+from harken.shared.errors import MalformedMessage, MessageTooLarge, OutOfOrder
 from harken.shared.features_spec import N_MELS
+from harken.shared.front_end_checkpoint import SIZE as FRONT_END_STATE_BYTES
+from harken.shared.front_end_checkpoint import FrontEndCheckpoint
 from harken.shared.integrity import payload_crc32c
-from harken.edge.wire import seed_message
-from harken.shared.protocol import (Ack, Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive, Ready,
-                                    ServerMessage, SessionSeed, Start, Transcript)
+from harken.shared.protocol import (Ack, Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive,
+                                    Ready, ServerError, ServerMessage, SessionSeed, Start, Transcript)
+from harken.shared.transcript import TranscriptEvent
+
+# Checks a thin client's seeded front-end state against the server's own front end (ValueError if not)
+FrontEndCheck = Callable[[FrontEndCheckpoint], None]
 
 MAX_LANGUAGE_CHARS = 64
 MAX_CONTEXT_CHARS = 8_000
@@ -40,7 +52,39 @@ MAX_SAMPLE_RATE = 192_000
 MAX_SEGMENT_ID = (1 << 32) - 2
 
 
-# ---- client -> server ----------------------------------------------------------------------------
+# ---- the client sends -----------------------------------------------------------------------
+
+def client_message_to_proto(msg: ClientMessage) -> pb.ClientMessage:
+    """A message to send, as proto."""
+    if isinstance(msg, Features):
+        return features_to_proto(msg.packet, seq=msg.seq)
+    if isinstance(msg, Audio):
+        return pb.ClientMessage(audio=pb.Audio(seq=msg.seq, pcm16=msg.pcm16, sample_rate=msg.sample_rate))
+    if isinstance(msg, Start):
+        start = pb.Start(language=msg.language, context=msg.context, codec=msg.codec, session_id=msg.session_id,
+                         last_event_seq=msg.last_event_seq)
+        if msg.seed is not None:
+            start.seed.CopyFrom(seed_to_proto(msg.seed))
+        return pb.ClientMessage(start=start)
+    if isinstance(msg, KeepAlive):
+        return pb.ClientMessage(keep_alive=pb.KeepAlive())
+    if isinstance(msg, Finalize):
+        return pb.ClientMessage(finalize=pb.Finalize())
+    if isinstance(msg, End):
+        return pb.ClientMessage(end=pb.End())
+    raise TypeError(f"not a client message: {msg!r}")
+
+
+def features_to_proto(p: FeaturePacket, seq: int = 0) -> pb.ClientMessage:
+    """The `Features` message of one edge packet, its payload's CRC32C beside it (the server
+    rejects a payload that does not match)."""
+    return pb.ClientMessage(features=pb.Features(
+        seq=seq, segment_id=p.segment_id, first_frame=p.first_frame, frame_count=p.frame_count,
+        segment_start=p.segment_start, segment_end=p.segment_end, payload=p.payload,
+        running_max_log10=p.running_max_log10, payload_crc32c=payload_crc32c(p.payload)))
+
+
+# ---- the server reads ------------------------------------------------------------------------
 
 def client_message_from_bytes(data: bytes, max_bytes: int | None = None) -> pb.ClientMessage:
     """The raw request bytes -> ClientMessage (the service parses them itself, so that bytes that
@@ -54,13 +98,15 @@ def client_message_from_bytes(data: bytes, max_bytes: int | None = None) -> pb.C
         raise MalformedMessage(f"not a harken.v1.ClientMessage ({e})") from e
 
 
-def parse_client_message(msg: pb.ClientMessage) -> ClientMessage:
-    """Proto -> domain, validating everything the message holds on its own."""
+def client_message_from_proto(msg: pb.ClientMessage, front_end: FrontEndCheck | None) -> ClientMessage:
+    """Proto -> domain, validating everything the message holds on its own. `front_end`: what checks
+    that a thin client's seeded front-end state is one this server's front end can resume (the
+    server passes `harken.cloud.audio_front_end.check_resumable`); None takes any well-formed one."""
     kind = msg.WhichOneof("kind")
     if kind is None:
         raise MalformedMessage("empty ClientMessage: set one of start, features, audio, finalize, end, keep_alive")
     if kind == "start":
-        return _parse_start(msg.start)
+        return _parse_start(msg.start, front_end)
     if kind == "features":
         return _parse_features(msg.features)
     if kind == "audio":
@@ -72,7 +118,7 @@ def parse_client_message(msg: pb.ClientMessage) -> ClientMessage:
     return End()
 
 
-def _parse_start(s: pb.Start) -> Start:
+def _parse_start(s: pb.Start, front_end: FrontEndCheck | None) -> Start:
     if len(s.language) > MAX_LANGUAGE_CHARS:
         raise MalformedMessage(f"start.language longer than {MAX_LANGUAGE_CHARS} characters")
     if len(s.context) > MAX_CONTEXT_CHARS:
@@ -90,7 +136,7 @@ def _parse_start(s: pb.Start) -> Start:
         if len(s.seed.context_tail) > MAX_CONTEXT_CHARS:
             raise MalformedMessage(f"start.seed.context_tail longer than {MAX_CONTEXT_CHARS} characters")
         if s.seed.front_end_state:
-            _check_front_end(s.seed)
+            _check_front_end(s.seed, front_end)
         seed = SessionSeed(float(s.seed.running_max_log10), s.seed.context_tail, int(s.seed.next_segment_id),
                            bytes(s.seed.front_end_state),
                            int(s.seed.audio_sample) if s.seed.front_end_state else 0)
@@ -100,16 +146,15 @@ def _parse_start(s: pb.Start) -> Start:
                  last_event_seq=int(s.last_event_seq), seed=seed)
 
 
-def _check_front_end(seed: pb.SessionSeed) -> None:
-    """A thin client's `front_end_state` must be a checkpoint this server's front end can resume
-    (`front_end_checkpoint` parses it again when the audio comes)."""
-    from harken.edge.pipeline import check_resumable  # loads the edge's models: thin clients only
-
+def _check_front_end(seed: pb.SessionSeed, front_end: FrontEndCheck | None) -> None:
+    """A thin client's `front_end_state` must be a well-formed checkpoint (and one `front_end`
+    accepts); `front_end_checkpoint` parses it again when the audio comes."""
     if len(seed.front_end_state) > FRONT_END_STATE_BYTES:
         raise MalformedMessage(f"start.seed.front_end_state longer than {FRONT_END_STATE_BYTES} bytes")
     try:
         checkpoint = FrontEndCheckpoint.parse(seed.front_end_state)
-        check_resumable(checkpoint)
+        if front_end is not None:
+            front_end(checkpoint)
     except ValueError as e:
         raise MalformedMessage(f"start.seed.front_end_state: {e}") from e
     if seed.audio_sample != checkpoint.replay_from:
@@ -179,20 +224,20 @@ def decode_features(f: FeaturePacket) -> np.ndarray:
     return frames
 
 
-def require_start(msg: pb.ClientMessage) -> Start:
-    """The first message of a stream: it must be `start`."""
+def require_start(msg: pb.ClientMessage, front_end: FrontEndCheck | None) -> Start:
+    """The first message of a stream: it must be `start` (`front_end` as in `client_message_from_proto`)."""
     kind = msg.WhichOneof("kind")
     if kind != "start":
         raise OutOfOrder(f"the first message must be start, got {kind or 'an empty message'}")
-    return _parse_start(msg.start)
+    return _parse_start(msg.start, front_end)
 
 
-# ---- server -> client ----------------------------------------------------------------------------
+# ---- the server sends ------------------------------------------------------------------------
 
-def server_message(msg: ServerMessage) -> pb.ServerMessage:
+def server_message_to_proto(msg: ServerMessage) -> pb.ServerMessage:
     """A message the server sends, as proto."""
     if isinstance(msg, Transcript):
-        return transcript_message(msg)
+        return transcript_to_proto(msg)
     if isinstance(msg, Ack):
         return pb.ServerMessage(ack=pb.Ack(seq=msg.seq, last_final_segment=msg.last_final_segment))
     if isinstance(msg, Ready):
@@ -202,11 +247,48 @@ def server_message(msg: ServerMessage) -> pb.ServerMessage:
     return pb.ServerMessage(error=pb.Error(code=msg.code, message=msg.message))
 
 
-def transcript_message(t: Transcript) -> pb.ServerMessage:
+def transcript_to_proto(t: Transcript) -> pb.ServerMessage:
     e = t.event
     out = pb.Transcript(segment_id=e.segment_id, committed_delta=e.committed_delta, partial=e.partial,
                         stability=e.stability, start_s=e.start_s, end_s=e.end_s, language=e.language,
                         is_final=e.is_final, event_seq=t.event_seq)
     if t.seed is not None:
-        out.seed.CopyFrom(seed_message(t.seed))
+        out.seed.CopyFrom(seed_to_proto(t.seed))
     return pb.ServerMessage(transcript=out)
+
+
+# ---- the client reads ------------------------------------------------------------------------
+
+def server_message_from_proto(msg: pb.ServerMessage) -> ServerMessage | None:
+    """A received message as shared/protocol data; None for an empty message (no kind set)."""
+    kind = msg.WhichOneof("kind")
+    if kind == "transcript":
+        t = msg.transcript
+        event = TranscriptEvent(segment_id=t.segment_id, committed_delta=t.committed_delta, partial=t.partial,
+                                stability=t.stability, start_s=t.start_s, end_s=t.end_s, language=t.language,
+                                is_final=t.is_final)
+        return Transcript(event, event_seq=t.event_seq, seed=seed_from_proto(t.seed))
+    if kind == "ack":
+        return Ack(seq=msg.ack.seq, last_final_segment=msg.ack.last_final_segment)
+    if kind == "ready":
+        r = msg.ready
+        return Ready(session_id=r.session_id, resume_after_seq=r.resume_after_seq,
+                     last_final_segment=r.last_final_segment, keep_alive=r.keep_alive)
+    if kind == "error":
+        return ServerError(code=msg.error.code, message=msg.error.message)
+    return None
+
+
+def seed_from_proto(s: pb.SessionSeed) -> SessionSeed | None:
+    if not s.present:
+        return None
+    return SessionSeed(running_max_log10=s.running_max_log10, context_tail=s.context_tail,
+                       next_segment_id=s.next_segment_id, front_end_state=bytes(s.front_end_state),
+                       audio_sample=int(s.audio_sample))
+
+
+def seed_to_proto(s: SessionSeed) -> pb.SessionSeed:
+    """A seed as proto: in a client's `Start`, and in the server's final `Transcript`s."""
+    return pb.SessionSeed(present=True, running_max_log10=s.running_max_log10, context_tail=s.context_tail,
+                          next_segment_id=s.next_segment_id, front_end_state=s.front_end_state,
+                          audio_sample=s.audio_sample)
