@@ -1,6 +1,6 @@
 """shared/front_end_checkpoint: the front-end state's wire format. What a checkpoint restores is tested with the
-pipeline that makes and resumes it (test_pipeline.py) and through the server (test_server.py,
-test_transport.py)."""
+pipeline that makes and resumes it (test_pipeline.py) and through the server (test_server_transcripts.py,
+test_transport_restarts.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """edge/replay: the resend buffers' own rules, one by one (the session's use of them is in
 test_client_session.py; the replay filter's tests, against the real server's events, are in
-test_transport.py)."""
+test_transport_lost_sessions.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The server's sessions without the network: `SessionTable` and `HostedSession` (the asyncio
 driver of cloud/server_session.py) on the real tiny model's engine, fed the edge's packets as
 `shared/protocol` messages, with a fake clock for grace periods and idleness. gRPC and WebRTC add
-only bytes in and out (tests/test_server.py, tests/test_webrtc.py)."""
+only bytes in and out (tests/test_server_*.py, tests/test_webrtc.py)."""
 
 from __future__ import annotations
 

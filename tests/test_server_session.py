@@ -1,6 +1,6 @@
 """The server's sans-IO session core (cloud/server_session.py), driven by method calls alone: no
 network, no event loop, no engine, no clock but the numbers passed in (h11 style). The served
-path through gRPC is tested end to end in test_server.py."""
+path through gRPC is tested end to end in test_server_*.py."""
 
 from __future__ import annotations
 

@@ -165,7 +165,7 @@ def test_the_server_ends_a_stream_with_a_corrupted_packet_invalid_argument(asr, 
                 return grpc.StatusCode.OK, "", got
             except grpc.aio.AioRpcError as e:
                 last = got[-1] if got else None
-                if last is not None and last.WhichOneof("kind") == "error":  # grpc#36066: see test_server
+                if last is not None and last.WhichOneof("kind") == "error":  # grpc#36066: see run_stream in server_helpers.py
                     return grpc.StatusCode[last.error.code], last.error.message, got
                 return e.code(), e.details() or "", got
 
