@@ -292,7 +292,7 @@ def run_engine(asr, streams: list[BenchStream], opts: StreamBenchOptions, clock:
     whose items started at different times would rarely be due in the same tick."""
     from harken.cloud.commit import CommitPolicy
     from harken.cloud.engine import Engine, EngineConfig
-    from harken.cloud.session import SessionOptions
+    from harken.cloud.stream_session import SessionOptions
 
     policy = CommitPolicy(update_interval_s=opts.update_interval_s)
     n = len(streams)

@@ -197,7 +197,7 @@ def run_offline(asr, utterances: list[BenchUtterance], language: str | None) -> 
 def run_stream(asr, utterances: list[BenchUtterance], language: str | None, clock: Clock
                ) -> tuple[PathResult, list[WordLatency], Churn]:
     from harken.cloud.engine import Engine, EngineConfig
-    from harken.cloud.session import SessionOptions
+    from harken.cloud.stream_session import SessionOptions
     from harken.shared.text import events_text
 
     options = SessionOptions(language=language)

@@ -2,7 +2,7 @@
 the `FeaturePacket`s a Features client would have sent, with checkpoints for exact replay.
 
 This is where the cloud runs edge code (edge/pipeline.py, loaded on first use: thin clients only),
-and the one place it does so: `AudioFrontEnd` and `check_seeded_front_end`."""
+and the one place it does so: `ThinClientFrontEnd` and `check_seeded_front_end`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from harken.shared.features_spec import SAMPLE_RATE
 from harken.shared.protocol import FeaturePacket
 
 
-class AudioFrontEnd:
+class ThinClientFrontEnd:
     """Thin clients: PCM at any rate -> the edge's FeatureStream (VAD + features + codec) ->
     `FeaturePacket`s, exactly what a Features client would send. Runs in the executor.
 

@@ -141,7 +141,7 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     from harken.cloud.model.checkpoint import TINY, TINY_UNTIED
     from harken.cloud.model.prompt import forced_language
     from harken.cloud.engine import EngineConfig
-    from harken.cloud.session import SessionOptions
+    from harken.cloud.stream_session import SessionOptions
 
     forced_language(language)
     if model in (TINY, TINY_UNTIED):

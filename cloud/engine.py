@@ -3,7 +3,7 @@
 API:
 
     engine = Engine(asr, EngineConfig(max_sessions=16, max_batch=32, max_queued_frames=...))
-    sid = engine.open_session(SessionOptions(...))     # EngineOverloaded past the limits
+    sid = engine.open_session(SessionOptions(...))     # Overloaded past the limits
     engine.ingest(sid, segment_id, first_frame, frames, segment_start, segment_end, running_max_log10)
     engine.ingest_packet(sid, packet)                   # an edge FeaturePacket (payload decoded here)
     engine.finalize(sid)                                # end the open segment now
@@ -45,8 +45,8 @@ from harken.cloud.commit import CommitPolicy
 from harken.cloud.model.decoder import decode_step, prefill
 from harken.cloud.model.encoder import num_audio_tokens
 from harken.cloud.model.kv_cache import KVCache
-from harken.cloud.session import MAX_CONTEXT_TOKENS, Job, Session, SessionOptions, EngineEvent
-from harken.shared.errors import EngineOverloaded, UnknownSession, StreamInputError
+from harken.cloud.stream_session import MAX_CONTEXT_TOKENS, Job, StreamSession, SessionOptions, EngineEvent
+from harken.shared.errors import Overloaded, SessionNotFound, StreamInputError
 
 class TickFailed(RuntimeError):
     """The model failed during a tick. `events` are those of passes that had finished before
@@ -88,7 +88,7 @@ def slot_tokens(policy: CommitPolicy) -> int:
 @dataclass
 class _Running:
     sid: str
-    session: Session
+    session: StreamSession
     job: Job
     slot: int
     tokens: list[int]
@@ -117,7 +117,7 @@ class Engine:
         self.observer = observer
         self._tick_sessions = 0  # sessions planned in the tick under way
         self.cache = self._new_cache()
-        self.sessions: dict[str, Session] = {}
+        self.sessions: dict[str, StreamSession] = {}
         self._lock = threading.Lock()
         self._rotor = 0  # where the next tick starts looking for ready sessions
         self._busy: set[str] = set()  # sessions with a pass in flight
@@ -138,7 +138,7 @@ class Engine:
     # -- sessions --------------------------------------------------------------------------------
 
     def open_session(self, options: SessionOptions = SessionOptions(), session_id: str | None = None) -> str:
-        """Admit a new session; EngineOverloaded when full or when queued work is past the limit."""
+        """Admit a new session; Overloaded when full or when queued work is past the limit."""
         limit = self.config.slot_policy
         p = options.policy
         if p.max_item_tokens > limit.max_item_tokens or p.limit_frames() > limit.limit_frames():
@@ -147,13 +147,13 @@ class Engine:
                                    f"{limit.segment_limit_s})")
         with self._lock:
             if len(self.sessions) >= self.config.max_sessions or self.cache.num_free() == 0:
-                raise EngineOverloaded(f"the engine serves {self.config.max_sessions} sessions at most")
+                raise Overloaded(f"the engine serves {self.config.max_sessions} sessions at most")
             queued = sum(s.queued_frames() for s in self.sessions.values())
             if queued > self.config.max_queued_frames:
-                raise EngineOverloaded(f"{queued / 100:.0f} s of audio are waiting to be processed")
+                raise Overloaded(f"{queued / 100:.0f} s of audio are waiting to be processed")
             slot = self.cache.allocate()
             try:
-                session = Session(self.asr, options, slot)
+                session = StreamSession(self.asr, options, slot)
             except BaseException:
                 self.cache.free(slot)
                 raise
@@ -175,21 +175,21 @@ class Engine:
             else:
                 self.cache.free(session.state.slot)
 
-    def session(self, sid: str) -> Session:
+    def session(self, sid: str) -> StreamSession:
         with self._lock:
             return self._get(sid)
 
-    def _get(self, sid: str) -> Session:
+    def _get(self, sid: str) -> StreamSession:
         try:
             return self.sessions[sid]
         except KeyError:
-            raise UnknownSession(f"no session {sid!r}") from None
+            raise SessionNotFound(f"no session {sid!r}") from None
 
     # -- input -----------------------------------------------------------------------------------
 
     def ingest(self, sid: str, segment_id: int, first_frame: int, frames, segment_start: bool = False,
                segment_end: bool = False, running_max_log10: float | None = None) -> int:
-        """Apply frames to a session (see `Session.ingest`). Thread-safe."""
+        """Apply frames to a session (see `StreamSession.ingest`). Thread-safe."""
         with self._lock:
             return self._get(sid).ingest(segment_id, first_frame, frames, segment_start, segment_end,
                                          running_max_log10)
@@ -239,7 +239,7 @@ class Engine:
         with self._lock:
             return self._failed.get(sid)
 
-    def _fail(self, sid: str, session: Session, error: BaseException) -> None:
+    def _fail(self, sid: str, session: StreamSession, error: BaseException) -> None:
         """Take a session whose own code raised out of service (its state may be half-updated)."""
         with self._lock:
             self._busy.discard(sid)
@@ -251,7 +251,7 @@ class Engine:
 
     # -- one tick --------------------------------------------------------------------------------
 
-    def _plan(self, exclude: set[str], room: int) -> list[tuple[str, Session, Job]]:
+    def _plan(self, exclude: set[str], room: int) -> list[tuple[str, StreamSession, Job]]:
         """Next passes of up to `room` ready sessions not in `exclude`, rotating the start."""
         with self._lock:
             ids = list(self.sessions)
@@ -259,8 +259,8 @@ class Engine:
                 return []
             start = self._rotor % len(ids)
             order = ids[start:] + ids[:start]
-            planned: list[tuple[str, Session, Job]] = []
-            failed: list[tuple[str, Session, Exception]] = []
+            planned: list[tuple[str, StreamSession, Job]] = []
+            failed: list[tuple[str, StreamSession, Exception]] = []
             for sid in order:
                 if len(planned) >= room:
                     break
@@ -283,7 +283,7 @@ class Engine:
         self._tick_sessions += len(planned)
         return planned
 
-    def _encode(self, planned: list[tuple[str, Session, Job]]) -> set[str]:
+    def _encode(self, planned: list[tuple[str, StreamSession, Job]]) -> set[str]:
         """Run the encoder windows of planned passes as one batch and commit them to their sessions'
         window caches; returns the sessions that failed doing so (failed here: `_fail`)."""
         requests = [(sid, s, j, r) for sid, s, j in planned for r in j.requests]
@@ -304,7 +304,7 @@ class Engine:
                 self._fail(sid, s, e)
         return broken
 
-    def _prompts(self, planned: list[tuple[str, Session, Job]]) -> tuple[list[tuple[str, Session, Job, torch.Tensor]], list]:
+    def _prompts(self, planned: list[tuple[str, StreamSession, Job]]) -> tuple[list[tuple[str, StreamSession, Job, torch.Tensor]], list]:
         """Encode planned passes (one batch) and build each one's prefill embeddings. Returns the
         passes to prefill with their embeddings, and the events of passes that needed no model."""
         events, ready = [], []
@@ -321,7 +321,7 @@ class Engine:
                 self._fail(sid, s, err)
         return ready, events
 
-    def _start(self, planned: list[tuple[str, Session, Job]]) -> tuple[list[_Running], list]:
+    def _start(self, planned: list[tuple[str, StreamSession, Job]]) -> tuple[list[_Running], list]:
         """Encode (one batch) and prefill (one batch) planned passes. Returns the passes that decode,
         and the events of passes that needed no model."""
         run: list[_Running] = []
@@ -379,7 +379,7 @@ class Engine:
         self.decoded_tokens += n
         self.decoded_by_pass["final" if job.final else "update"] += n
 
-    def _finish(self, sid: str, session: Session, job: Job, tokens: list[int]) -> list:
+    def _finish(self, sid: str, session: StreamSession, job: Job, tokens: list[int]) -> list:
         self._decoded(job, len(tokens))
         with self._lock:
             try:
@@ -428,7 +428,7 @@ class Engine:
 
     def _step(self) -> list[tuple[str, EngineEvent]]:
         served: set[str] = set()
-        tick: dict[str, Session] = {}  # sessions planned this tick
+        tick: dict[str, StreamSession] = {}  # sessions planned this tick
         events: list = []
         try:
             planned = self._plan(served, self.config.max_batch)
@@ -460,7 +460,7 @@ class Engine:
             raise TickFailed(events) from e
         return events
 
-    def _release(self, tick: dict[str, Session]) -> None:
+    def _release(self, tick: dict[str, StreamSession]) -> None:
         """After a failed tick: its passes in flight never reached finish_job, so their sessions stay
         as they were before them (a closed one's slot is freed now)."""
         with self._lock:

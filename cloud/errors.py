@@ -7,10 +7,10 @@ they are: they say what was wrong and never echo secrets.
 
 from __future__ import annotations
 
-from harken.shared.errors import EngineOverloaded, HarkenError, MalformedMessage, MessageTooLarge, OutOfOrder
+from harken.shared.errors import HarkenError, MalformedMessage, MessageTooLarge, OutOfOrder, Overloaded, SessionNotFound
 
-# the wire's own failures (MalformedMessage, OutOfOrder, MessageTooLarge) are shared/errors.py's: the
-# wire mapping (shared/wire.py) raises them; they are re-exported here beside the service's others
+# the failures the engine or the wire raise too (MalformedMessage, OutOfOrder, MessageTooLarge,
+# Overloaded, SessionNotFound) are shared/errors.py's, re-exported here beside the service's own
 
 __all__ = ["MalformedMessage", "OutOfOrder", "Unauthenticated", "NotYourSession", "SessionNotFound",
            "Overloaded", "MessageTooLarge", "ShuttingDown", "Superseded", "EngineFailed", "IdleTimeout"]
@@ -22,14 +22,6 @@ class Unauthenticated(HarkenError):
 
 class NotYourSession(HarkenError):
     """A session id issued to another key (PERMISSION_DENIED)."""
-
-
-class SessionNotFound(HarkenError):
-    """A session id the server does not hold: it restarted, or the grace period ran out (NOT_FOUND)."""
-
-
-class Overloaded(EngineOverloaded):
-    """Admission control said no: session limits, per-key limits (RESOURCE_EXHAUSTED)."""
 
 
 class IdleTimeout(HarkenError):

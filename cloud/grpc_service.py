@@ -19,17 +19,15 @@ import logging
 import grpc
 
 from harken.cloud.audio_front_end import check_seeded_front_end
-
-from harken.shared import wire
 from harken.cloud.auth import OPEN_ACCESS, ApiKeys, Caller
+from harken.cloud.errors import IdleTimeout, MessageTooLarge, NotYourSession, ShuttingDown, Superseded, Unauthenticated
 from harken.cloud.metrics import ServerMetrics
-from harken.cloud.errors import (IdleTimeout, MalformedMessage, MessageTooLarge, NotYourSession, SessionNotFound,
-                                 ShuttingDown, Superseded, Unauthenticated)
-from harken.cloud.served_session import HostedSession, woken
+from harken.cloud.hosted_session import HostedSession, woken
 from harken.cloud.server_session import CLOSED_OK, Attachment
 from harken.cloud.session_table import SessionTable
 from harken.proto import harken_pb2, harken_pb2_grpc
-from harken.shared.errors import CodecError, EngineOverloaded, StreamInputError, StreamOrderError, UnknownSession
+from harken.shared import wire
+from harken.shared.errors import CodecError, MalformedMessage, OutOfOrder, Overloaded, SessionNotFound, StreamInputError
 from harken.shared.protocol import Ack, ClientMessage, End, KeepAlive, Ready, ServerError
 
 MAX_MESSAGE_BYTES = 1 << 20  # a longer request: RESOURCE_EXHAUSTED (`harken serve --max-message-bytes`)
@@ -43,19 +41,18 @@ SERVICE_NAME = harken_pb2.DESCRIPTOR.services_by_name["Transcription"].full_name
 STATUS_OF: dict[type, grpc.StatusCode] = {
     CodecError: grpc.StatusCode.INVALID_ARGUMENT,
     StreamInputError: grpc.StatusCode.INVALID_ARGUMENT,  # incl. MalformedMessage
-    StreamOrderError: grpc.StatusCode.FAILED_PRECONDITION,  # incl. OutOfOrder
+    OutOfOrder: grpc.StatusCode.FAILED_PRECONDITION,
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     NotYourSession: grpc.StatusCode.PERMISSION_DENIED,
     SessionNotFound: grpc.StatusCode.NOT_FOUND,
-    UnknownSession: grpc.StatusCode.NOT_FOUND,
-    EngineOverloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,  # incl. Overloaded
+    Overloaded: grpc.StatusCode.RESOURCE_EXHAUSTED,
     MessageTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
     IdleTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
     ShuttingDown: grpc.StatusCode.UNAVAILABLE,
     Superseded: grpc.StatusCode.ABORTED,
 }
 # Errors of the input itself: the session they happened in is dropped (it cannot go on coherently).
-_INPUT_ERRORS = (CodecError, StreamInputError, StreamOrderError, MessageTooLarge)
+_INPUT_ERRORS = (CodecError, StreamInputError, OutOfOrder, MessageTooLarge)
 
 # gRPC's own receive limit, as a multiple of `max_message_bytes`. harken checks the limit itself,
 # so that a message over it gets harken's status, Error message and error count; gRPC rejects a

@@ -17,7 +17,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from harken.cloud.engine import Engine, TickFailed
-from harken.cloud.session import SessionOptions
+from harken.cloud.stream_session import SessionOptions
 
 
 class Scheduler:

@@ -3,7 +3,7 @@
 `ServerSession` is driven by method calls and answers with what to do; it runs no task, takes no
 lock, awaits nothing, reads no clock and calls no engine (the style of h11 and aioquic), so every
 rule of the session protocol can be tested with no network, no event loop and no model
-(tests/test_server_session.py). `HostedSession` (cloud/served_session.py) is its asyncio driver:
+(tests/test_server_session.py). `HostedSession` (cloud/hosted_session.py) is its asyncio driver:
 it decodes payloads and runs the thin clients' front end in the executor, hands frames to the
 engine, pumps the engine's events in, and wakes the attached stream.
 
@@ -17,7 +17,7 @@ engine, pumps the engine's events in, and wakes the attached stream.
              fail(error)           -> FAILED: the attached stream and any later one get `error`
     streams  attach / supersede / detach / heard / idle_for / events_after / sent
 
-The lifecycle (see `Lifecycle`) replaces a set of flags: input is applied only while ACTIVE;
+The lifecycle (see `ServerLifecycle`) replaces a set of flags: input is applied only while ACTIVE;
 DRAINING and STOPPING differ only in why the input ended (the client's End, the server's
 shutdown), which decides how the stream ends once every final is in.
 
@@ -72,7 +72,7 @@ class SessionLimits:
     policy: CommitPolicy | None = None  # the sessions' commit policy (None: the engine's default)
 
 
-class Lifecycle(enum.Enum):
+class ServerLifecycle(enum.Enum):
     """Where a session is in its life. Input is applied only while ACTIVE.
 
         ACTIVE ──End / half-close──> DRAINING ──┐
@@ -94,7 +94,7 @@ class Lifecycle(enum.Enum):
     @property
     def done(self) -> bool:
         """No more events will be produced."""
-        return self in (Lifecycle.ENDED, Lifecycle.FAILED, Lifecycle.CLOSED)
+        return self in (ServerLifecycle.ENDED, ServerLifecycle.FAILED, ServerLifecycle.CLOSED)
 
 
 class Wake(Protocol):
@@ -216,7 +216,7 @@ class ServerSession:
         self.delivered_event_seq = 0  # highest event_seq handed to some stream
         self.attachment: Attachment | None = None
         self.detached_at: float | None = now
-        self.lifecycle = Lifecycle.ACTIVE
+        self.lifecycle = ServerLifecycle.ACTIVE
         self.failure: BaseException | None = None  # FAILED: the engine took the session out with this
         self._awaiting_final: set[int] = set()  # segments fed frames whose final has not come
         self._msgs_since_ack = 0
@@ -246,12 +246,12 @@ class ServerSession:
         """A stream that has the events up to `last_event_seq` (see `check_resumable`) attaches.
         SessionNotFound when the session was closed. A stream attaching to an ENDED or FAILED
         session is sent what it lacks and then closed OK (or fails with the failure)."""
-        if self.lifecycle is Lifecycle.CLOSED:  # dropped (grace expiry, given way)
+        if self.lifecycle is ServerLifecycle.CLOSED:  # dropped (grace expiry, given way)
             raise SessionNotFound("the session was closed: open a new session with the last seed")
         a = Attachment(sent_event_seq=min(last_event_seq, self.next_event_seq - 1), quiet_since=now, wake=wake)
         self.attachment = a
         self.detached_at = None
-        if self.lifecycle in (Lifecycle.ENDED, Lifecycle.FAILED):
+        if self.lifecycle in (ServerLifecycle.ENDED, ServerLifecycle.FAILED):
             a.end = CLOSED_OK if self.failure is None else self.failure
         a.wake.set()  # replay what the client has not seen
         return a
@@ -274,7 +274,7 @@ class ServerSession:
         a = self.attachment
         if a is None:
             return None
-        if self.lifecycle is not Lifecycle.ACTIVE or busy:
+        if self.lifecycle is not ServerLifecycle.ACTIVE or busy:
             a.quiet_since = max(a.quiet_since, now)
             return None
         return max(0.0, now - a.quiet_since)
@@ -306,9 +306,9 @@ class ServerSession:
             return None
         if isinstance(msg, Start):
             raise OutOfOrder("start may only be the first message of a stream")
-        if self.lifecycle is Lifecycle.CLOSED:
+        if self.lifecycle is ServerLifecycle.CLOSED:
             raise SessionNotFound("the session was closed: open a new session with the last seed")
-        if self.lifecycle is not Lifecycle.ACTIVE:
+        if self.lifecycle is not ServerLifecycle.ACTIVE:
             if not self._by_client:  # a live client still sending when the server stops
                 raise ShuttingDown(SHUTDOWN_MESSAGE)
             # A client that resumes after its connection dropped between End and the last finals
@@ -392,16 +392,16 @@ class ServerSession:
     def drain(self, by_client: bool) -> None:
         """No more input (the open segment was finalised): DRAINING (End) or STOPPING (shutdown);
         ENDED as soon as every final is in."""
-        if self.lifecycle is not Lifecycle.ACTIVE:  # closed or failed while the input was ending
+        if self.lifecycle is not ServerLifecycle.ACTIVE:  # closed or failed while the input was ending
             return
-        self.lifecycle = Lifecycle.DRAINING if by_client else Lifecycle.STOPPING
+        self.lifecycle = ServerLifecycle.DRAINING if by_client else ServerLifecycle.STOPPING
         self._by_client = by_client
         self._check_ended()
 
     def close(self) -> None:
         """Dropped before its end (if it had not ended): no more input, no more events."""
         if not self.lifecycle.done:
-            self.lifecycle = Lifecycle.CLOSED
+            self.lifecycle = ServerLifecycle.CLOSED
 
     def _ack(self) -> None:
         self._msgs_since_ack = 0
@@ -448,14 +448,14 @@ class ServerSession:
         if self.lifecycle.done:
             return
         self.failure = error
-        self.lifecycle = Lifecycle.FAILED
+        self.lifecycle = ServerLifecycle.FAILED
         if self.attachment is not None:
             self.attachment.notify(end=error, overrule=True)
 
     def _check_ended(self) -> None:
-        if self.lifecycle not in (Lifecycle.DRAINING, Lifecycle.STOPPING) or self._awaiting_final:
+        if self.lifecycle not in (ServerLifecycle.DRAINING, ServerLifecycle.STOPPING) or self._awaiting_final:
             return
-        self.lifecycle = Lifecycle.ENDED
+        self.lifecycle = ServerLifecycle.ENDED
         if self.attachment is not None:
             self.attachment.notify(end=CLOSED_OK if self._by_client else ShuttingDown(SHUTDOWN_MESSAGE), overrule=True)
 

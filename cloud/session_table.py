@@ -12,7 +12,7 @@ from concurrent.futures import Executor
 
 from harken.cloud.errors import IdleTimeout, NotYourSession, Overloaded, SessionNotFound, ShuttingDown
 from harken.cloud.metrics import ServerMetrics
-from harken.cloud.served_session import HostedSession, short_id
+from harken.cloud.hosted_session import HostedSession, short_id
 from harken.cloud.server_session import SessionLimits
 from harken.shared.protocol import Start
 

@@ -39,7 +39,7 @@ import torch
 
 from harken.cloud.engine import Engine, EngineConfig, EngineObserver, TickFailed, _Running, slot_tokens
 from harken.cloud.model.decode_limits import DecodeLimits
-from harken.cloud.session import Session, EngineEvent
+from harken.cloud.stream_session import StreamSession, EngineEvent
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import FRAMES_PER_SECOND
 
@@ -247,7 +247,7 @@ def offline_max_model_len(asr, seconds: float, max_new_tokens: int) -> int:
     """Positions a one-pass transcription of `seconds` of audio needs (prompt + answer)."""
     from harken.cloud.engine import TEMPLATE_TOKENS
     from harken.cloud.model.encoder import num_audio_tokens
-    from harken.cloud.session import MAX_CONTEXT_TOKENS
+    from harken.cloud.stream_session import MAX_CONTEXT_TOKENS
 
     return MAX_CONTEXT_TOKENS + TEMPLATE_TOKENS + num_audio_tokens(int(seconds * FRAMES_PER_SECOND) + 1) \
         + max_new_tokens
@@ -294,7 +294,7 @@ class SessionIds:
 class VllmEngine(Engine):
     """`Engine` with the decoder on vLLM: the same sessions, encoder batching, scheduling, budgets,
     loop guard and events; every pass is one vLLM request of the whole prompt (the session's KV slot
-    is not kept: `Session.prefilled` is never called, so each pass's embeddings start at 0)."""
+    is not kept: `StreamSession.prefilled` is never called, so each pass's embeddings start at 0)."""
 
     def __init__(self, asr, config: EngineConfig = EngineConfig(), observer: EngineObserver | None = None):
         self.vllm = VllmDecoder(asr, max_seqs=min(config.max_batch, config.max_sessions),
@@ -324,7 +324,7 @@ class VllmEngine(Engine):
 
     def _step(self) -> list[tuple[str, EngineEvent]]:
         served: set[str] = set()
-        tick: dict[str, Session] = {}
+        tick: dict[str, StreamSession] = {}
         events: list = []
         live: dict[str, _Running] = {}
         try:

@@ -134,7 +134,7 @@ class StreamProgress:
     bound_s: float
 
 
-class Lifecycle(enum.Enum):
+class ClientLifecycle(enum.Enum):
     """Where the stream is, from the first call to the end."""
 
     IDLE = "idle"  # no call yet
@@ -181,7 +181,7 @@ class ClientSession:
     options: ClientOptions = field(default_factory=ClientOptions)
     target: str = "the server"
     rng: random.Random = field(default_factory=random.Random)
-    lifecycle: Lifecycle = Lifecycle.IDLE
+    lifecycle: ClientLifecycle = ClientLifecycle.IDLE
     input: InputState = InputState.OPEN
     stats: TransportStats = field(default_factory=TransportStats)
     session_id: str = ""  # the server's session ("" until the first Ready, and after it lost ours)
@@ -249,7 +249,7 @@ class ClientSession:
 
     def start_message(self) -> Start:
         """The first message of a new call: a new session, a resume, or a seeded replacement."""
-        self.lifecycle = Lifecycle.CONNECTING
+        self.lifecycle = ClientLifecycle.CONNECTING
         self._connected_this_call = False
         o = self.options
         return Start(language=o.language, context=o.context, codec=self.buffer.codec, session_id=self.session_id,
@@ -260,7 +260,7 @@ class ClientSession:
         """A message from the server (None: an empty one) at clock time `now`; returns what the
         user sees, in order. The first message of a call must be `Ready`."""
         self.last_heard = now
-        if self.lifecycle is Lifecycle.CONNECTING:
+        if self.lifecycle is ClientLifecycle.CONNECTING:
             if not isinstance(msg, Ready):
                 got = type(msg).__name__.lower() if msg is not None else None
                 raise self._fail(ServerRejectedError("PROTOCOL", f"expected Ready, got {got}"))
@@ -277,7 +277,7 @@ class ClientSession:
         send now (more input will come), or nothing more on this call (`lifecycle` is DRAINING:
         half-close it). Given the clock `now`, a `KeepAlive` when the call has written nothing
         for `keepalive_s` (see `keepalive_in`)."""
-        if self.lifecycle is not Lifecycle.STREAMING:
+        if self.lifecycle is not ClientLifecycle.STREAMING:
             return None
         if now is not None:
             self._now = now
@@ -295,7 +295,7 @@ class ClientSession:
         streaming, `keepalive_s` is 0, or the call's Ready did not say the server takes them: an
         older server would end the stream over one). A driver waiting for input wakes up by then and asks
         `next_message(now)`."""
-        if self.lifecycle is not Lifecycle.STREAMING or self.options.keepalive_s <= 0 or not self._keep_alive_ok:
+        if self.lifecycle is not ClientLifecycle.STREAMING or self.options.keepalive_s <= 0 or not self._keep_alive_ok:
             return None
         return self._last_written + self.options.keepalive_s - now
 
@@ -307,7 +307,7 @@ class ClientSession:
             return
         if isinstance(msg, End):
             self.input = InputState.END_SENT
-            self.lifecycle = Lifecycle.DRAINING
+            self.lifecycle = ClientLifecycle.DRAINING
             return
         entry, self._writing = self._writing, None
         assert entry is not None and entry.seq == getattr(msg, "seq", None), "sent() takes next_message()'s message"
@@ -323,7 +323,7 @@ class ClientSession:
     def check_silence(self, now: float) -> str | None:
         """Why the call should be given up (the server owes us something, an ack, finals or the
         end, and has sent nothing for `silence_timeout_s`), or None."""
-        end_written = self.lifecycle is Lifecycle.DRAINING and self.input is InputState.END_SENT
+        end_written = self.lifecycle is ClientLifecycle.DRAINING and self.input is InputState.END_SENT
         owed = self.sent_through > self.acked_seq or end_written or bool(self.buffer.entries)
         quiet_s = now - self.last_heard
         if owed and quiet_s > self.options.silence_timeout_s:
@@ -333,8 +333,8 @@ class ClientSession:
     def on_call_closed(self) -> bool:
         """The server closed the call with OK. True: after our End, so every final is in (DONE);
         False: before it (a server shutting down): resume, or replay into a new session."""
-        if self.lifecycle is Lifecycle.DRAINING or self.input is InputState.END_HELD:
-            self.lifecycle = Lifecycle.DONE
+        if self.lifecycle is ClientLifecycle.DRAINING or self.input is InputState.END_HELD:
+            self.lifecycle = ClientLifecycle.DONE
             return True
         return False
 
@@ -348,13 +348,13 @@ class ClientSession:
             log.info("session %s… lost on the server (%s): replaying %d messages into a new one",
                      self.session_id[:6], failure.details, len(self.buffer.entries))
             self._prepare_replacement()
-            self.lifecycle = Lifecycle.RECONNECTING
+            self.lifecycle = ClientLifecycle.RECONNECTING
             return Retry(0.0, new_session=True)
         if code == "FAILED_PRECONDITION" and self.input is InputState.END_SENT:
             # our End reached the server on an earlier call, and this server refuses a second
             # one: resume once more without it and wait for the finals
             self.input = InputState.END_HELD
-            self.lifecycle = Lifecycle.RECONNECTING
+            self.lifecycle = ClientLifecycle.RECONNECTING
             return Retry(0.0)
         # admission control refuses a new stream at once; mid-stream (a replacement session after
         # a restart) the work already sent is worth waiting for, within max_offline_s
@@ -380,7 +380,7 @@ class ClientSession:
         delay = min(o.backoff_max_s, o.backoff_initial_s * o.backoff_multiplier ** self._failures)
         delay *= 0.5 + 0.5 * self.rng.random()  # jitter: clients cut off together retry apart
         self._failures += 1
-        self.lifecycle = Lifecycle.RECONNECTING
+        self.lifecycle = ClientLifecycle.RECONNECTING
         return Retry(min(delay, o.max_offline_s - offline_s))
 
     def not_transcribed(self) -> str:
@@ -403,13 +403,13 @@ class ClientSession:
         self._keep_alive_ok = ready.keep_alive
         self._last_written = self._now = self.last_heard
         self._connected_this_call = True
-        self.lifecycle = Lifecycle.STREAMING
+        self.lifecycle = ClientLifecycle.STREAMING
         self._drain_if_all_sent()
 
     def _drain_if_all_sent(self) -> None:
         """The server holds our End: once the rest is out, only its finals are due."""
         if self.input is InputState.END_HELD and self.buffer.after(self.sent_through) is None:
-            self.lifecycle = Lifecycle.DRAINING
+            self.lifecycle = ClientLifecycle.DRAINING
 
     def _on_transcript(self, t: Transcript) -> list[TranscriptEvent | StreamProgress]:
         if t.event_seq and t.event_seq <= self.last_event_seq:
@@ -473,5 +473,5 @@ class ClientSession:
                 f"{self.options.max_buffer_bytes}): the server at {self.target} is too slow or away"))
 
     def _fail(self, error: Exception) -> Exception:
-        self.lifecycle = Lifecycle.FAILED
+        self.lifecycle = ClientLifecycle.FAILED
         return error

@@ -30,7 +30,7 @@ from typing import Any, Literal, overload
 import grpc
 
 from harken.shared import wire
-from harken.edge.client_session import (ClientOptions, ClientSession, Disconnect, Lifecycle, StreamProgress,
+from harken.edge.client_session import (ClientOptions, ClientSession, Disconnect, ClientLifecycle, StreamProgress,
                                         TransportStats)
 from harken.edge.errors import (BufferOverflowError, ServerRejectedError, ServerUnavailableError, TransportError,
                                 TransportSecurityError)
@@ -242,7 +242,7 @@ class TranscriptionClient:
             while (msg := session.next_message(self._clock())) is not None:
                 await call.write(wire.client_message_to_proto(msg))
                 session.sent(msg)
-            if session.lifecycle is Lifecycle.DRAINING:  # End is out (or the server holds ours)
+            if session.lifecycle is ClientLifecycle.DRAINING:  # End is out (or the server holds ours)
                 await call.done_writing()
                 return
             due = session.keepalive_in(self._clock())

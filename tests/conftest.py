@@ -37,7 +37,7 @@ def reference(asr, audio):
 
     from harken.cloud.embedded import stream_audio
     from harken.cloud.engine import Engine, EngineConfig
-    from harken.cloud.session import SessionOptions
+    from harken.cloud.stream_session import SessionOptions
     from harken.shared.transcript import TranscriptEvent
 
     engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1))

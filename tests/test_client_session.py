@@ -16,7 +16,7 @@ import random
 import numpy as np
 import pytest
 
-from harken.edge.client_session import (ClientOptions, ClientSession, Disconnect, InputState, Lifecycle, Retry,
+from harken.edge.client_session import (ClientOptions, ClientSession, Disconnect, InputState, ClientLifecycle, Retry,
                                         StreamProgress)
 from harken.edge.errors import (BufferOverflowError, ServerRejectedError, ServerUnavailableError,
                                 TransportSecurityError)
@@ -52,14 +52,14 @@ def write_all(session: ClientSession) -> list:
 
 def connect(session: ClientSession, ready: Ready, now: float = 0.0) -> Start:
     start = session.start_message()
-    assert session.lifecycle is Lifecycle.CONNECTING
+    assert session.lifecycle is ClientLifecycle.CONNECTING
     assert session.on_server_message(ready, now) == []
     return start
 
 
 def test_a_whole_stream():
     s = ClientSession(ClientOptions(language="English", context="names"))
-    assert s.lifecycle is Lifecycle.IDLE and s.input is InputState.OPEN
+    assert s.lifecycle is ClientLifecycle.IDLE and s.input is InputState.OPEN
     p = [packet(0, 10, start=True), packet(0, 20), packet(0, 30, end=True)]
     # the segment opened at frame 10: no final can start before 0.1 s
     assert s.on_packets(p[:2], new_segment_bound_s=0.05) == StreamProgress(0.05)
@@ -67,7 +67,7 @@ def test_a_whole_stream():
 
     start = connect(s, Ready("sid", 0), now=1.0)
     assert start == Start(language="English", context="names", codec=CODEC_NAME)
-    assert s.lifecycle is Lifecycle.STREAMING
+    assert s.lifecycle is ClientLifecycle.STREAMING
     assert write_all(s) == [Features(1, p[0]), Features(2, p[1])]
     assert s.next_message() is None  # the source is still producing: nothing to write now
 
@@ -77,13 +77,13 @@ def test_a_whole_stream():
     assert s.on_packets([], new_segment_bound_s=math.inf) == StreamProgress(0.1)
     s.end_input()
     assert write_all(s) == [Features(3, p[2]), End()]
-    assert s.lifecycle is Lifecycle.DRAINING and s.input is InputState.END_SENT
+    assert s.lifecycle is ClientLifecycle.DRAINING and s.input is InputState.END_SENT
 
     final = s.on_server_message(transcript(0, 2, "lo.", "", final=True, start_s=0.1, end_s=0.4, seed=SEED), 1.2)
     assert final == [TranscriptEvent(0, "lo.", "", 0.5, 0.1, 0.4, "English", True), StreamProgress(math.inf)]
     assert not s.buffer.entries and s.buffer.nbytes == 0 and s.seed == SEED  # final: nothing left to resend
     assert s.on_server_message(Ack(3, 0), 1.3) == []
-    assert s.on_call_closed() and s.lifecycle is Lifecycle.DONE
+    assert s.on_call_closed() and s.lifecycle is ClientLifecycle.DONE
     st = s.stats
     assert (st.sessions_opened, st.resumes, st.failed_attempts) == (1, 0, 0)
     assert (st.messages_sent, st.messages_resent, st.frames_sent, st.frames_produced) == (3, 0, 30, 30)
@@ -100,7 +100,7 @@ def test_a_dropped_call_resumes_with_exactly_what_the_server_had_not_applied():
     s.on_server_message(Ack(3, -1), 0.5)
 
     retry = s.on_disconnect(Disconnect("Socket closed", code="UNAVAILABLE"), now=1.0)
-    assert s.lifecycle is Lifecycle.RECONNECTING
+    assert s.lifecycle is ClientLifecycle.RECONNECTING
     assert not retry.new_session and 0.05 <= retry.delay_s <= 0.1  # the first backoff, jittered
     assert s.stats.failed_attempts == 1 and s.stats.last_failure == "UNAVAILABLE: Socket closed"
     assert s.next_message() is None  # no call: nothing to write
@@ -154,7 +154,7 @@ def test_server_errors():
     s.start_message()
     with pytest.raises(ServerRejectedError, match="UNAUTHENTICATED: unknown API key") as e:
         s.on_disconnect(Disconnect("unknown API key", code="UNAUTHENTICATED"), now=0.0)
-    assert e.value.code == "UNAUTHENTICATED" and s.lifecycle is Lifecycle.FAILED
+    assert e.value.code == "UNAUTHENTICATED" and s.lifecycle is ClientLifecycle.FAILED
 
     s = streaming()
     s.start_message()
@@ -164,7 +164,7 @@ def test_server_errors():
     s.start_message()
     with pytest.raises(ServerRejectedError, match="server applied seq 5, but only 1 were sent"):
         s.on_server_message(Ready("sid", 5), 0.0)
-    assert s.lifecycle is Lifecycle.FAILED
+    assert s.lifecycle is ClientLifecycle.FAILED
 
     # an Error message mid-call shows nothing: the call's status follows and decides
     s = streaming()
@@ -229,8 +229,8 @@ def test_an_end_the_server_holds_already_is_not_sent_again():
     assert s.on_disconnect(Disconnect("End twice", code="FAILED_PRECONDITION"), now=2.0) == Retry(0.0)
     assert s.input is InputState.END_HELD
     connect(s, Ready("sid", 1))
-    assert s.lifecycle is Lifecycle.DRAINING and s.next_message() is None
-    assert s.on_call_closed() and s.lifecycle is Lifecycle.DONE
+    assert s.lifecycle is ClientLifecycle.DRAINING and s.next_message() is None
+    assert s.on_call_closed() and s.lifecycle is ClientLifecycle.DONE
 
 
 def test_a_full_buffer_fails_the_stream():
@@ -238,7 +238,7 @@ def test_a_full_buffer_fails_the_stream():
     s.on_packets([packet(0, 0, start=True), packet(0, 10)], 0.0)
     with pytest.raises(BufferOverflowError, match=r"300 bytes .* buffered \(limit 250\).*example:1"):
         s.on_packets([packet(0, 20)], 0.0)
-    assert s.lifecycle is Lifecycle.FAILED
+    assert s.lifecycle is ClientLifecycle.FAILED
 
 
 def test_silence_while_the_server_owes_something_gives_the_call_up():
@@ -311,7 +311,7 @@ def test_backoff_grows_and_the_offline_bound_ends_the_stream():
     assert 0.05 <= delays[0] <= 0.1 and 0.1 <= delays[1] <= 0.2 and 0.2 <= delays[2] <= 0.4, delays
     assert max(delays) <= 0.4 and math.isclose(now, 1.0)
     assert "example:1 unreachable for 1.0 s" in str(e.value) and "12 feature frames (1 messages)" in str(e.value)
-    assert s.lifecycle is Lifecycle.FAILED and s.stats.failed_attempts == len(delays) + 1
+    assert s.lifecycle is ClientLifecycle.FAILED and s.stats.failed_attempts == len(delays) + 1
 
     # a call that reached Ready starts the offline clock and the backoff afresh
     s = ClientSession(o, rng=random.Random(3))

@@ -14,8 +14,8 @@ from harken.cloud.commit import CommitPolicy
 from harken.cloud.embedded import stream_audio, transcript_text
 from harken.cloud.engine import Engine, EngineConfig, TickFailed
 from harken.cloud.scheduler import Scheduler
-from harken.cloud.session import SessionOptions
-from harken.shared.errors import EngineOverloaded
+from harken.cloud.stream_session import SessionOptions
+from harken.shared.errors import Overloaded
 from harken.shared.text import transcript_text as transcript_of
 from signals import concat, silence, speech, write_wav
 from streaming import item_tokens, make_segments, packets, run_alone, segment_texts
@@ -96,7 +96,7 @@ def test_admission_control(talkative_asr):
     alone = alone_runs(talkative_asr, 2)
     engine = Engine(talkative_asr, EngineConfig(max_sessions=2, slot_policy=POLICY, max_queued_frames=150))
     sids = [engine.open_session(o) for o, _, _ in work[:2]]
-    with pytest.raises(EngineOverloaded):
+    with pytest.raises(Overloaded):
         engine.open_session(work[2][0])
     streams = [list(packets(s, p)) for _, s, p in work[:2]]
     events = {sid: [] for sid in sids}
@@ -105,7 +105,7 @@ def test_admission_control(talkative_asr):
             if r < len(s):
                 engine.ingest(sid, *s[r])
         if r == 0:
-            with pytest.raises(EngineOverloaded):  # still full; the refusal changes nothing
+            with pytest.raises(Overloaded):  # still full; the refusal changes nothing
                 engine.open_session(work[2][0])
         for sid, e in engine.run_until_idle():
             events[sid].append(e)
@@ -115,7 +115,7 @@ def test_admission_control(talkative_asr):
     # queued work past the limit refuses new sessions until the engine catches up
     segments = work[2][1]
     engine.ingest(third, 0, segments[0].first_frame, segments[0].frames[:, :151], True)
-    with pytest.raises(EngineOverloaded):
+    with pytest.raises(Overloaded):
         engine.open_session(work[0][0])
     engine.run_until_idle()
     engine.close_session(third)

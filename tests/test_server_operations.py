@@ -266,16 +266,16 @@ def test_a_session_failing_in_the_engine_gets_internal_while_the_others_carry_on
     """The fault (injected): one session's own processing raises inside the engine. Its stream
     ends INTERNAL (never hangs, whether attached then or later), its KV slot is freed, and a
     session beside it on the same server gets its full, correct transcript."""
-    from harken.cloud.session import Session
+    from harken.cloud.stream_session import StreamSession
 
-    finish_job = Session.finish_job
+    finish_job = StreamSession.finish_job
 
     def fragile(self, job, tokens):
         if self.state.options.context == "fail here" and self.state.events >= 2:
             raise RuntimeError("simulated fault in one session's processing")
         return finish_job(self, job, tokens)
 
-    monkeypatch.setattr(Session, "finish_job", fragile)
+    monkeypatch.setattr(StreamSession, "finish_job", fragile)
 
     async def main():
         async with serving(asr) as server:

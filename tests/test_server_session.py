@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harken.cloud.errors import MalformedMessage, OutOfOrder, SessionNotFound, ShuttingDown, Superseded
-from harken.cloud.server_session import (ACK_EVERY, CLOSED_OK, Lifecycle, ServerSession, SessionLimits)
+from harken.cloud.server_session import (ACK_EVERY, CLOSED_OK, ServerLifecycle, ServerSession, SessionLimits)
 from harken.shared.protocol import Audio, End, FeaturePacket, Features, KeepAlive, SessionSeed, Start
 from harken.shared.transcript import TranscriptEvent
 
@@ -153,14 +153,14 @@ def test_end_drains_until_every_final_is_in_then_the_stream_closes_ok():
     assert s.admit(End()) == End()
     assert s.finalize(now=1.0) == 0  # the open segment, for the engine to finalise
     s.drain(by_client=True)
-    assert s.lifecycle is Lifecycle.DRAINING and a.end is None
+    assert s.lifecycle is ServerLifecycle.DRAINING and a.end is None
     # a client that resumed after losing the connection repeats End and resends applied messages
     assert s.admit(End()) is None
     assert s.admit(Features(1, packet(0, 0, 10, start=True))) is None
     with pytest.raises(OutOfOrder, match="no input after end"):
         s.admit(Features(2, packet(0, 10, 10)))
     s.record(event(0, 0.1, final=True), SessionSeed(0.0, "", 1), now=1.5)
-    assert s.lifecycle is Lifecycle.ENDED and a.end == CLOSED_OK
+    assert s.lifecycle is ServerLifecycle.ENDED and a.end == CLOSED_OK
     assert s.attach(1, now=2.0, wake=Wake()).end == CLOSED_OK  # a late resume gets the rest, then OK
 
 
@@ -168,7 +168,7 @@ def test_shutdown_stops_input_and_ends_the_stream_unavailable():
     s = session()
     a = s.attach(0, now=0.0, wake=Wake())
     s.drain(by_client=False)  # nothing open: ended at once
-    assert s.lifecycle is Lifecycle.ENDED
+    assert s.lifecycle is ServerLifecycle.ENDED
     assert isinstance(a.end, ShuttingDown)
     with pytest.raises(ShuttingDown):
         s.admit(Features(1, packet(0, 0, 10, start=True)))
@@ -179,7 +179,7 @@ def test_a_failed_session_hands_its_error_to_every_stream():
     a = s.attach(0, now=0.0, wake=Wake())
     error = RuntimeError("the engine's own processing of this session raised")
     s.fail(error)
-    assert s.lifecycle is Lifecycle.FAILED and s.lifecycle.done
+    assert s.lifecycle is ServerLifecycle.FAILED and s.lifecycle.done
     assert a.end is error
     assert s.attach(0, now=1.0, wake=Wake()).end is error
 
@@ -187,7 +187,7 @@ def test_a_failed_session_hands_its_error_to_every_stream():
 def test_a_closed_session_takes_no_input_and_no_stream():
     s = session()
     s.close()
-    assert s.lifecycle is Lifecycle.CLOSED
+    assert s.lifecycle is ServerLifecycle.CLOSED
     with pytest.raises(SessionNotFound):
         s.admit(Features(1, packet(0, 0, 10, start=True)))
     with pytest.raises(SessionNotFound):
@@ -195,7 +195,7 @@ def test_a_closed_session_takes_no_input_and_no_stream():
     ended = session()
     ended.drain(by_client=True)
     ended.close()
-    assert ended.lifecycle is Lifecycle.ENDED  # closing an ended session changes nothing
+    assert ended.lifecycle is ServerLifecycle.ENDED  # closing an ended session changes nothing
 
 
 def test_a_newer_stream_supersedes_the_attached_one():
@@ -216,7 +216,7 @@ def test_a_session_closed_while_its_input_ends_stays_closed():
     s = session()
     s.close()
     s.drain(by_client=True)
-    assert s.lifecycle is Lifecycle.CLOSED
+    assert s.lifecycle is ServerLifecycle.CLOSED
     failed = session()
     failed.fail(RuntimeError("x"))
     failed.fail(RuntimeError("y"))

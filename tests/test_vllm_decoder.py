@@ -23,7 +23,7 @@ from streaming import EOS_ROW_NORM, IM_END_ID, floored_frames, item_tokens, make
 from harken.cli import main
 from harken.cloud.engine import Engine, EngineConfig
 from harken.cloud.model.decode_limits import DecodeLimits
-from harken.cloud.session import SessionOptions
+from harken.cloud.stream_session import SessionOptions
 
 vllm = pytest.mark.vllm
 

@@ -155,24 +155,24 @@ def _first_pattern_run(s: str, threshold: int, max_pattern: int) -> tuple[int, i
 
 
 @dataclass(frozen=True)
-class Transcript:
+class ParsedAnswer:
     language: str  # canonical name, "" when unknown or silent
     text: str
 
 
-def parse_transcript(raw: str, forced: str | None = None) -> Transcript:
+def parse_transcript(raw: str, forced: str | None = None) -> ParsedAnswer:
     """Read the model's decoded answer (special tokens dropped, `<asr_text>` kept)."""
     s = (raw or "").strip()
     if not s:
-        return Transcript("", "")
+        return ParsedAnswer("", "")
     s = collapse_repeats(s)
     if forced:
-        return Transcript(forced, s)
+        return ParsedAnswer(forced, s)
     if ASR_TEXT not in s:
-        return Transcript("", s.strip())
+        return ParsedAnswer("", s.strip())
     meta, text = s.split(ASR_TEXT, 1)
     if "language none" in meta.lower():
-        return Transcript("", text.strip())
+        return ParsedAnswer("", text.strip())
     language = ""
     for line in meta.splitlines():
         line = line.strip()
@@ -181,4 +181,4 @@ def parse_transcript(raw: str, forced: str | None = None) -> Transcript:
             if name:
                 language = normalize_language(name)
             break
-    return Transcript(language, text.strip())
+    return ParsedAnswer(language, text.strip())

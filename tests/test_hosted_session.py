@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from harken.cloud.errors import IdleTimeout, Overloaded, SessionNotFound
-from harken.cloud.served_session import woken
+from harken.cloud.hosted_session import woken
 from harken.cloud.server import ServerOptions, start_core
-from harken.cloud.server_session import CLOSED_OK, Lifecycle
+from harken.cloud.server_session import CLOSED_OK, ServerLifecycle
 from harken.edge.audio import peak_normalize
 from harken.shared.codec import CODEC_NAME
 from harken.shared.protocol import End, Features, Start
@@ -74,7 +74,7 @@ def test_a_session_driven_without_grpc_gives_the_in_process_transcript(asr, pack
             await core.close(1.0)
 
     session, a, events, engine_sessions = asyncio.run(main())
-    assert a.end == CLOSED_OK and session.lifecycle is Lifecycle.ENDED
+    assert a.end == CLOSED_OK and session.lifecycle is ServerLifecycle.ENDED
     assert events_text(events) == events_text(reference) and events_text(events)
     assert [e for e in events if e.is_final] == [e for e in reference if e.is_final]
     assert engine_sessions == 0  # ended: its engine slot is free, the session waits to be discarded
@@ -84,9 +84,9 @@ def test_a_session_failing_in_the_engine_fails_alone_and_frees_its_slot(asr, pac
     """The failed-session contract: the engine's exception reaches the session's stream as the
     session's end (the server sends it as INTERNAL), later streams get it too, its KV slot is
     freed, and a session beside it finishes with the full transcript."""
-    from harken.cloud.session import Session
+    from harken.cloud.stream_session import StreamSession
 
-    finish_job = Session.finish_job
+    finish_job = StreamSession.finish_job
     fault = RuntimeError("simulated fault in one session's processing")
 
     def fragile(self, job, tokens):
@@ -94,7 +94,7 @@ def test_a_session_failing_in_the_engine_fails_alone_and_frees_its_slot(asr, pac
             raise fault
         return finish_job(self, job, tokens)
 
-    monkeypatch.setattr(Session, "finish_job", fragile)
+    monkeypatch.setattr(StreamSession, "finish_job", fragile)
 
     async def main():
         core = await start_core(asr, ServerOptions(max_sessions=2))
@@ -109,7 +109,7 @@ def test_a_session_failing_in_the_engine_fails_alone_and_frees_its_slot(asr, pac
             await core.close(1.0)
 
     bad, first_end, again, good_a, good_events, engine = asyncio.run(main())
-    assert bad.lifecycle is Lifecycle.FAILED and first_end is fault and again.end is fault
+    assert bad.lifecycle is ServerLifecycle.FAILED and first_end is fault and again.end is fault
     assert good_a.end == CLOSED_OK and events_text(good_events) == events_text(reference)
     assert not engine.sessions and engine.cache.num_free() == engine.cache.max_slots
 
@@ -129,7 +129,7 @@ def test_grace_expiry_idle_streams_and_admission_on_a_fake_clock(asr, packets):
             await with_stream.apply(Features(1, packets[0]))
             # the server is full, but `first` has been detached since it opened: it gives way
             bob = await table.open("bob", start())
-            assert first.session_id not in table.sessions and first.lifecycle is Lifecycle.CLOSED
+            assert first.session_id not in table.sessions and first.lifecycle is ServerLifecycle.CLOSED
             # the attached stream sent nothing for longer than the idle timeout while the engine
             # owed it nothing (its frames are short of the first update): ended, session closed
             while with_stream.idle_for(clock.now) is None:  # until the engine has taken the frames

@@ -1,4 +1,4 @@
-"""cloud/session.py through the Engine, one session at a time, on the tiny random model (fp32, CPU):
+"""cloud/stream_session.py through the Engine, one session at a time, on the tiny random model (fp32, CPU):
 final passes against offline `Qwen3ASR.transcribe` of the same features, token for token; the
 segment limit; never-retracted text and one final per segment under random layouts and timings;
 input validation; flat state over a fast-forwarded 30-minute stream."""
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from harken.cloud.commit import CommitPolicy, ItemText, compose_context, join_texts
 from harken.cloud.model.prompt import collapse_repeats
 from harken.cloud.engine import Engine, EngineConfig, slot_tokens
-from harken.cloud.session import SessionOptions
-from harken.shared.errors import StreamInputError, StreamOrderError
+from harken.cloud.stream_session import SessionOptions
+from harken.shared.errors import StreamInputError, OutOfOrder
 from streaming import floored_frames, item_tokens, make_segments, packets, run_alone, segment_texts
 
 
@@ -191,15 +191,15 @@ def test_ingest_validation_and_duplicates(talkative_asr):
     assert engine.ingest(sid, 0, 10, frames[:, :50], True) == 50
     assert engine.ingest(sid, 0, 10, frames[:, :50], True) == 0  # a resend: ignored
     assert engine.ingest(sid, 0, 40, frames[:, 30:70]) == 20  # overlapping: only the new part
-    with pytest.raises(StreamOrderError):
+    with pytest.raises(OutOfOrder):
         engine.ingest(sid, 0, 90, frames[:, 80:90])  # frames 80..89 missing
-    with pytest.raises(StreamOrderError):
+    with pytest.raises(OutOfOrder):
         engine.ingest(sid, 1, 200, frames[:, :10])  # segment 0 is still open
     assert engine.ingest(sid, 0, 80, frames[:, 70:100], segment_end=True) == 30
-    with pytest.raises(StreamOrderError):
+    with pytest.raises(OutOfOrder):
         engine.ingest(sid, 0, 110, frames[:, :5])  # after its end
     assert engine.ingest(sid, 0, 80, frames[:, 70:100], segment_end=True) == 0  # resend of the last
-    with pytest.raises(StreamOrderError):
+    with pytest.raises(OutOfOrder):
         engine.ingest(sid, 2, 50, frames[:, :5])  # starts before segment 0 ended
     events = engine.run_until_idle()
     assert [e.is_final for _, e in events][-1] and events[-1][1].segment_id == 0

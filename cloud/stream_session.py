@@ -2,11 +2,11 @@
 
 API (driven by `harken.cloud.engine.Engine`, which owns the model and the KV cache):
 
-    session = Session(asr, SessionOptions(language=None, context="", policy=CommitPolicy()), slot)
+    session = StreamSession(asr, SessionOptions(language=None, context="", policy=CommitPolicy()), slot)
     session.ingest(segment_id, first_frame, frames, segment_start, segment_end, running_max_log10)
         frames: [128, k] raw log10-mel floored against the running max (what `decode_frames` gives);
         duplicates of frames already applied are ignored (resume); a gap, frames after a segment's
-        end or a segment id going backwards raise StreamOrderError; a bad shape or NaN raises
+        end or a segment id going backwards raise OutOfOrder; a bad shape or NaN raises
         StreamInputError.
     session.has_work() -> bool
     job = session.next_job()                  # what the head audio item needs now (or None)
@@ -49,7 +49,7 @@ import torch
 from harken.cloud.commit import (CommitPolicy, ItemText, compose_context, join_texts, stability)
 from harken.cloud.model.encoder import IncrementalEncoder, WindowRequest
 from harken.cloud.model.prompt import forced_language, prompt_text_parts
-from harken.shared.errors import HarkenError, StreamInputError, StreamOrderError
+from harken.shared.errors import HarkenError, StreamInputError, OutOfOrder
 from harken.shared.features_spec import FRAMES_PER_SECOND, N_MELS
 from harken.shared.protocol import SessionSeed
 from harken.shared.transcript import TranscriptEvent
@@ -166,7 +166,7 @@ class Job:
     stable_windows: int = 0  # completed windows the slot keeps once this pass's prefill is done
 
 
-class Session:
+class StreamSession:
     """Methods over one `SessionState`. Not thread-safe: the engine serialises calls."""
 
     def __init__(self, asr, options: SessionOptions, slot: int):
@@ -204,11 +204,11 @@ class Session:
         if seg is None:
             open_ids = [s.segment_id for s in st.segments.values() if not s.ended]
             if open_ids:
-                raise StreamOrderError(f"segment {segment_id} starts while segment {open_ids[0]} is open")
+                raise OutOfOrder(f"segment {segment_id} starts while segment {open_ids[0]} is open")
             if st.segments and segment_id < max(st.segments):
-                raise StreamOrderError(f"segment id {segment_id} goes backwards")
+                raise OutOfOrder(f"segment id {segment_id} goes backwards")
             if first_frame < st.timeline_end:
-                raise StreamOrderError(f"segment {segment_id} starts at frame {first_frame}, before the "
+                raise OutOfOrder(f"segment {segment_id} starts at frame {first_frame}, before the "
                                        f"previous segment's end ({st.timeline_end})")
             seg = SegmentRecord(segment_id, first_frame, first_frame)
             st.segments[segment_id] = seg
@@ -216,9 +216,9 @@ class Session:
         k = frames.shape[1]
         skip = seg.next_frame - first_frame
         if skip < 0:
-            raise StreamOrderError(f"segment {segment_id}: frames {seg.next_frame}..{first_frame - 1} are missing")
+            raise OutOfOrder(f"segment {segment_id}: frames {seg.next_frame}..{first_frame - 1} are missing")
         if skip < k and seg.ended:
-            raise StreamOrderError(f"segment {segment_id}: frames after its end")
+            raise OutOfOrder(f"segment {segment_id}: frames after its end")
         if running_max_log10 is not None and skip < k:
             seg.running_max_log10 = st.running_max_log10 = float(running_max_log10)
         if skip >= k:

@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from harken.shared import wire
-from harken.cloud.audio_front_end import AudioFrontEnd
+from harken.cloud.audio_front_end import ThinClientFrontEnd
 from harken.cloud.errors import ShuttingDown
 from harken.cloud.metrics import ServerMetrics
-from harken.cloud.server_session import Attachment, Lifecycle, ServerSession, SessionLimits
+from harken.cloud.server_session import Attachment, ServerLifecycle, ServerSession, SessionLimits
 from harken.shared.protocol import (Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive, Start,
                                     Transcript)
 
@@ -61,9 +61,9 @@ class HostedSession:
     def __init__(self, session_id: str, key_id: str, start: Start, scheduler: Scheduler,
                  limits: SessionLimits, metrics: ServerMetrics, executor: Executor,
                  on_ended: Callable[["HostedSession"], None], clock: Callable[[], float] = time.monotonic):
-        """Opens the engine's session (EngineOverloaded / StreamInputError when it cannot).
+        """Opens the engine's session (Overloaded / StreamInputError when it cannot).
         `clock` times the grace period and idleness (the table's; tests pass a fake one)."""
-        from harken.cloud.session import SessionOptions
+        from harken.cloud.stream_session import SessionOptions
 
         self.core = ServerSession(session_id, key_id, start, limits, clock())
         policy = {} if limits.policy is None else {"policy": limits.policy}
@@ -75,7 +75,7 @@ class HostedSession:
         self.executor = executor
         self._on_ended = on_ended
         self._clock = clock
-        self.audio: AudioFrontEnd | None = None
+        self.audio: ThinClientFrontEnd | None = None
         self._apply_lock = asyncio.Lock()
         self.held_back = False  # a received message waits for the queued-audio limits (`wait_for_room`)
         self._engine_released = False
@@ -101,7 +101,7 @@ class HostedSession:
         return self.core.last_final_segment
 
     @property
-    def lifecycle(self) -> Lifecycle:
+    def lifecycle(self) -> ServerLifecycle:
         return self.core.lifecycle
 
     @property
@@ -159,7 +159,7 @@ class HostedSession:
 
     async def apply(self, msg: ClientMessage) -> None:
         """Apply one client message (after `start`). Bad input raises (StreamInputError,
-        StreamOrderError, CodecError); what the session has applied changes only once a message
+        OutOfOrder, CodecError); what the session has applied changes only once a message
         is known good."""
         if isinstance(msg, KeepAlive):
             return  # (the stream's reader takes these; nothing to apply)
@@ -191,7 +191,7 @@ class HostedSession:
             seed_max = seed.running_max_log10 if seed is not None else float("-inf")
             first_id = self.core.order.last_segment_id + 1
             # (the seed's checkpoint is parsed with the front end's start, off the event loop)
-            self.audio = await _run(self.executor, lambda: AudioFrontEnd(a.sample_rate, seed_max, first_id,
+            self.audio = await _run(self.executor, lambda: ThinClientFrontEnd(a.sample_rate, seed_max, first_id,
                                                                          wire.front_end_checkpoint(seed)))
             self.core.front_end_checkpoints(self.audio.checkpoints_at_start)
         front_end = self.audio
@@ -228,7 +228,7 @@ class HostedSession:
 
     async def close_input_for_shutdown(self) -> None:
         async with self._apply_lock:
-            if self.core.lifecycle is Lifecycle.ACTIVE:
+            if self.core.lifecycle is ServerLifecycle.ACTIVE:
                 await self._end(by_client=False)
 
     # ---- output ----------------------------------------------------------------------------------
@@ -256,7 +256,7 @@ class HostedSession:
             self._report_if_ended()
 
     def _report_if_ended(self) -> None:
-        if self.core.lifecycle is Lifecycle.ENDED and not self._reported_ended:
+        if self.core.lifecycle is ServerLifecycle.ENDED and not self._reported_ended:
             self._reported_ended = True
             self._on_ended(self)
 
