@@ -23,7 +23,7 @@ TINY_BANNER = ("harken: --model tiny is a tiny RANDOM checkpoint for tests and p
 def transcribe_command(input_path: str, model: str, language: str | None = None, context: str = "",
                        as_json: bool = False, device: str | None = None, dtype: str | None = None,
                        max_pass_s: float | None = None, progress: bool | None = None,
-                       decode_limits: bool = True, decoder: str = "own") -> int:
+                       decode_limits: bool = True, decoder: str = "own", output_format: str = "text") -> int:
     """Offline: audio file -> log-mel (edge ONNX path) -> Qwen3-ASR -> text, one pass per piece.
 
     Audio up to `max_pass_s` (default 1200 s, the official limit) is one pass; longer audio is cut
@@ -31,7 +31,15 @@ def transcribe_command(input_path: str, model: str, language: str | None = None,
     of its own, so memory is set by the piece, not the file. Every pass is bounded by its audio
     (`DecodeLimits`: token budget and loop guard; `decode_limits=False` decodes as the official
     package does, up to 512 tokens with no loop guard). Progress goes to stderr when it is a terminal
-    (or with `progress=True`). `decoder` "vllm": the decode runs on vLLM (cloud/vllm_decoder.py)."""
+    (or with `progress=True`). `decoder` "vllm": the decode runs on vLLM (cloud/vllm_decoder.py).
+
+    `output_format` "srt" / "vtt": subtitles, one cue per segment with the streaming engine's segment
+    times (the file goes through the edge pipeline and the engine, as `harken stream` does, on
+    audio time); "json" is `as_json`."""
+    if output_format == "json":
+        as_json = True
+    elif output_format not in ("text", "srt", "vtt"):
+        raise HarkenError(f"--format: one of text, json, srt, vtt, got {output_format!r}")
     from harken.cloud.vllm_decoder import check_decoder
 
     check_decoder(decoder)  # without vLLM: one line saying how to install it, before any work
@@ -54,6 +62,8 @@ def transcribe_command(input_path: str, model: str, language: str | None = None,
     if model in (TINY, TINY_UNTIED):
         print(TINY_BANNER, file=sys.stderr)
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)
+    if output_format in ("srt", "vtt"):
+        return _subtitles(audio, asr, language, context, output_format, decoder)
     transcribe = asr.transcribe
     if decoder == "vllm":
         from functools import partial
@@ -92,6 +102,25 @@ def transcribe_command(input_path: str, model: str, language: str | None = None,
     return 0
 
 
+def _subtitles(audio: np.ndarray, asr, language: str | None, context: str, output_format: str,
+               decoder: str) -> int:
+    """`harken transcribe --format srt|vtt`: the audio through the edge pipeline and the streaming
+    engine (on audio time), one cue per finished segment."""
+    from harken.cloud.embedded import stream_audio
+    from harken.cloud.engine import EngineConfig
+    from harken.cloud.stream_session import SessionOptions
+    from harken.cloud.vllm_decoder import engine_class
+    from harken.edge.commands import TranscriptPrinter
+
+    options = SessionOptions(language=language, context=context or "")
+    engine = engine_class(decoder)(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
+    printer = TranscriptPrinter(sys.stdout, output_format)
+    for event in stream_audio(audio, engine, options):
+        printer.show(event)
+    printer.close()
+    return 0
+
+
 def make_tiny_model_command(out_dir: str, seed: int = 0, vocab: str = "real", head: str = "tied",
                             head_dim: int | None = None) -> int:
     """Write a tiny random checkpoint in the official format to `out_dir`."""
@@ -113,19 +142,20 @@ def make_tiny_model_command(out_dir: str, seed: int = 0, vocab: str = "real", he
 
 
 def stream_command(input_path: str | None, model: str, language: str | None = None, context: str = "",
-                   as_json: bool = False, mic: bool = False, server: str | None = None,
+                   output_format: str = "text", mic: bool = False, server: str | None = None,
                    device: str | None = None, dtype: str | None = None, codec: str = "balanced",
                    decoder: str = "own") -> int:
     """`harken stream IN.wav --model M`: the edge pipeline (codec mode `codec`) and the streaming
-    engine in-process, on audio time. Prints committed text solid and partial text as it changes, or with `as_json` one
-    event per line and `{"final": true, "text": ...}` last."""
+    engine in-process, on audio time. Prints what `output_format` says (edge/commands.py
+    `TranscriptPrinter`: live text, JSON events, SRT or WebVTT cues as segments finish)."""
     if server:
         raise HarkenError("--server is not available yet; without it the engine runs in-process (--model)")
     if bool(mic) == bool(input_path):
         raise HarkenError("give an input audio file or --mic (not both)")
     from harken.edge.audio import load_audio, microphone_chunks, peak_normalize
-    from harken.edge.commands import LiveView
+    from harken.edge.commands import TranscriptPrinter
 
+    printer = TranscriptPrinter(sys.stdout, output_format)  # a bad format fails before any work
     if mic:
         source = _until_interrupted(microphone_chunks(block_ms=100))
     else:
@@ -136,7 +166,7 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     from harken.cloud.vllm_decoder import check_decoder, engine_class
 
     check_decoder(decoder)
-    from harken.cloud.embedded import stream_pieces, transcript_text
+    from harken.cloud.embedded import stream_pieces
     from harken.cloud.model.asr import Qwen3ASR
     from harken.cloud.model.checkpoint import TINY, TINY_UNTIED
     from harken.cloud.model.prompt import forced_language
@@ -149,19 +179,13 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)
     options = SessionOptions(language=language, context=context or "")
     engine = engine_class(decoder)(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
-    view = LiveView(sys.stdout)
-    events = []
-    for event in stream_pieces(source, engine, options, codec_mode=codec):
-        events.append(event)
-        if as_json:
-            print(json.dumps(event.as_dict(), ensure_ascii=False), flush=True)
-        else:
-            view.show(event)
-    text = transcript_text(events)
-    if as_json:
-        print(json.dumps({"final": True, "text": text}, ensure_ascii=False))
-    else:
-        view.close()
+    done = False
+    try:
+        for event in stream_pieces(source, engine, options, codec_mode=codec):
+            printer.show(event)
+        done = True
+    finally:
+        printer.close(done)
     return 0
 
 

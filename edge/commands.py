@@ -89,13 +89,13 @@ def _print_segment(segment_id: int, packets: list) -> None:
           f"{frames:5d} frames  {len(packets):3d} packets  {size:6d} bytes  {kbps:5.1f} kbps")
 
 
-def stream_server_command(input_path: str | None, server: str, mic: bool = False, as_json: bool = False,
+def stream_server_command(input_path: str | None, server: str, mic: bool = False, output_format: str = "text",
                           api_key: str | None = None, tls_ca: str | None = None, language: str | None = None,
                           context: str = "", max_offline_s: float = 120.0, transport: str = "grpc",
                           codec: str = "balanced") -> int:
     """`harken stream IN.wav|--mic --server HOST:PORT`: the edge pipeline here, the transcript from
-    a harken server, printed as the embedded path prints it (live text, or `--json` events and a
-    last `{"final": true, "text": ...}`). The API key comes from `api_key` or $HARKEN_API_KEY."""
+    a harken server, printed as the embedded path prints it (`TranscriptPrinter`: live text, JSON
+    events, or SRT / WebVTT cues as segments finish). The API key comes from `api_key` or $HARKEN_API_KEY."""
     import asyncio
     import os
 
@@ -119,7 +119,7 @@ def stream_server_command(input_path: str | None, server: str, mic: bool = False
                                  tls=tls_ca, options=ClientOptions(language=language or "", context=context,
                                                                    max_offline_s=max_offline_s,
                                                                    codec_mode=codec))
-    return asyncio.run(_print_stream(client, source, as_json))
+    return asyncio.run(_print_stream(client, source, output_format))
 
 
 async def _microphone_until_interrupted():
@@ -148,29 +148,67 @@ async def _microphone_until_interrupted():
         loop.remove_signal_handler(signal.SIGINT)
 
 
-async def _print_stream(client, source, as_json: bool) -> int:
-    from harken.shared.text import TranscriptText
-
+async def _print_stream(client, source, output_format: str) -> int:
     if source is None:
         source = _microphone_until_interrupted()
-    view = LiveView(sys.stdout)
-    text = TranscriptText()
+    printer = TranscriptPrinter(sys.stdout, output_format)
+    done = False
     try:
         async for event in client.stream(source):
-            text.add(event)
-            if as_json:
-                print(json.dumps({"segment_id": event.segment_id, "committed_delta": event.committed_delta,
-                                  "partial": event.partial, "stability": event.stability,
-                                  "start_s": event.start_s, "end_s": event.end_s, "language": event.language,
-                                  "is_final": event.is_final}, ensure_ascii=False), flush=True)
-            else:
-                view.show(event)
+            printer.show(event)
+        done = True
     finally:
-        if not as_json:
-            view.close()
-    if as_json:
-        print(json.dumps({"final": True, "text": text.text}, ensure_ascii=False))
+        printer.close(done)
     return 0
+
+
+FORMATS = ("text", "json", "srt", "vtt")
+
+
+class TranscriptPrinter:
+    """What `harken stream` prints as events arrive, in one of `FORMATS`:
+
+    text  committed text solid, partial text dimmed (`LiveView`)
+    json  one object per event (`TranscriptEvent.as_dict`), then `{"final": true, "text": ...}`
+    srt   one SubRip cue per segment, written when the segment is final (shared/subtitles.py)
+    vtt   the same as WebVTT (its header first)
+    """
+
+    def __init__(self, out, output_format: str = "text"):
+        from harken.shared.subtitles import SubtitleCues, vtt_header
+        from harken.shared.text import TranscriptText
+
+        if output_format not in FORMATS:
+            raise HarkenError(f"--format: one of {', '.join(FORMATS)}, got {output_format!r}")
+        self.out, self.format = out, output_format
+        self.view = LiveView(out) if output_format == "text" else None
+        self.text = TranscriptText()
+        self.cues = SubtitleCues()
+        if output_format == "vtt":
+            out.write(vtt_header())
+            out.flush()
+
+    def show(self, event) -> None:
+        from harken.shared.subtitles import srt_cue, vtt_cue
+
+        if self.view is not None:
+            self.view.show(event)
+            return
+        if self.format == "json":
+            self.text.add(event)
+            print(json.dumps(event.as_dict(), ensure_ascii=False), file=self.out, flush=True)
+            return
+        cue = self.cues.add(event)
+        if cue is not None:
+            self.out.write(srt_cue(cue) if self.format == "srt" else vtt_cue(cue))
+            self.out.flush()
+
+    def close(self, finished: bool = True) -> None:
+        """After the last event (`finished`: the stream ended normally, not by an error)."""
+        if self.view is not None:
+            self.view.close()
+        elif self.format == "json" and finished:
+            print(json.dumps({"final": True, "text": self.text.text}, ensure_ascii=False), file=self.out, flush=True)
 
 
 class LiveView:

@@ -75,6 +75,9 @@ def _transcribe_parser(sub: Subparsers) -> None:
                    help=f"checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' (default {DEFAULT_MODEL})")
     s.add_argument("--language", help="force the language (a name or code: English, en, en-US); default: detect")
     s.add_argument("--context", default="", help="context text for the system turn (hot words, topic)")
+    s.add_argument("--format", choices=("text", "json", "srt", "vtt"), default="text",
+                   help="text (default), json (as --json), or srt / vtt subtitles: one cue per segment, "
+                        "with the streaming engine's segment times")
     s.add_argument("--json", action="store_true",
                    help='print {"text", "language", "token_ids"} (and "pieces" for a file cut in pieces)')
     s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
@@ -194,6 +197,9 @@ def _stream_parser(sub: Subparsers) -> None:
                    help=f"checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' (default {DEFAULT_MODEL})")
     s.add_argument("--language", help="force the language (a name or code: English, en, en-US); default: detect")
     s.add_argument("--context", default="", help="context text for the system turn (hot words, topic)")
+    s.add_argument("--format", choices=("text", "json", "srt", "vtt"), default="text",
+                   help="text (default: committed solid, partial dimmed), json (as --json), or srt / vtt "
+                        "subtitles: a cue written as each segment is final")
     s.add_argument("--json", action="store_true",
                    help='one JSON event per line, then {"final": true, "text": ...}')
     s.add_argument("--codec", choices=CODEC_MODES, default="balanced",
@@ -495,7 +501,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return transcribe_command(args.input, args.model, language=args.language, context=args.context,
                                   as_json=args.json, device=args.device, dtype=args.dtype,
                                   max_pass_s=args.max_pass_s, decode_limits=not args.no_decode_limits,
-                                  decoder=args.decoder)
+                                  decoder=args.decoder, output_format=_output_format(args))
     if args.command == "stream" and args.server:
         from harken.edge.commands import stream_server_command
 
@@ -504,7 +510,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
             raise HarkenError("--decoder is the server's choice with --server (harken serve --decoder vllm)")
 
-        return stream_server_command(args.input, args.server, mic=args.mic, as_json=args.json,
+        return stream_server_command(args.input, args.server, mic=args.mic, output_format=_output_format(args),
                                      api_key=args.api_key, tls_ca=args.tls_ca, language=args.language,
                                      context=args.context, max_offline_s=args.max_offline_s,
                                      transport=args.transport, codec=args.codec)
@@ -512,7 +518,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         from harken.cloud.commands import stream_command
 
         return stream_command(args.input, args.model, language=args.language, context=args.context,
-                              as_json=args.json, mic=args.mic, server=args.server, device=args.device,
+                              output_format=_output_format(args), mic=args.mic, server=args.server,
+                              device=args.device,
                               dtype=args.dtype, codec=args.codec, decoder=args.decoder)
     if args.command == "serve":
         from harken.cloud.server import ServerOptions, serve_command
@@ -620,6 +627,15 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
         return bench_edge_command(args.input or _sample_path(), repeats=args.repeats)
     raise AssertionError(f"unhandled command {args.command}")
+
+
+def _output_format(args: argparse.Namespace) -> str:
+    """--format, with --json its older spelling of `--format json`."""
+    if args.json and args.format not in ("text", "json"):
+        from harken.shared.errors import HarkenError
+
+        raise HarkenError(f"--json and --format {args.format} disagree: give one")
+    return "json" if args.json else args.format
 
 
 def _sample_path() -> str:

@@ -1,0 +1,91 @@
+"""Subtitles from a transcript: one cue per finished segment, in SRT or WebVTT.
+
+    cues = SubtitleCues()
+    for event in events:                       # TranscriptEvents, as the engine or the SDK gives them
+        cue = cues.add(event)                  # a Cue when `event` finishes its segment, else None
+        if cue is not None:
+            out.write(srt_cue(cue))            # or vtt_cue(cue), after vtt_header()
+
+A cue's times are its segment's: from the segment's start to the end of the audio its final
+covers, on the stream's timeline. harken claims no word timings, so a long segment is one cue (its
+text wrapped into lines of at most `LINE_CHARS`), never split at guessed times. Segments that end
+with no words make no cue. Cues are numbered 1, 2, ... in the order segments finish (segments of one
+stream finish in order).
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from dataclasses import dataclass
+
+from harken.shared.text import TranscriptText
+
+LINE_CHARS = 42  # the usual broadcast limit per subtitle line
+
+
+@dataclass(frozen=True)
+class Cue:
+    index: int  # 1-based, in order
+    start_s: float
+    end_s: float
+    text: str
+
+
+class SubtitleCues:
+    """Finished segments -> cues, as events arrive (anything shaped like a `TranscriptEvent`)."""
+
+    def __init__(self) -> None:
+        self.text = TranscriptText()
+        self.count = 0
+
+    def add(self, event) -> Cue | None:
+        words = self.text.add(event).strip()
+        if not event.is_final or not words:
+            return None
+        self.count += 1
+        return Cue(self.count, max(0.0, event.start_s), max(event.start_s, event.end_s), words)
+
+
+def cues_of(events) -> list[Cue]:
+    """Every cue of a finished stream's events."""
+    acc = SubtitleCues()
+    return [c for c in (acc.add(e) for e in events) if c is not None]
+
+
+def timestamp(seconds: float, separator: str) -> str:
+    """HH:MM:SS,mmm (SRT, separator ',') or HH:MM:SS.mmm (WebVTT, '.'), rounded to the millisecond."""
+    if not math.isfinite(seconds) or seconds < 0:
+        seconds = 0.0
+    ms = int(round(seconds * 1000))
+    h, rest = divmod(ms, 3_600_000)
+    m, rest = divmod(rest, 60_000)
+    s, ms = divmod(rest, 1000)
+    return f"{h:02d}:{m:02d}:{s:02d}{separator}{ms:03d}"
+
+
+def _lines(text: str) -> str:
+    # a cue's text may not hold a blank line (it would end the cue) nor, in WebVTT, the arrow
+    flat = " ".join(text.replace("-->", "->").split())
+    return "\n".join(textwrap.wrap(flat, LINE_CHARS, break_long_words=False, break_on_hyphens=False)) or flat
+
+
+def srt_cue(cue: Cue) -> str:
+    return (f"{cue.index}\n{timestamp(cue.start_s, ',')} --> {timestamp(cue.end_s, ',')}\n"
+            f"{_lines(cue.text)}\n\n")
+
+
+def vtt_header() -> str:
+    return "WEBVTT\n\n"
+
+
+def vtt_cue(cue: Cue) -> str:
+    return f"{cue.index}\n{timestamp(cue.start_s, '.')} --> {timestamp(cue.end_s, '.')}\n{_lines(cue.text)}\n\n"
+
+
+def srt(cues: list[Cue]) -> str:
+    return "".join(srt_cue(c) for c in cues)
+
+
+def vtt(cues: list[Cue]) -> str:
+    return vtt_header() + "".join(vtt_cue(c) for c in cues)
