@@ -73,6 +73,11 @@ class ServerOptions:
     decode_threads: int = 2  # codec decoding and the thin clients' front end
     policy: CommitPolicy = field(default_factory=CommitPolicy)  # every session's commit policy
     decoder: str = "own"  # "vllm": the text decoder on vLLM (cloud/vllm_decoder.py)
+    # the OpenAI-compatible file API on the HTTP port (cloud/openai_api.py): upload and audio limits,
+    # and the lane of whole-file requests beside the live streams
+    max_upload_bytes: int = 25 * 1024 * 1024
+    max_file_s: float = 3 * 3600.0
+    file_lanes: int = 1
 
     def __post_init__(self):
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -89,6 +94,8 @@ class ServerOptions:
             if origin != "*" and not re.fullmatch(r"https?://[^/?#\s]+", origin):
                 raise HarkenError(f"--cors-origin {origin!r} is no origin: scheme://host[:port] with no path "
                                   "(e.g. https://meet.example.com), or '*'")
+        if self.max_upload_bytes < 1 or not self.max_file_s > 0 or self.file_lanes < 1:
+            raise HarkenError("--max-upload-mb, --max-file-s and --file-lanes must be > 0")
         if not 0 < self.max_queued_frames_per_session <= self.max_queued_frames_per_key < self.max_queued_frames:
             raise HarkenError("queued-audio limits must be 0 < per session <= per key < the server's")
 
@@ -231,7 +238,11 @@ async def start_server(model, options: ServerOptions = ServerOptions(),
     if options.http_port is not None:
         from harken.cloud.webrtc import start_webrtc
 
-        webrtc = await start_webrtc(service, keys, options.host, options.http_port, options.cors_origins)
+        from harken.cloud.openai_api import ApiLimits
+
+        webrtc = await start_webrtc(service, keys, options.host, options.http_port, options.cors_origins,
+                                    ApiLimits(max_upload_bytes=options.max_upload_bytes,
+                                              max_audio_s=options.max_file_s, lanes=options.file_lanes))
     return RunningServer(port=port, metrics_port=endpoint.port if endpoint else None,
                          tls=credentials is not None, host=options.host, metrics=metrics, _grpc=server,
                          _table=table, _scheduler=scheduler, _executor=executor, _health=health_servicer,

@@ -44,13 +44,15 @@ import numpy as np
 
 from harken.cloud.auth import ApiKeys
 from harken.cloud.errors import Unauthenticated
-from harken.shared import wire as edge_wire
+from harken.shared import wire
 from harken.shared.datachannel import send_when_drained
 from harken.shared.protocol import Audio
 
 if TYPE_CHECKING:
     import grpc
     from aiohttp import web
+
+    from harken.cloud.openai_api import ApiLimits, TranscriptionAPI
 
 log = logging.getLogger("harken.webrtc")
 
@@ -144,7 +146,7 @@ class _TrackFeed:
         if self.requests is None or self.next_seq is None:
             return
         for pcm in self.pending:
-            msg = edge_wire.client_message_to_proto(Audio(self.next_seq, pcm, self.sample_rate))
+            msg = wire.client_message_to_proto(Audio(self.next_seq, pcm, self.sample_rate))
             self.next_seq += 1
             self.requests.put(msg.SerializeToString())
         self.pending.clear()
@@ -185,8 +187,9 @@ class WebRTCEndpoint:
     """The HTTP signaling endpoint and every peer connection it made. Owned by `RunningServer`."""
 
     def __init__(self, service, keys: ApiKeys | None, max_peer_connections: int = 64,
-                 cors_origins: tuple[str, ...] = ()):
+                 cors_origins: tuple[str, ...] = (), api: TranscriptionAPI | None = None):
         self.service = service  # cloud.grpc_service.TranscriptionService
+        self.api = api
         self.keys = keys
         self.cors_origins = frozenset(cors_origins)
         self.max_peer_connections = max_peer_connections
@@ -203,6 +206,8 @@ class WebRTCEndpoint:
         app.router.add_post(OFFER_PATH, self._offer)
         app.router.add_get("/", self._page)
         app.router.add_get(CONFIG_PATH, self._config)
+        if self.api is not None:
+            self.api.add_routes(app)
         app.router.add_static("/static/", WEB_DIR)
         if EDGE_WEB_DIR.is_dir():
             app.router.add_static("/edge/", EDGE_WEB_DIR)
@@ -224,6 +229,8 @@ class WebRTCEndpoint:
         self._pcs.clear()
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.api is not None:
+            self.api.close()
 
     # ---- HTTP ----------------------------------------------------------------------------------
 
@@ -397,8 +404,15 @@ async def _pump_track(track, feed: _TrackFeed) -> None:
 
 
 async def start_webrtc(service, keys: ApiKeys | None, host: str, port: int,
-                       cors_origins: tuple[str, ...] = ()) -> WebRTCEndpoint:
-    endpoint = WebRTCEndpoint(service, keys, cors_origins=cors_origins)
+                       cors_origins: tuple[str, ...] = (), api_limits: ApiLimits | None = None) -> WebRTCEndpoint:
+    """The HTTP port: WebRTC signaling, the page, and (with `api_limits`) the OpenAI-compatible file
+    API on the served model (cloud/openai_api.py)."""
+    api = None
+    if api_limits is not None:
+        from harken.cloud.openai_api import api_for
+
+        api = api_for(service, keys, api_limits)
+    endpoint = WebRTCEndpoint(service, keys, cors_origins=cors_origins, api=api)
     await endpoint.start(host, port)
     return endpoint
 

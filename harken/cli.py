@@ -228,12 +228,21 @@ def _serve_parser(sub: Subparsers) -> None:
                                       "without it the server is open to every caller")
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (0: a free one)")
     s.add_argument("--http-port", type=int,
-                   help="serve WebRTC (HTTP signaling, data channel, Opus track) and the browser page on "
-                        "this port (0: a free one)")
+                   help="serve WebRTC (HTTP signaling, data channel, Opus track), the browser page and the "
+                        "OpenAI-compatible file API (POST /v1/audio/transcriptions, GET /v1/models) on this "
+                        "port (0: a free one)")
     s.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let pages of this origin (e.g. https://meet.example.com; '*': any) load the "
                         "browser edge and open WebRTC streams from the --http-port (repeatable; default: "
                         "the server's own pages only)")
+    s.add_argument("--max-upload-mb", type=float, default=25.0,
+                   help="with --http-port: the largest file POST /v1/audio/transcriptions takes (default 25 MiB, "
+                        "as OpenAI's; larger: 413)")
+    s.add_argument("--max-file-s", type=float, default=10800.0,
+                   help="with --http-port: the longest audio a file request may hold (default 10800 s; longer: 400)")
+    s.add_argument("--file-lanes", type=int, default=1,
+                   help="with --http-port: whole-file requests transcribed at once, beside the live streams "
+                        "(default 1; 4 more wait, then 429)")
     s.add_argument("--max-sessions", type=int, default=16, help="sessions at once (default 16)")
     s.add_argument("--max-sessions-per-key", type=int, default=16, help="sessions per API key (default 16)")
     s.add_argument("--grace-s", type=float, default=60.0,
@@ -528,7 +537,9 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                                 api_keys=args.api_keys, metrics_port=args.metrics_port,
                                 http_port=args.http_port, cors_origins=tuple(args.cors_origin),
                                 max_sessions=args.max_sessions, max_sessions_per_key=args.max_sessions_per_key,
-                                grace_s=args.grace_s, idle_timeout_s=args.idle_timeout_s, decoder=args.decoder)
+                                grace_s=args.grace_s, idle_timeout_s=args.idle_timeout_s, decoder=args.decoder,
+                                max_upload_bytes=int(args.max_upload_mb * (1 << 20)), max_file_s=args.max_file_s,
+                                file_lanes=args.file_lanes)
         if args.ray:
             from harken.cloud.ray_app import Scaling, serve_ray_command
 

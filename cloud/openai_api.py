@@ -1,0 +1,279 @@
+"""OpenAI-compatible transcription on `harken serve`'s HTTP port (`--http-port`), beside the WebRTC
+endpoints, so that code written for OpenAI's API (or for vLLM's Qwen3-ASR server, which speaks the
+same) works against harken unchanged:
+
+    POST /v1/audio/transcriptions   multipart: file, model, language, prompt, response_format
+                                    (json | text | srt | vtt | verbose_json), stream (true: server-sent
+                                    `transcript.text.delta` / `transcript.text.done` events)
+    GET  /v1/models                 the served model
+
+A file is transcribed as a live stream would be: through the edge pipeline (VAD, log-mel, codec)
+and harken's streaming engine, on audio time, so its text is harken's committed text and its
+segments (verbose_json, srt, vtt) are the engine's segments; `prompt` is Qwen3-ASR's context,
+`language` a name or ISO 639 code. Whole-file requests run in a lane of their own (`lanes` worker
+threads, each with its own one-session engine on the served model's weights, and at most
+`queue` requests waiting), so a large upload never takes a live stream's place in the serving
+engine; past that a request gets 429. Errors have OpenAI's shape,
+`{"error": {"message", "type", "code"}}`, with the HTTP status OpenAI uses: 400 (bad request, audio
+too long), 401 (API keys as Bearer tokens, as on gRPC), 413 (upload too large), 429 (lane full).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harken.cloud.auth import ApiKeys
+from harken.cloud.errors import Unauthenticated
+from harken.shared.errors import HarkenError
+from harken.shared.subtitles import cues_of, srt, vtt
+from harken.shared.text import TranscriptText
+
+TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
+MODELS_PATH = "/v1/models"
+FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+
+
+@dataclass(frozen=True)
+class ApiLimits:
+    max_upload_bytes: int = 25 * 1024 * 1024  # OpenAI's own limit for this endpoint
+    max_audio_s: float = 3 * 3600.0
+    lanes: int = 1  # whole-file requests transcribed at once
+    queue: int = 4  # and waiting for a lane; more: 429
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.code, self.param = status, message, kind, code, param
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Request:
+    audio: Any  # 16 kHz mono float32
+    language: str | None
+    prompt: str
+    response_format: str
+    stream: bool
+
+
+class TranscriptionAPI:
+    """The routes, bound to the served model (`asr`: a loaded Qwen3ASR) and the server's API keys."""
+
+    def __init__(self, asr, model_id: str, keys: ApiKeys | None, limits: ApiLimits = ApiLimits()):
+        self.asr, self.model_id, self.keys, self.limits = asr, model_id, keys, limits
+        self.lane = ThreadPoolExecutor(max(1, limits.lanes), thread_name_prefix="harken-files")
+        self.admitted = 0  # requests in the lane or waiting for it (event loop only)
+
+    def add_routes(self, app) -> None:
+        app.router.add_post(TRANSCRIPTIONS_PATH, self.transcriptions)
+        app.router.add_get(MODELS_PATH, self.models)
+
+    def close(self) -> None:
+        self.lane.shutdown(wait=False, cancel_futures=True)
+
+    # ---- handlers --------------------------------------------------------------------------------
+
+    async def models(self, request):
+        from aiohttp import web
+
+        try:
+            self._authenticate(request)
+        except ApiError as e:
+            return web.json_response(e.body(), status=e.status)
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model_id, "object": "model", "created": 0, "owned_by": "harken"}]})
+
+    async def transcriptions(self, request):
+        from aiohttp import web
+
+        try:
+            self._authenticate(request)
+            if self.admitted >= self.limits.lanes + self.limits.queue:
+                raise ApiError(429, f"the server transcribes {self.limits.lanes} file(s) at once and holds "
+                                    f"{self.limits.queue} more waiting; try again later",
+                               "rate_limit_exceeded", "rate_limit_exceeded")
+            self.admitted += 1
+        except ApiError as e:
+            return web.json_response(e.body(), status=e.status)
+        try:
+            req = await self._read(request)
+            if req.stream:
+                return await self._stream(request, req)
+            events = await asyncio.get_running_loop().run_in_executor(self.lane, lambda: list(self._events(req)))
+            return _response(req, events)
+        except ApiError as e:
+            return web.json_response(e.body(), status=e.status)
+        finally:
+            self.admitted -= 1
+
+    # ---- the request -----------------------------------------------------------------------------
+
+    def _authenticate(self, request) -> None:
+        if self.keys is None:
+            return
+        auth = request.headers.get("Authorization")
+        try:
+            self.keys.authenticate((("authorization", auth),) if auth else ())
+        except Unauthenticated as e:
+            raise ApiError(401, str(e), "invalid_request_error", "invalid_api_key") from e
+
+    async def _read(self, request) -> Request:
+        """The multipart form, the file streamed to a temporary file under the upload limit."""
+        from harken.cloud.model.prompt import forced_language
+        from harken.edge.audio import load_audio, peak_normalize
+        from harken.shared.features_spec import SAMPLE_RATE
+
+        if not request.content_type.startswith("multipart/"):
+            raise ApiError(400, "send multipart/form-data with a `file` part (as OpenAI's API takes it)")
+        fields: dict[str, str] = {}
+        with tempfile.TemporaryDirectory(prefix="harken-upload-") as tmp:
+            path: Path | None = None
+            reader = await request.multipart()
+            while (part := await reader.next()) is not None:
+                name = getattr(part, "name", None)
+                if name == "file":
+                    path = Path(tmp) / "audio"
+                    size = 0
+                    with path.open("wb") as f:
+                        while chunk := await part.read_chunk(1 << 16):
+                            size += len(chunk)
+                            if size > self.limits.max_upload_bytes:
+                                raise ApiError(413, f"the file is larger than this server's limit of "
+                                                    f"{self.limits.max_upload_bytes // (1 << 20)} MiB",
+                                               code="file_too_large", param="file")
+                            f.write(chunk)
+                elif name:
+                    value = await part.text()
+                    if len(value) > 64_000:
+                        raise ApiError(400, f"the form field {name!r} is too long", param=name)
+                    fields[name] = value
+            if path is None:
+                raise ApiError(400, "no `file` part in the form", param="file")
+            try:
+                audio = await asyncio.get_running_loop().run_in_executor(None, lambda: peak_normalize(load_audio(path)))
+            except HarkenError as e:
+                raise ApiError(400, str(e).replace(str(path), "file"), code="invalid_file", param="file") from e
+        if len(audio) / SAMPLE_RATE > self.limits.max_audio_s:
+            raise ApiError(400, f"the audio is {len(audio) / SAMPLE_RATE:.0f} s long; this server takes at most "
+                                f"{self.limits.max_audio_s:.0f} s", code="audio_too_long", param="file")
+        response_format = fields.get("response_format", "json") or "json"
+        if response_format not in FORMATS:
+            raise ApiError(400, f"response_format must be one of {', '.join(FORMATS)}", param="response_format")
+        try:
+            language = forced_language(fields.get("language") or None)
+        except HarkenError as e:
+            raise ApiError(400, str(e), param="language") from e
+        stream = fields.get("stream", "false").strip().lower() in ("true", "1")
+        return Request(audio, language, fields.get("prompt", ""), response_format, stream)
+
+    def _events(self, req: Request) -> Iterator:
+        """The file through the edge pipeline and a one-session engine on the served weights (in the lane)."""
+        from harken.cloud.embedded import stream_audio
+        from harken.cloud.engine import Engine, EngineConfig
+        from harken.cloud.stream_session import SessionOptions
+
+        options = SessionOptions(language=req.language, context=req.prompt)
+        engine = Engine(self.asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
+        yield from stream_audio(req.audio, engine, options)
+
+    async def _stream(self, request, req: Request):
+        """Server-sent events as the file is decoded: a `transcript.text.delta` per piece of committed
+        text, then `transcript.text.done` with the whole text."""
+        from aiohttp import web
+
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        stop = threading.Event()
+
+        def produce() -> None:
+            try:
+                for event in self._events(req):
+                    if stop.is_set():
+                        return
+                    loop.call_soon_threadsafe(queue.put_nowait, ("event", event))
+                loop.call_soon_threadsafe(queue.put_nowait, ("done", None))
+            except Exception as e:  # noqa: BLE001 (reported to the client as an error event)
+                loop.call_soon_threadsafe(queue.put_nowait, ("error", e))
+
+        work = loop.run_in_executor(self.lane, produce)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        text = TranscriptText()
+        try:
+            while True:
+                kind, item = await queue.get()
+                if kind == "event":
+                    before = text.text
+                    text.add(item)
+                    after = text.text
+                    if len(after) > len(before):
+                        await _sse(response, {"type": "transcript.text.delta", "delta": after[len(before):]})
+                elif kind == "done":
+                    await _sse(response, {"type": "transcript.text.done", "text": text.text})
+                    break
+                else:
+                    await _sse(response, {"type": "error", "error": {"message": "transcription failed",
+                                                                     "type": "server_error", "code": None}})
+                    break
+        finally:
+            stop.set()
+            await work
+        await response.write_eof()
+        return response
+
+
+async def _sse(response, data: dict) -> None:
+    await response.write(f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode())
+
+
+def _response(req: Request, events: list):
+    from aiohttp import web
+
+    from harken.shared.features_spec import SAMPLE_RATE
+
+    text = TranscriptText()
+    for e in events:
+        text.add(e)
+    if req.response_format == "text":
+        return web.Response(text=text.text + "\n", content_type="text/plain")
+    if req.response_format in ("srt", "vtt"):
+        cues = cues_of(events)
+        return web.Response(text=srt(cues) if req.response_format == "srt" else vtt(cues),
+                            content_type="application/x-subrip" if req.response_format == "srt" else "text/vtt")
+    if req.response_format == "json":
+        return web.json_response({"text": text.text}, dumps=_dumps)
+    language = next((e.language for e in events if e.language), req.language or "")
+    segments = [{"id": i, "seek": 0, "start": c.start_s, "end": c.end_s, "text": c.text, "tokens": [],
+                 "temperature": 0.0, "avg_logprob": 0.0, "compression_ratio": 0.0, "no_speech_prob": 0.0}
+                for i, c in enumerate(cues_of(events))]
+    return web.json_response({"task": "transcribe", "language": language.lower(),
+                              "duration": round(len(req.audio) / SAMPLE_RATE, 3), "text": text.text,
+                              "segments": segments}, dumps=_dumps)
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+def api_for(service, keys: ApiKeys | None, limits: ApiLimits) -> TranscriptionAPI | None:
+    """The API on the served model (the serving engine's weights, under the id `Qwen3ASR.describe()`
+    gives), or None where there is none."""
+    asr = getattr(getattr(getattr(getattr(service, "table", None), "scheduler", None), "engine", None), "asr", None)
+    if asr is None:
+        return None
+    describe = getattr(asr, "describe", None)
+    model_id = describe()["model"] if callable(describe) else "harken"
+    return TranscriptionAPI(asr, model_id, keys, limits)
+

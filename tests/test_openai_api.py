@@ -1,0 +1,135 @@
+"""The OpenAI-compatible file API (cloud/openai_api.py) on `harken serve --http-port`, driven by
+OpenAI's own Python client: the text, segments and subtitles it returns are harken's streaming
+engine's for the same audio (an in-process reference), streamed deltas add up to the text, and
+errors come back as the client's typed exceptions (401, 400, 413)."""
+
+from __future__ import annotations
+
+import io
+import re
+import socket
+import subprocess
+import sys
+import time
+import wave
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+import srt
+
+from harken.shared.subtitles import cues_of
+from harken.shared.text import events_text
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "harken" / "data" / "sample.wav"
+KEY = "sk-harken-test-key-0123456789"
+MODEL = "tiny-untied"  # a model that writes words: texts, segments and cues to compare
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    keys = tmp_path_factory.mktemp("keys") / "keys.txt"
+    keys.write_text(KEY + "\n")
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "harken.cli", "serve", "--model", MODEL, "--port", "0",
+                             "--http-port", str(port), "--api-keys", str(keys), "--max-upload-mb", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    deadline = time.time() + 120
+    lines = []
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if "browser page on" in line:
+            break
+        if proc.poll() is not None:
+            pytest.fail("harken serve exited: " + "".join(lines)[-2000:])
+    else:
+        proc.kill()
+        pytest.fail("harken serve did not start: " + "".join(lines)[-2000:])
+    yield f"http://127.0.0.1:{port}/v1"
+    proc.terminate()
+    proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The streaming engine's events for the sample, in-process, English forced (what harken stream gives)."""
+    from harken.cloud.embedded import stream_audio
+    from harken.cloud.engine import Engine, EngineConfig
+    from harken.cloud.model.asr import Qwen3ASR
+    from harken.cloud.stream_session import SessionOptions
+    from harken.edge.audio import load_audio, peak_normalize
+
+    asr = Qwen3ASR.load(MODEL)
+    options = SessionOptions(language="English")
+    engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
+    return list(stream_audio(peak_normalize(load_audio(str(SAMPLE))), engine, options))
+
+
+def _client(server: str, key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server, api_key=key, max_retries=0, timeout=300)
+
+
+def test_models_lists_the_served_model(server):
+    assert [m.id for m in _client(server).models.list().data] == [MODEL]
+
+
+def test_text_segments_and_subtitles_are_the_engines(server, reference):
+    client = _client(server)
+    text = events_text(reference)
+    cues = cues_of(reference)
+    assert text and len(cues) >= 2
+    with SAMPLE.open("rb") as f:
+        got = client.audio.transcriptions.create(model=MODEL, file=f, language="en")
+    assert got.text == text
+    with SAMPLE.open("rb") as f:
+        verbose = client.audio.transcriptions.create(model=MODEL, file=f, language="en",
+                                                     response_format="verbose_json")
+    assert verbose.text == text and verbose.language == "english" and abs(verbose.duration - 20.1) < 0.2
+    assert [(s.start, s.end, s.text) for s in verbose.segments] == [(c.start_s, c.end_s, c.text) for c in cues]
+    with SAMPLE.open("rb") as f:
+        subtitles = client.audio.transcriptions.create(model=MODEL, file=f, language="en", response_format="srt")
+    parsed = list(srt.parse(subtitles))
+    assert [(p.start.total_seconds(), p.end.total_seconds()) for p in parsed] == \
+        [(round(c.start_s, 3), round(c.end_s, 3)) for c in cues]
+    with SAMPLE.open("rb") as f:
+        plain = client.audio.transcriptions.create(model=MODEL, file=f, language="en", response_format="text")
+    assert plain.strip() == text
+
+
+def test_streamed_deltas_add_up_to_the_text(server, reference):
+    with SAMPLE.open("rb") as f:
+        events = list(_client(server).audio.transcriptions.create(model=MODEL, file=f, language="en", stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[-1] == "transcript.text.done" and set(kinds[:-1]) == {"transcript.text.delta"}
+    assert len(kinds) > 3  # the text arrives as the file is decoded, not at once
+    assert "".join(e.delta for e in events[:-1]) == events[-1].text == events_text(reference)
+
+
+def test_errors_are_openais(server, tmp_path):
+    with SAMPLE.open("rb") as f, pytest.raises(openai.AuthenticationError) as e:
+        _client(server, key="sk-wrong").audio.transcriptions.create(model=MODEL, file=f)
+    assert e.value.status_code == 401
+    with SAMPLE.open("rb") as f, pytest.raises(openai.BadRequestError) as bad:
+        _client(server).audio.transcriptions.create(model=MODEL, file=f, language="xx-nonsense")
+    assert bad.value.body["param"] == "language" and "unsupported language" in bad.value.body["message"]
+    big = tmp_path / "long.wav"
+    with wave.open(str(big), "wb") as w:  # 40 s of 16-bit noise: 1.3 MB, over the server's 1 MiB
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes((np.random.default_rng(0).normal(0, 0.1, 640_000) * 32767).astype("<i2").tobytes())
+    with big.open("rb") as f, pytest.raises(openai.APIStatusError) as large:
+        _client(server).audio.transcriptions.create(model=MODEL, file=f)
+    assert large.value.status_code == 413 and large.value.body["code"] == "file_too_large"
+    with pytest.raises(openai.BadRequestError) as junk:
+        _client(server).audio.transcriptions.create(model=MODEL, file=("x.wav", io.BytesIO(b"not audio at all")))
+    assert junk.value.body["param"] == "file" and not re.search(r"/tmp/|harken-upload", junk.value.body["message"])
