@@ -207,7 +207,10 @@ class WebRTCEndpoint:
         app.router.add_get("/", self._page)
         app.router.add_get(CONFIG_PATH, self._config)
         if self.api is not None:
+            from harken.cloud.realtime_api import RealtimeTranscription
+
             self.api.add_routes(app)
+            RealtimeTranscription(self.service, self.keys, self.api.model_id).add_routes(app)
         app.router.add_static("/static/", WEB_DIR)
         if EDGE_WEB_DIR.is_dir():
             app.router.add_static("/edge/", EDGE_WEB_DIR)
@@ -406,7 +409,7 @@ async def _pump_track(track, feed: _TrackFeed) -> None:
 async def start_webrtc(service, keys: ApiKeys | None, host: str, port: int,
                        cors_origins: tuple[str, ...] = (), api_limits: ApiLimits | None = None) -> WebRTCEndpoint:
     """The HTTP port: WebRTC signaling, the page, and (with `api_limits`) the OpenAI-compatible file
-    API on the served model (cloud/openai_api.py)."""
+    API on the served model (cloud/openai_api.py) and its Realtime transcription (cloud/realtime_api.py)."""
     api = None
     if api_limits is not None:
         from harken.cloud.openai_api import api_for

@@ -133,3 +133,51 @@ def test_errors_are_openais(server, tmp_path):
     with pytest.raises(openai.BadRequestError) as junk:
         _client(server).audio.transcriptions.create(model=MODEL, file=("x.wav", io.BytesIO(b"not audio at all")))
     assert junk.value.body["param"] == "file" and not re.search(r"/tmp/|harken-upload", junk.value.body["message"])
+
+
+def test_realtime_transcription_session_is_harkens_stream(server):
+    """OpenAI's Realtime client, transcription session over WebSocket: the audio as base64 PCM16
+    (16 kHz here, so the server's front end sees the samples the reference did), one item per
+    harken segment whose deltas add up to its completed transcript, in the order and with the text
+    of the in-process engine run on the same 16-bit samples."""
+    import base64
+
+    from harken.cloud.embedded import stream_audio
+    from harken.cloud.engine import Engine, EngineConfig
+    from harken.cloud.model.asr import Qwen3ASR
+    from harken.cloud.stream_session import SessionOptions
+    from harken.edge.audio import load_audio, peak_normalize
+
+    pcm = (np.clip(peak_normalize(load_audio(str(SAMPLE))), -1, 1) * 32767).astype("<i2")
+    asr = Qwen3ASR.load(MODEL)
+    options = SessionOptions(language="English")
+    engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
+    reference = list(stream_audio(pcm.astype(np.float32) / 32768.0, engine, options))
+    expected = [t for t in (events_text([e for e in reference if e.segment_id == f.segment_id]).strip()
+                            for f in reference if f.is_final)]
+
+    client = _client(server)
+    with client.realtime.connect(model=MODEL) as conn:
+        conn.session.update(session={"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 16000}, "transcription": {"model": MODEL, "language": "en"}}}})
+        piece = 1600 * 2  # 200 ms
+        for i in range(0, len(pcm), piece):
+            conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i:i + piece].tobytes()).decode())
+        conn.input_audio_buffer.commit()
+        events, completed = [], []
+        while len(completed) < len(expected):
+            event = conn.recv()
+            events.append(event)
+            assert event.type != "error", event
+            if event.type == "conversation.item.input_audio_transcription.completed":
+                completed.append(event)
+    kinds = [e.type for e in events]
+    assert kinds[0] == "session.created" and "session.updated" in kinds
+    assert [c.transcript for c in completed] == expected
+    for c in completed:  # an item's deltas add up to its transcript
+        deltas = [e.delta for e in events if e.type == "conversation.item.input_audio_transcription.delta"
+                  and e.item_id == c.item_id]
+        assert "".join(deltas).strip() == c.transcript
+        started = kinds.index("input_audio_buffer.speech_started")
+        assert started < kinds.index("conversation.item.input_audio_transcription.completed")
+    assert len({c.item_id for c in completed}) == len(completed)

@@ -1,0 +1,220 @@
+"""OpenAI's Realtime transcription session over WebSocket (`GET /v1/realtime` on `harken serve
+--http-port`), as the `openai` Python package speaks it, on harken's engine as a thin client.
+
+The client's audio (`input_audio_buffer.append`: base64 PCM16 at the session's rate, 24 kHz unless
+`session.update` says otherwise) becomes the `Audio` messages of one harken stream, run by the same
+stream handler as gRPC and WebRTC (the server's VAD, features and codec; the serving engine's
+batches), so the text is harken's committed text. How harken's model maps onto the events:
+
+    a VAD segment opens        input_audio_buffer.speech_started (item_id: one item per segment)
+    committed text             conversation.item.input_audio_transcription.delta: committed text is
+                               never retracted, so the deltas of an item add up to its transcript;
+                               partial text, which may still change, is not sent
+    the segment is final       input_audio_buffer.speech_stopped, input_audio_buffer.committed,
+                               conversation.item.input_audio_transcription.completed (the segment's text)
+    input_audio_buffer.commit  harken's Finalize: the open segment ends now
+    input_audio_buffer.clear   input_audio_buffer.cleared; audio already taken is not unsaid (harken
+                               commits as it hears)
+    the socket closes          harken's End (half-close): open segments are finalised
+
+`session.update` is taken before the first audio (format rate, transcription language and prompt,
+the prompt being Qwen3-ASR's context); turn detection is always harken's own VAD. API keys as on
+every entry point: `Authorization: Bearer KEY`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import itertools
+import json
+import uuid
+from contextlib import aclosing
+from typing import Any
+
+from harken.cloud.auth import ApiKeys
+from harken.cloud.errors import Unauthenticated
+from harken.shared import wire
+from harken.shared.codec import CODEC_NAME
+from harken.shared.protocol import Audio, End, Finalize, ServerError, Start, Transcript
+
+REALTIME_PATH = "/v1/realtime"
+DEFAULT_RATE = 24_000  # OpenAI's audio/pcm
+MAX_EVENT_BYTES = 4 << 20  # one client event (base64 audio: ~80 s at 24 kHz)
+
+
+class RealtimeTranscription:
+    def __init__(self, service, keys: ApiKeys | None, model_id: str):
+        self.service, self.keys, self.model_id = service, keys, model_id
+
+    def add_routes(self, app) -> None:
+        app.router.add_get(REALTIME_PATH, self.handle)
+
+    async def handle(self, request):
+        from aiohttp import WSMsgType, web
+
+        auth = request.headers.get("Authorization")
+        metadata = (("authorization", auth),) if auth else ()
+        try:
+            if self.keys is not None:
+                self.keys.authenticate(metadata)
+        except Unauthenticated as e:
+            return web.json_response({"error": {"message": str(e), "type": "invalid_request_error",
+                                                 "param": None, "code": "invalid_api_key"}}, status=401)
+        ws = web.WebSocketResponse(max_msg_size=MAX_EVENT_BYTES)
+        await ws.prepare(request)
+        session = _Session(self, ws, metadata)
+        await session.send({"type": "session.created", "session": session.describe()})
+        try:
+            async for msg in ws:
+                if msg.type != WSMsgType.TEXT:
+                    if msg.type == WSMsgType.BINARY:
+                        await session.error("events are JSON text frames", "invalid_event")
+                    continue
+                await session.on_event(msg.data)
+        finally:
+            await session.close()
+        return ws
+
+
+class _Session:
+    """One WebSocket: its session settings, its harken stream once audio comes, the event mapping."""
+
+    def __init__(self, api: RealtimeTranscription, ws, metadata):
+        from harken.cloud.webrtc import _Requests
+
+        self.api, self.ws, self.metadata = api, ws, metadata
+        self.id = "sess_" + uuid.uuid4().hex[:20]
+        self.rate, self.language, self.prompt = DEFAULT_RATE, "", ""
+        self.requests = _Requests()
+        self.stream: asyncio.Task | None = None
+        self.seq = itertools.count(1)
+        self.items: dict[int, str] = {}  # segment id -> item id
+        self.texts: dict[int, str] = {}
+        self.last_item: str | None = None
+        self.ids = itertools.count(1)
+
+    def describe(self) -> dict:
+        return {"type": "transcription", "id": self.id, "object": "realtime.transcription_session",
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": self.rate},
+                                    "transcription": {"model": self.api.model_id, "language": self.language,
+                                                      "prompt": self.prompt},
+                                    "turn_detection": {"type": "server_vad"}}}}
+
+    async def send(self, event: dict) -> None:
+        if not self.ws.closed:
+            await self.ws.send_str(json.dumps({"event_id": f"event_{next(self.ids)}", **event}, ensure_ascii=False))
+
+    async def error(self, message: str, code: str, event_id: Any = None) -> None:
+        await self.send({"type": "error", "error": {"type": "invalid_request_error", "code": code,
+                                                    "message": message, "param": None, "event_id": event_id}})
+
+    # ---- client events ---------------------------------------------------------------------------
+
+    async def on_event(self, data: str) -> None:
+        try:
+            event = json.loads(data)
+        except ValueError:
+            await self.error("not a JSON event", "invalid_event")
+            return
+        if not isinstance(event, dict):
+            await self.error("an event is a JSON object", "invalid_event")
+            return
+        kind, event_id = event.get("type"), event.get("event_id")
+        if kind in ("session.update", "transcription_session.update"):
+            await self._update(event.get("session") or {}, event_id)
+        elif kind == "input_audio_buffer.append":
+            await self._append(event.get("audio"), event_id)
+        elif kind == "input_audio_buffer.commit":
+            if self.stream is not None:
+                self.requests.put(wire.client_message_to_proto(Finalize()).SerializeToString())
+        elif kind == "input_audio_buffer.clear":
+            await self.send({"type": "input_audio_buffer.cleared"})
+        else:
+            await self.error(f"harken's transcription session does not take {str(kind)[:60]!r} events",
+                             "unknown_event", event_id)
+
+    async def _update(self, session: dict, event_id: Any) -> None:
+        if self.stream is not None:
+            await self.error("the session's settings are fixed once its audio has started", "session_started",
+                             event_id)
+            return
+        audio_in = ((session.get("audio") or {}).get("input") or {}) if isinstance(session, dict) else {}
+        transcription = audio_in.get("transcription") or session.get("input_audio_transcription") or {}
+        rate = (audio_in.get("format") or {}).get("rate", self.rate)
+        if not isinstance(rate, int) or not 8_000 <= rate <= 48_000:
+            await self.error("audio.input.format.rate must be an integer from 8000 to 48000", "invalid_value",
+                             event_id)
+            return
+        self.rate = rate
+        self.language = str(transcription.get("language") or "")
+        self.prompt = str(transcription.get("prompt") or "")
+        await self.send({"type": "session.updated", "session": self.describe()})
+
+    async def _append(self, audio: Any, event_id: Any) -> None:
+        try:
+            pcm = base64.b64decode(audio or "", validate=True)
+        except (binascii.Error, TypeError, ValueError):
+            await self.error("audio must be base64 PCM16", "invalid_value", event_id)
+            return
+        if len(pcm) % 2 or not pcm:
+            await self.error("audio must be whole 16-bit samples", "invalid_value", event_id)
+            return
+        if self.stream is None:
+            start = Start(language=self.language, context=self.prompt, codec=CODEC_NAME)
+            self.requests.put(wire.client_message_to_proto(start).SerializeToString())
+            self.stream = asyncio.get_running_loop().create_task(self._run())
+        self.requests.put(wire.client_message_to_proto(Audio(next(self.seq), pcm, self.rate)).SerializeToString())
+
+    async def close(self) -> None:
+        """The socket closed: End, and the stream's last finals go nowhere (the client has gone)."""
+        if self.stream is None:
+            return
+        self.requests.put(wire.client_message_to_proto(End()).SerializeToString())
+        self.requests.end()
+        try:
+            await asyncio.wait_for(asyncio.shield(self.stream), 30)
+        except (asyncio.TimeoutError, Exception):  # noqa: BLE001 (the stream reports its own errors)
+            self.stream.cancel()
+
+    # ---- harken's events -> the session's events ------------------------------------------------
+
+    async def _run(self) -> None:
+        from harken.cloud.webrtc import _Aborted, _ChannelContext
+
+        context = _ChannelContext(self.metadata)
+        try:
+            async with aclosing(self.api.service.Stream(self.requests, context)) as messages:
+                async for msg in messages:
+                    out = wire.server_message_from_proto(msg)
+                    if isinstance(out, Transcript):
+                        await self._transcript(out)
+                    elif isinstance(out, ServerError):
+                        await self.send({"type": "error", "error": {"type": "server_error", "code": out.code,
+                                                                    "message": out.message, "param": None}})
+        except _Aborted:
+            await self.send({"type": "error", "error": {"type": "server_error", "code": context.code.name
+                                                        if context.code else "INTERNAL",
+                                                        "message": context.details, "param": None}})
+
+    async def _transcript(self, t: Transcript) -> None:
+        e = t.event
+        item = self.items.get(e.segment_id)
+        if item is None:
+            item = self.items[e.segment_id] = f"item_{self.id[5:13]}_{e.segment_id}"
+            await self.send({"type": "input_audio_buffer.speech_started", "item_id": item,
+                             "audio_start_ms": int(round(e.start_s * 1000))})
+        if e.committed_delta:
+            self.texts[e.segment_id] = self.texts.get(e.segment_id, "") + e.committed_delta
+            await self.send({"type": "conversation.item.input_audio_transcription.delta", "item_id": item,
+                             "content_index": 0, "delta": e.committed_delta})
+        if e.is_final:
+            await self.send({"type": "input_audio_buffer.speech_stopped", "item_id": item,
+                             "audio_end_ms": int(round(e.end_s * 1000))})
+            await self.send({"type": "input_audio_buffer.committed", "item_id": item,
+                             "previous_item_id": self.last_item})
+            self.last_item = item
+            await self.send({"type": "conversation.item.input_audio_transcription.completed", "item_id": item,
+                             "content_index": 0, "transcript": self.texts.get(e.segment_id, "").strip(),
+                             "usage": {"type": "duration", "seconds": round(max(0.0, e.end_s - e.start_s), 3)}})
