@@ -28,7 +28,7 @@ from harken.cloud.session_table import SessionTable
 from harken.proto import harken_pb2, harken_pb2_grpc
 from harken.shared import wire
 from harken.shared.errors import CodecError, MalformedMessage, OutOfOrder, Overloaded, SessionNotFound, StreamInputError
-from harken.shared.protocol import Ack, ClientMessage, End, KeepAlive, Ready, ServerError
+from harken.shared.protocol import Ack, Audio, ClientMessage, End, Features, KeepAlive, Ready, ServerError
 
 MAX_MESSAGE_BYTES = 1 << 20  # a longer request: RESOURCE_EXHAUSTED (`harken serve --max-message-bytes`)
 
@@ -191,7 +191,7 @@ async def _read(requests, table: SessionTable, session: HostedSession, attachmen
             item = wire.client_message_from_proto(wire.client_message_from_bytes(data, max_bytes), front_end=check_seeded_front_end)
             if isinstance(item, KeepAlive):
                 continue  # heard: that was all it was for
-            await table.wait_for_room(session)
+            await table.wait_for_room(session, _audio_seconds(item))
             await _apply(session, item)
         # The request side ended. A client that half-closes without `end` has said all it will:
         # that is `end` (finalise, send the finals, close OK). But grpc.aio also ends the iterator
@@ -206,6 +206,15 @@ async def _read(requests, table: SessionTable, session: HostedSession, attachmen
         return  # input while the server stops: the session sends its finals, then ends the stream
     except Exception as e:
         attachment.notify(end=e)  # (the first reason to end the stream is the one it ends with)
+
+
+def _audio_seconds(item: ClientMessage) -> float:
+    """The audio a message carries, for the stream's pace."""
+    if isinstance(item, Audio):
+        return len(item.pcm16) / 2 / item.sample_rate
+    if isinstance(item, Features):
+        return item.packet.frame_count / 100
+    return 0.0
 
 
 async def _outgoing(session: HostedSession, a: Attachment):

@@ -47,7 +47,7 @@ from harken.shared import wire
 from harken.cloud.audio_front_end import ThinClientFrontEnd
 from harken.cloud.errors import ShuttingDown
 from harken.cloud.metrics import ServerMetrics
-from harken.cloud.server_session import Attachment, ServerLifecycle, ServerSession, SessionLimits
+from harken.cloud.server_session import Attachment, AudioPace, ServerLifecycle, ServerSession, SessionLimits
 from harken.shared.protocol import (Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive, Start,
                                     Transcript)
 
@@ -78,6 +78,8 @@ class HostedSession:
         self.audio: ThinClientFrontEnd | None = None
         self._apply_lock = asyncio.Lock()
         self.held_back = False  # a received message waits for the queued-audio limits (`wait_for_room`)
+        # the stream's pace (wall-clock, whatever `clock` is: it paces real senders)
+        self.pace = AudioPace(limits.max_audio_speed, limits.audio_burst_s, time.monotonic)
         self._engine_released = False
         self._reported_ended = False
         self._pump = asyncio.get_running_loop().create_task(self._pump_events(),

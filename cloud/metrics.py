@@ -50,6 +50,9 @@ class ServerMetrics:
                                     buckets=_BATCH_BUCKETS, registry=r)
         self.bytes_in = Counter("harken_bytes_in", "Payload bytes received", ["kind"], registry=r)
         self.messages_in = Counter("harken_messages_in", "Client messages applied", ["kind"], registry=r)
+        self.audio_paced = Counter("harken_audio_paced_seconds",
+                                   "Wall seconds streams were held back for sending audio faster than their pace "
+                                   "(--max-audio-speed, --audio-burst-s)", registry=r)
         self.events_out = Counter("harken_transcript_events", "Transcript events produced", registry=r)
         self.decode_truncated = Counter("harken_decode_truncated_total",
                                         "Decodes ended by a limit, not by the model: the audio-proportional "

@@ -135,6 +135,9 @@ class TranscriptionAPI:
         from harken.edge.audio import load_audio, peak_normalize
         from harken.shared.features_spec import SAMPLE_RATE
 
+        if request.content_length is not None and request.content_length > self.limits.max_upload_bytes + (1 << 16):
+            raise ApiError(413, f"the upload is larger than this server's limit of "
+                                f"{self.limits.max_upload_bytes // (1 << 20)} MiB", code="file_too_large", param="file")
         if not request.content_type.startswith("multipart/"):
             raise ApiError(400, "send multipart/form-data with a `file` part (as OpenAI's API takes it)")
         fields: dict[str, str] = {}

@@ -76,6 +76,8 @@ class ServerOptions:
     # the OpenAI-compatible file API on the HTTP port (cloud/openai_api.py): upload and audio limits,
     # and the lane of whole-file requests beside the live streams
     max_upload_bytes: int = 25 * 1024 * 1024
+    max_audio_speed: float = 4.0  # a live stream's pace: x real time on average (0: none), see AudioPace
+    audio_burst_s: float = 30.0  # ... and this much audio ahead of it
     max_file_s: float = 3 * 3600.0
     file_lanes: int = 1
 
@@ -94,6 +96,8 @@ class ServerOptions:
             if origin != "*" and not re.fullmatch(r"https?://[^/?#\s]+", origin):
                 raise HarkenError(f"--cors-origin {origin!r} is no origin: scheme://host[:port] with no path "
                                   "(e.g. https://meet.example.com), or '*'")
+        if self.max_audio_speed < 0 or self.audio_burst_s < 0:
+            raise HarkenError("--max-audio-speed and --audio-burst-s must be >= 0")
         if self.max_upload_bytes < 1 or not self.max_file_s > 0 or self.file_lanes < 1:
             raise HarkenError("--max-upload-mb, --max-file-s and --file-lanes must be > 0")
         if not 0 < self.max_queued_frames_per_session <= self.max_queued_frames_per_key < self.max_queued_frames:
@@ -294,7 +298,8 @@ async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = t
                            grace_s=options.grace_s, idle_timeout_s=options.idle_timeout_s,
                            replay_tail=options.replay_tail, policy=options.policy,
                            max_queued_frames_per_session=options.max_queued_frames_per_session,
-                           max_queued_frames_per_key=options.max_queued_frames_per_key)
+                           max_queued_frames_per_key=options.max_queued_frames_per_key,
+                           max_audio_speed=options.max_audio_speed, audio_burst_s=options.audio_burst_s)
     table = SessionTable(scheduler, limits, metrics, executor, clock)
     metrics.read_at_scrape(attached_streams=table.attached_streams, ready_sessions=engine.ready_sessions)
     return ServingCore(metrics, scheduler, executor, table, engine_failed)

@@ -69,10 +69,12 @@ class SessionTable:
     def queued_frames_of_key(self, key_id: str) -> int:
         return sum(s.queued_frames() for s in self.sessions.values() if s.key_id == key_id)
 
-    async def wait_for_room(self, s: HostedSession) -> None:
-        """Return once the session and its key are within their queued-audio limits: a stream
-        calls this before applying each message, so a client that sends faster than the engine
-        processes (or claims many frames in few bytes) waits on itself and on nobody else."""
+    async def wait_for_room(self, s: HostedSession, audio_s: float = 0.0) -> None:
+        """Return once the session and its key are within their queued-audio limits and the stream
+        within its pace (`AudioPace`), then count the message's `audio_s` against the pace: a
+        stream calls this before applying each message, so a client that sends faster than the
+        engine processes, claims many frames in few bytes, or pushes audio much faster than real
+        time waits on itself and on nobody else."""
         limits = self.limits
         s.held_back = True  # not idle meanwhile: the server holds the stream back
         try:
@@ -82,6 +84,12 @@ class SessionTable:
                     await asyncio.wait_for(self.scheduler.next_tick(), timeout=1.0)
                 except asyncio.TimeoutError:  # (not the builtin before Python 3.11)
                     pass
+            if audio_s > 0:
+                while (wait := s.pace.wait_s()) > 0:
+                    step = min(wait, 1.0)
+                    self.metrics.audio_paced.inc(step)
+                    await asyncio.sleep(step)
+                s.pace.take(audio_s)
         finally:
             s.held_back = False
 

@@ -235,6 +235,12 @@ def _serve_parser(sub: Subparsers) -> None:
                    help="let pages of this origin (e.g. https://meet.example.com; '*': any) load the "
                         "browser edge and open WebRTC streams from the --http-port (repeatable; default: "
                         "the server's own pages only)")
+    s.add_argument("--max-audio-speed", type=float, default=4.0,
+                   help="a live stream's pace: audio taken at most this many times faster than real time on "
+                        "average (every entry point: gRPC, WebRTC, realtime); faster senders are slowed, not "
+                        "others (default 4; 0: no pace)")
+    s.add_argument("--audio-burst-s", type=float, default=30.0,
+                   help="audio a stream may send ahead of its pace: a reconnect's replay, a file's start (default 30)")
     s.add_argument("--max-upload-mb", type=float, default=25.0,
                    help="with --http-port: the largest file POST /v1/audio/transcriptions takes (default 25 MiB, "
                         "as OpenAI's; larger: 413)")
@@ -539,7 +545,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                                 max_sessions=args.max_sessions, max_sessions_per_key=args.max_sessions_per_key,
                                 grace_s=args.grace_s, idle_timeout_s=args.idle_timeout_s, decoder=args.decoder,
                                 max_upload_bytes=int(args.max_upload_mb * (1 << 20)), max_file_s=args.max_file_s,
-                                file_lanes=args.file_lanes)
+                                file_lanes=args.file_lanes, max_audio_speed=args.max_audio_speed,
+                                audio_burst_s=args.audio_burst_s)
         if args.ray:
             from harken.cloud.ray_app import Scaling, serve_ray_command
 

@@ -6,7 +6,8 @@ control: new streams past the per-key or server-wide session limit are refused a
 admitted ones carry on; a client flooding queued audio waits on its own limits while others are
 still admitted; detached sessions count against their own key only. Slots come back: a silent
 stream is reaped past the idle timeout (but not while the engine owes it work), and keepalive
-pings find a dead connection and detach its stream.
+pings find a dead connection and detach its stream. A stream pushing audio faster than its pace
+(--max-audio-speed, --audio-burst-s) is slowed, and only it.
 """
 
 from __future__ import annotations
@@ -338,3 +339,54 @@ def test_keepalive_pings_find_a_dead_connection_and_detach_its_stream(asr):
             return detached
 
     assert asyncio.run(main())
+
+
+def test_audio_pace_counts_audio_seconds_and_pays_long_messages_back():
+    """AudioPace on a fake clock: a burst is taken at once, then audio at `speed` x real time; a
+    message longer than the burst is taken and paid for by the wait before the next one."""
+    from harken.cloud.server_session import AudioPace
+
+    now = [0.0]
+    pace = AudioPace(speed=2.0, burst_s=3.0, clock=lambda: now[0])
+    for _ in range(3):
+        assert pace.wait_s() == 0.0
+        pace.take(1.0)
+    assert pace.wait_s() <= 0.002  # just empty: the next message goes as soon as anything is back
+    now[0] += 0.002
+    assert pace.wait_s() == 0.0
+    pace.take(1.0)
+    assert 0.498 <= pace.wait_s() <= 0.5  # owed 1 s of audio (less the 4 ms that came back): 0.5 s
+    now[0] += 0.5
+    assert pace.wait_s() == 0.0
+    pace.take(10.0)  # longer than the burst: taken, owed
+    assert 4.99 <= pace.wait_s() <= 5.01
+    now[0] += 100.0
+    assert pace.wait_s() == 0.0 and pace.tokens == 3.0  # refills to the burst, no further
+    assert AudioPace(speed=0.0, burst_s=0.0, clock=lambda: 0.0).wait_s() == 0.0  # 0: no pace
+
+
+def test_a_stream_faster_than_its_pace_is_slowed_and_others_are_not(asr, audio):
+    """A thin client pushing its audio at once against --max-audio-speed 2 --audio-burst-s 1 is held
+    back: it cannot be applied in less than (seconds - 1) / 2 s, and the time it was held is counted
+    in harken_audio_paced_seconds. Another stream's pace is its own: one within its burst is never
+    held."""
+    from server_helpers import _scrape, audio_msgs
+
+    def paced(port: int) -> float:
+        return _scrape(port).get(("harken_audio_paced_seconds_total", ()), 0.0)
+
+    async def main():
+        async with serving(asr, metrics_port=0, max_audio_speed=2.0, audio_burst_s=1.0) as server:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            fast = await run_stream(server.address, [start_msg(language="English")] + audio_msgs(audio) + [END])
+            took = loop.time() - t0
+            assert fast.code == OK and fast.messages
+            owed = (len(audio) / 16000 - 1.0) / 2.0
+            assert took >= owed
+            held = paced(server.metrics_port)
+            assert held > 0  # (less than `owed`: the bucket also refills while the engine catches up)
+            short = await run_stream(server.address, [start_msg(language="English")]
+                                     + audio_msgs(audio[:8000]) + [END])  # 0.5 s: inside its own burst
+            assert short.code == OK and paced(server.metrics_port) == held
+    asyncio.run(asyncio.wait_for(main(), TIMEOUT))

@@ -43,8 +43,12 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
         ws = None if tiny else warm.WARMSTART_DIR
     elif warmstart not in (None, "none"):
         ws = Path(warmstart)
+    meta = warm.read_meta(ws) if ws is not None and not (outdir / "state.pt").exists() else None
+    if meta is not None and warm.config_of(meta) != ("tiny" if tiny else "synth-en"):  # before any corpus work
+        raise warm.WarmStartError(f"{ws}: a {warm.config_of(meta)} state, this run trains "
+                                  f"{'tiny' if tiny else 'synth-en'}")
     # a run that goes on from a state knows its phoneme table: it may start on the first phrases
-    resuming = (outdir / "state.pt").exists() or bool(init_from) or (ws is not None and warm.read_meta(ws) is not None)
+    resuming = (outdir / "state.pt").exists() or bool(init_from) or meta is not None
     builder = _start_corpus_builder(out, cdir, sizes, seed, workers, piper_share)
     try:
         _wait_for_first_shards(cdir, builder, sizes, any_shard=resuming)
