@@ -68,6 +68,21 @@ class ApiKeys:
         return Caller(key_id)
 
 
+def http_metadata(headers) -> tuple:
+    """An HTTP request's `Authorization` header as the call metadata `ApiKeys.authenticate` reads
+    (the HTTP port's entry points: WebRTC signaling, the file API, the realtime WebSocket)."""
+    auth = headers.get("Authorization")
+    return (("authorization", auth),) if auth else ()
+
+
+def check_http(keys: ApiKeys | None, headers) -> tuple:
+    """The request's metadata, once its API key is good (Unauthenticated if not; any, on an open server)."""
+    metadata = http_metadata(headers)
+    if keys is not None:
+        keys.authenticate(metadata)
+    return metadata
+
+
 def bearer_token(metadata) -> str | None:
     for k, v in metadata or ():
         if k.lower() == "authorization":

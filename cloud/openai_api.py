@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harken.cloud.auth import ApiKeys
+from harken.cloud.auth import ApiKeys, check_http
 from harken.cloud.errors import Unauthenticated
 from harken.shared.errors import HarkenError
 from harken.shared.subtitles import cues_of, srt, vtt
@@ -121,11 +121,8 @@ class TranscriptionAPI:
     # ---- the request -----------------------------------------------------------------------------
 
     def _authenticate(self, request) -> None:
-        if self.keys is None:
-            return
-        auth = request.headers.get("Authorization")
         try:
-            self.keys.authenticate((("authorization", auth),) if auth else ())
+            check_http(self.keys, request.headers)
         except Unauthenticated as e:
             raise ApiError(401, str(e), "invalid_request_error", "invalid_api_key") from e
 

@@ -33,7 +33,7 @@ import uuid
 from contextlib import aclosing
 from typing import Any
 
-from harken.cloud.auth import ApiKeys
+from harken.cloud.auth import ApiKeys, check_http
 from harken.cloud.errors import Unauthenticated
 from harken.shared import wire
 from harken.shared.codec import CODEC_NAME
@@ -54,11 +54,8 @@ class RealtimeTranscription:
     async def handle(self, request):
         from aiohttp import WSMsgType, web
 
-        auth = request.headers.get("Authorization")
-        metadata = (("authorization", auth),) if auth else ()
         try:
-            if self.keys is not None:
-                self.keys.authenticate(metadata)
+            metadata = check_http(self.keys, request.headers)
         except Unauthenticated as e:
             return web.json_response({"error": {"message": str(e), "type": "invalid_request_error",
                                                  "param": None, "code": "invalid_api_key"}}, status=401)

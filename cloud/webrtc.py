@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from harken.cloud.auth import ApiKeys
+from harken.cloud.auth import ApiKeys, check_http
 from harken.cloud.errors import Unauthenticated
 from harken.shared import wire
 from harken.shared.datachannel import send_when_drained
@@ -283,11 +283,8 @@ class WebRTCEndpoint:
         from aiohttp import web
         from aiortc import RTCPeerConnection
 
-        auth = request.headers.get("Authorization")
-        metadata = (("authorization", auth),) if auth else ()
         try:
-            if self.keys is not None:
-                self.keys.authenticate(metadata)
+            metadata = check_http(self.keys, request.headers)
         except Unauthenticated as e:
             return web.json_response({"code": "UNAUTHENTICATED", "message": str(e)}, status=401)
         if len(self._pcs) >= self.max_peer_connections:
