@@ -20,6 +20,12 @@ batches), so the text is harken's committed text. How harken's model maps onto t
 `session.update` is taken before the first audio (format rate, transcription language and prompt,
 the prompt being Qwen3-ASR's context); turn detection is always harken's own VAD. API keys as on
 every entry point: `Authorization: Bearer KEY`.
+
+vLLM's `/v1/realtime` (its Qwen3-ASR and Voxtral servers) speaks a dialect of this, which is taken
+too, so a client written for it works unchanged: a `session.update` with a top-level `model` (or a
+`commit` before any audio) marks it; its audio is 16 kHz by default; it gets `transcription.delta`
+events (committed text) and, after `input_audio_buffer.commit` with `"final": true` (the end of its
+audio: harken's End), one `transcription.done` with the whole text.
 """
 
 from __future__ import annotations
@@ -84,6 +90,8 @@ class _Session:
         self.api, self.ws, self.metadata = api, ws, metadata
         self.id = "sess_" + uuid.uuid4().hex[:20]
         self.rate, self.language, self.prompt = DEFAULT_RATE, "", ""
+        self.vllm = False  # vLLM's dialect (see the module docstring)
+        self.ended = False  # End sent: the client said its audio is over
         self.requests = _Requests()
         self.stream: asyncio.Task | None = None
         self.seq = itertools.count(1)
@@ -120,11 +128,21 @@ class _Session:
             return
         kind, event_id = event.get("type"), event.get("event_id")
         if kind in ("session.update", "transcription_session.update"):
+            if "model" in event and "session" not in event and self.stream is None:  # vLLM's session.update
+                self.vllm, self.rate = True, 16_000
+                await self.send({"type": "session.updated", "session": self.describe()})
+                return
             await self._update(event.get("session") or {}, event_id)
         elif kind == "input_audio_buffer.append":
             await self._append(event.get("audio"), event_id)
         elif kind == "input_audio_buffer.commit":
-            if self.stream is not None:
+            if self.stream is None and not self.vllm and not event.get("final"):
+                self.vllm, self.rate = True, 16_000  # vLLM's client commits before its audio: "ready"
+            elif event.get("final") and self.stream is not None and not self.ended:
+                self.ended = True
+                self.requests.put(wire.client_message_to_proto(End()).SerializeToString())
+                self.requests.end()
+            elif self.stream is not None:
                 self.requests.put(wire.client_message_to_proto(Finalize()).SerializeToString())
         elif kind == "input_audio_buffer.clear":
             await self.send({"type": "input_audio_buffer.cleared"})
@@ -168,8 +186,9 @@ class _Session:
         """The socket closed: End, and the stream's last finals go nowhere (the client has gone)."""
         if self.stream is None:
             return
-        self.requests.put(wire.client_message_to_proto(End()).SerializeToString())
-        self.requests.end()
+        if not self.ended:
+            self.requests.put(wire.client_message_to_proto(End()).SerializeToString())
+            self.requests.end()
         try:
             await asyncio.wait_for(asyncio.shield(self.stream), 30)
         except (asyncio.TimeoutError, Exception):  # noqa: BLE001 (the stream reports its own errors)
@@ -186,7 +205,7 @@ class _Session:
                 async for msg in messages:
                     out = wire.server_message_from_proto(msg)
                     if isinstance(out, Transcript):
-                        await self._transcript(out)
+                        await (self._vllm_transcript(out) if self.vllm else self._transcript(out))
                     elif isinstance(out, ServerError):
                         await self.send({"type": "error", "error": {"type": "server_error", "code": out.code,
                                                                     "message": out.message, "param": None}})
@@ -194,6 +213,9 @@ class _Session:
             await self.send({"type": "error", "error": {"type": "server_error", "code": context.code.name
                                                         if context.code else "INTERNAL",
                                                         "message": context.details, "param": None}})
+            return
+        if self.vllm and self.ended:
+            await self.vllm_done()
 
     async def _transcript(self, t: Transcript) -> None:
         e = t.event
@@ -215,3 +237,21 @@ class _Session:
             await self.send({"type": "conversation.item.input_audio_transcription.completed", "item_id": item,
                              "content_index": 0, "transcript": self.texts.get(e.segment_id, "").strip(),
                              "usage": {"type": "duration", "seconds": round(max(0.0, e.end_s - e.start_s), 3)}})
+
+    async def _vllm_transcript(self, t: Transcript) -> None:
+        from harken.shared.text import transcript_text
+
+        e = t.event
+        if e.committed_delta:  # as a delta of the whole text: segments joined as transcript_text joins them
+            before = transcript_text(self.texts)
+            self.texts[e.segment_id] = self.texts.get(e.segment_id, "") + e.committed_delta
+            after = transcript_text(self.texts)
+            if after.startswith(before) and len(after) > len(before):
+                await self.send({"type": "transcription.delta", "delta": after[len(before):]})
+
+    async def vllm_done(self) -> None:
+        """vLLM's end of a session: the whole text once the stream has ended after `final`."""
+        from harken.shared.text import transcript_text
+
+        await self.send({"type": "transcription.done", "text": transcript_text(self.texts),
+                         "usage": {"type": "duration", "seconds": 0}})

@@ -181,3 +181,49 @@ def test_realtime_transcription_session_is_harkens_stream(server):
         started = kinds.index("input_audio_buffer.speech_started")
         assert started < kinds.index("conversation.item.input_audio_transcription.completed")
     assert len({c.item_id for c in completed}) == len(completed)
+
+
+def test_a_client_written_for_vllms_realtime_endpoint_works_unchanged(server):
+    """vLLM's /v1/realtime dialect, spoken as its example client does (raw websockets): session.update
+    with a model, a commit to start, 16 kHz PCM16 appends, a final commit; transcription.delta events
+    add up to transcription.done's text, which is the engine's text for those 16-bit samples."""
+    import asyncio
+    import base64
+    import json
+
+    import websockets
+
+    from harken.edge.audio import load_audio, peak_normalize
+
+    pcm = (np.clip(peak_normalize(load_audio(str(SAMPLE))), -1, 1) * 32767).astype("<i2")
+
+    async def client() -> list[dict]:
+        url = server.replace("http://", "ws://") + "/realtime"
+        async with websockets.connect(url, additional_headers={"Authorization": f"Bearer {KEY}"},
+                                      max_size=None) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            await ws.send(json.dumps({"type": "session.update", "model": MODEL}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            for i in range(0, len(pcm), 4096):
+                await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": base64.b64encode(pcm[i:i + 4096].tobytes()).decode()}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+            got = []
+            while not got or got[-1]["type"] != "transcription.done":
+                got.append(json.loads(await asyncio.wait_for(ws.recv(), 120)))
+                assert got[-1]["type"] != "error", got[-1]
+            return got
+
+    events = asyncio.run(client())
+    deltas = [e["delta"] for e in events if e["type"] == "transcription.delta"]
+    assert deltas and "".join(deltas) == events[-1]["text"]
+    # the language is the model's to find here (vLLM's session has none): compare with a thin client's text
+    from harken.cloud.embedded import stream_audio
+    from harken.cloud.engine import Engine, EngineConfig
+    from harken.cloud.model.asr import Qwen3ASR
+    from harken.cloud.stream_session import SessionOptions
+
+    asr = Qwen3ASR.load(MODEL)
+    engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1))
+    assert events[-1]["text"] == events_text(list(stream_audio(pcm.astype(np.float32) / 32768.0, engine,
+                                                                SessionOptions())))
