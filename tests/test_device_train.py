@@ -38,7 +38,7 @@ def test_what_the_device_call_carries_stays_under_60_mib(carry):
                             capture_output=True, check=True).stdout.split(b"\0")
     tree = _size([ROOT / p.decode() for p in listed if p])
     carried = _size(list(carry.rglob("*")))
-    assert (carry / "debs").glob("espeak-ng_*.deb") and len(list((carry / "wheels").glob("*.whl"))) >= 5
+    assert any((carry / "debs").glob("espeak-ng_*.deb")) and len(list((carry / "wheels").glob("*.whl"))) >= 5
     assert any("cp312" in w.name for w in (carry / "wheels").glob("*.whl"))  # for the device's Python
     # the warm-start state may grow to its 16 MiB cap: count the cap, not today's size
     ws_now = _size(list(warm.WARMSTART_DIR.glob("*"))) if warm.WARMSTART_DIR.exists() else 0

@@ -58,6 +58,18 @@ def test_a_damaged_or_oversized_state_is_refused(tmp_path, monkeypatch):
     assert warm.load(tmp_path / "nothing") is None
 
 
+def test_the_committed_state_fits_and_reads(tmp_path):
+    """What the repo carries (if a session committed it): at most 16 MiB, and it loads."""
+    meta = warm.read_meta()
+    if meta is None:
+        pytest.fail("no warm-start state committed in cloud/synth/warmstart/ (make pack-state, then commit it)")
+    size = sum(p.stat().st_size for p in warm.WARMSTART_DIR.iterdir())
+    assert size <= warm.MAX_BYTES
+    got = warm.load()
+    assert got is not None and got["step"] == meta["step"] > 0
+    assert {"step", "audio_hours_seen", "heldout_wer", "recipe", "seed", "machine", "history"} <= set(meta)
+
+
 def _train(out: Path, *extra: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6",
            "--phrases", "3", "--texts", "5", "--eval-every", "2", "--eval-n", "2", "--threads", "1", "--workers", "1",
