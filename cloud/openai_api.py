@@ -39,6 +39,7 @@ from harken.shared.text import TranscriptText
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 MODELS_PATH = "/v1/models"
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+RETRY_AFTER_S = 5  # the hint a 429 carries
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,10 @@ class ApiLimits:
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
-                 param: str | None = None):
+                 param: str | None = None, retry_after_s: int | None = None):
         super().__init__(message)
         self.status, self.message, self.kind, self.code, self.param = status, message, kind, code, param
+        self.headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
@@ -103,18 +105,21 @@ class TranscriptionAPI:
             if self.admitted >= self.limits.lanes + self.limits.queue:
                 raise ApiError(429, f"the server transcribes {self.limits.lanes} file(s) at once and holds "
                                     f"{self.limits.queue} more waiting; try again later",
-                               "rate_limit_exceeded", "rate_limit_exceeded")
+                               "rate_limit_exceeded", "rate_limit_exceeded", retry_after_s=RETRY_AFTER_S)
             self.admitted += 1
         except ApiError as e:
-            return web.json_response(e.body(), status=e.status)
+            return web.json_response(e.body(), status=e.status, headers=e.headers)
         try:
             req = await self._read(request)
             if req.stream:
                 return await self._stream(request, req)
-            events = await asyncio.get_running_loop().run_in_executor(self.lane, lambda: list(self._events(req)))
+            try:
+                events = await asyncio.get_running_loop().run_in_executor(self.lane, lambda: list(self._events(req)))
+            except HarkenError as e:  # the model could not run it: said in OpenAI's shape, never a traceback
+                raise ApiError(500, f"transcription failed: {e}", "server_error", "transcription_failed") from e
             return _response(req, events)
         except ApiError as e:
-            return web.json_response(e.body(), status=e.status)
+            return web.json_response(e.body(), status=e.status, headers=e.headers)
         finally:
             self.admitted -= 1
 
