@@ -138,6 +138,8 @@ class _Session:
         elif kind == "input_audio_buffer.commit":
             if self.stream is None and not self.vllm and not event.get("final"):
                 self.vllm, self.rate = True, 16_000  # vLLM's client commits before its audio: "ready"
+            elif event.get("final") and self.stream is None:  # the end of no audio: nothing was said
+                await self.vllm_done()
             elif event.get("final") and self.stream is not None and not self.ended:
                 self.ended = True
                 self.requests.put(wire.client_message_to_proto(End()).SerializeToString())
