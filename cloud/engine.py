@@ -45,6 +45,7 @@ from harken.cloud.commit import CommitPolicy
 from harken.cloud.model.decoder import decode_step, prefill
 from harken.cloud.model.encoder import num_audio_tokens
 from harken.cloud.model.kv_cache import KVCache
+from harken.cloud.model.static_decode import StaticDecodeStep
 from harken.cloud.stream_session import MAX_CONTEXT_TOKENS, Job, StreamSession, SessionOptions, EngineEvent
 from harken.shared.errors import Overloaded, SessionNotFound, StreamInputError
 
@@ -72,12 +73,24 @@ class EngineConfig:
     max_queued_frames: feature frames received but not yet encoded, over all sessions, beyond which
     new sessions are refused (the server also bounds them per session and per key, see
     cloud/server_session.SessionLimits, so that one client cannot reach this alone). slot_policy: the largest policy a session may use (it sizes the slots).
+    decode_step: how a tick's batched decode steps run (DECODE_STEPS): "plain" (`decode_step`,
+    shapes as they come), "static" (`StaticDecodeStep`: the batch padded to a power-of-two bucket,
+    keys to a length bucket; one more KV slot for its padding rows) or "graphs" (the same, each
+    bucket captured once as a CUDA graph and replayed: CUDA only). All three give the same tokens.
     """
 
     max_sessions: int = 16
     max_batch: int = 32
     max_queued_frames: int = 100 * 60 * 10
     slot_policy: CommitPolicy = CommitPolicy()
+    decode_step: str = "plain"
+
+    def __post_init__(self):
+        if self.decode_step not in DECODE_STEPS:
+            raise ValueError(f"decode_step {self.decode_step!r}: one of {', '.join(DECODE_STEPS)}")
+
+
+DECODE_STEPS = ("plain", "static", "graphs")
 
 
 def slot_tokens(policy: CommitPolicy) -> int:
@@ -117,6 +130,15 @@ class Engine:
         self.observer = observer
         self._tick_sessions = 0  # sessions planned in the tick under way
         self.cache = self._new_cache()
+        self._static: StaticDecodeStep | None = None
+        if config.decode_step != "plain":
+            if not isinstance(self.cache, KVCache):
+                raise ValueError(f"decode_step {config.decode_step!r} is the own decoder's (this engine has no KV cache)")
+            if config.decode_step == "graphs" and self.asr.device.type != "cuda":
+                raise ValueError("decode_step 'graphs' needs the model on a CUDA device")
+            # its scratch slot is the cache's extra one (`_new_cache`)
+            self._static = StaticDecodeStep(self.asr.decoder, self.cache, max_batch=config.max_batch,
+                                            cuda_graphs=config.decode_step == "graphs")
         self.sessions: dict[str, StreamSession] = {}
         self._lock = threading.Lock()
         self._rotor = 0  # where the next tick starts looking for ready sessions
@@ -130,8 +152,10 @@ class Engine:
         self.busy_s = 0.0  # wall time spent in `step` so far (all threads' work, e.g. vLLM's)
 
     def _new_cache(self):
-        """One KV slot per session (cloud/vllm_decoder.py's engine keeps its KV in vLLM instead)."""
-        return KVCache.for_config(self.asr.config.text, max_slots=self.config.max_sessions,
+        """One KV slot per session, and one for the static decode step's padding rows (cloud/vllm_decoder.py's
+        engine keeps its KV in vLLM instead)."""
+        extra = 0 if self.config.decode_step == "plain" else 1
+        return KVCache.for_config(self.asr.config.text, max_slots=self.config.max_sessions + extra,
                                   max_len=slot_tokens(self.config.slot_policy), dtype=self.asr.dtype,
                                   device=self.asr.device)
 
@@ -438,7 +462,7 @@ class Engine:
             events += started
             while running:
                 feed = torch.tensor([r.tokens[-1] for r in running], device=self.asr.device)
-                logits = decode_step(self.asr.decoder, self.cache, [r.slot for r in running], feed)
+                logits = self._decode_step([r.slot for r in running], feed)
                 still = []
                 for r, t in zip(running, logits.argmax(-1).tolist()):
                     r.tokens.append(t)
@@ -459,6 +483,12 @@ class Engine:
             self._release(tick)
             raise TickFailed(events) from e
         return events
+
+    def _decode_step(self, slots: list[int], feed: torch.Tensor) -> torch.Tensor:
+        """One batched decode step (`EngineConfig.decode_step`): logits [len(slots), vocab]."""
+        if self._static is not None:
+            return self._static(slots, feed)
+        return decode_step(self.asr.decoder, self.cache, slots, feed)
 
     def _release(self, tick: dict[str, StreamSession]) -> None:
         """After a failed tick: its passes in flight never reached finish_job, so their sessions stay
