@@ -6,7 +6,9 @@ For each size (the tiny test dims and the real 0.6B dims):
   on every update (what the official streaming loop does); and the cost of the stream's last
   update alone both ways (bounded by one window vs growing with the stream);
 - prefill tokens/s for a prompt of the clip's length (audio tokens + chat template), batch 1;
-- decode tokens/s at batch 1, 8 and 32 (one token per sequence per step, KV cache).
+- decode tokens/s at batch 1, 8 and 32 (one token per sequence per step, KV cache); on CUDA at
+  batch 1 to 256 for the 0.6B dims, and the same steps through the static padded step with its CUDA
+  graphs replayed (`decode_graphs_batch{B}_ms_per_step`, what `--decode-step graphs` serves with).
 
 Prints one JSON object. Timings are the fastest of a few repeats; the CPU figures use the threads
 torch is given (torch.get_num_threads()).
@@ -25,6 +27,7 @@ from harken.cloud.model.config import AudioEncoderConfig, Qwen3ASRConfig, TextDe
 from harken.cloud.model.decoder import Qwen3Decoder, decode_step, prefill
 from harken.cloud.model.encoder import AudioEncoder, IncrementalEncoder, num_audio_tokens
 from harken.cloud.model.kv_cache import KVCache
+from harken.cloud.model.static_decode import StaticDecodeStep
 
 PROMPT_TEXT_TOKENS = 15  # chat-template tokens around the audio, no context
 
@@ -41,15 +44,18 @@ class BenchPlan:
     repeats: int = 3
 
 
-def plans(device: torch.device, real_dims: bool, tiny_only: bool) -> list[BenchPlan]:
+def plans(device: torch.device, real_dims: bool, tiny_only: bool, quick: bool = False) -> list[BenchPlan]:
     gpu = device.type == "cuda"
     tiny = BenchPlan("tiny", Qwen3ASRConfig.tiny(), audio_s=30.0, stream_s=30.0, decode_steps=32,
                      context_tokens=128)
+    if quick:  # a smoke run in seconds (deploy/device/bench.sh at toy size): every figure, few samples
+        tiny = BenchPlan("tiny", Qwen3ASRConfig.tiny(), audio_s=3.0, stream_s=10.0, decode_steps=2,
+                         context_tokens=16, batches=(1, 4), repeats=1)
     # released 0.6B dims (config.py defaults); on a CPU a few seconds of audio and a few tokens
     real = BenchPlan("qwen3-asr-0.6b", Qwen3ASRConfig(audio=AudioEncoderConfig(), text=TextDecoderConfig()),
                      audio_s=30.0 if gpu else 3.0, stream_s=30.0 if gpu else 10.0,
                      decode_steps=32 if gpu else 3, context_tokens=256 if gpu else 64,
-                     repeats=3 if gpu else 1)
+                     batches=(1, 8, 32, 64, 128, 256) if gpu else (1, 8, 32), repeats=3 if gpu else 1)
     if tiny_only:
         return [tiny]
     if real_dims:
@@ -137,7 +143,8 @@ def bench_decoder(plan: BenchPlan, device: torch.device, dtype: torch.dtype) -> 
     # prefill: one prompt the length of the clip's prompt
     prompt_len = num_audio_tokens(int(plan.audio_s * 100)) + PROMPT_TEXT_TOKENS
     prompt = (torch.randn(prompt_len, hidden, generator=g) * 0.02).to(device=device, dtype=dtype)
-    cache = KVCache.for_config(cfg, max_slots=max(plan.batches), max_len=max(prompt_len, plan.context_tokens
+    graphs = device.type == "cuda"
+    cache = KVCache.for_config(cfg, max_slots=max(plan.batches) + graphs, max_len=max(prompt_len, plan.context_tokens
                                                                             + plan.decode_steps + 1),
                                dtype=dtype, device=device)
 
@@ -149,6 +156,7 @@ def bench_decoder(plan: BenchPlan, device: torch.device, dtype: torch.dtype) -> 
     prefill_s = _best_seconds(run_prefill, device, plan.repeats)
     out = {"prefill_tokens": prompt_len, "prefill_tokens_per_s": round(prompt_len / prefill_s, 1)}
 
+    static = StaticDecodeStep(dec, cache, max_batch=max(plan.batches), cuda_graphs=True) if graphs else None
     context = (torch.randn(plan.context_tokens, hidden, generator=g) * 0.02).to(device=device, dtype=dtype)
     for batch in plan.batches:
         slots = [cache.allocate() for _ in range(batch)]
@@ -166,6 +174,16 @@ def bench_decoder(plan: BenchPlan, device: torch.device, dtype: torch.dtype) -> 
         t = _best_seconds(steps, device, plan.repeats)
         out[f"decode_batch{batch}_tokens_per_s"] = round(batch * plan.decode_steps / t, 1)
         out[f"decode_batch{batch}_ms_per_step"] = round(1000.0 * t / plan.decode_steps, 3)
+        if static is not None:
+            def graph_steps(step=static):
+                for s in slots:
+                    cache.truncate(s, plan.context_tokens)
+                nxt = tokens
+                for _ in range(plan.decode_steps):
+                    nxt = step(slots, nxt).argmax(-1)
+
+            t = _best_seconds(graph_steps, device, plan.repeats)  # the first call captures
+            out[f"decode_graphs_batch{batch}_ms_per_step"] = round(1000.0 * t / plan.decode_steps, 3)
         for s in slots:
             cache.free(s)
     out["decode_context_tokens"] = plan.context_tokens
@@ -174,7 +192,7 @@ def bench_decoder(plan: BenchPlan, device: torch.device, dtype: torch.dtype) -> 
 
 
 def bench_model(real_dims: bool = False, tiny_only: bool = False, device: str | None = None,
-                dtype: str | None = None, threads: int | None = None) -> dict:
+                dtype: str | None = None, threads: int | None = None, quick: bool = False) -> dict:
     if threads:
         # on a shared, oversubscribed CPU the OpenMP barriers of a multi-threaded small-M matmul
         # cost more than the matmul itself (2 threads: ~24 ms for [8,1024]x[1024,3072], 1: ~3 ms)
@@ -187,9 +205,10 @@ def bench_model(real_dims: bool = False, tiny_only: bool = False, device: str | 
         "dtype": str(dt).removeprefix("torch."),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "cuda": torch.version.cuda,
         "models": models,
     }
-    for plan in plans(dev, real_dims, tiny_only):
+    for plan in plans(dev, real_dims, tiny_only, quick):
         torch.manual_seed(0)
         entry = {"encoder": bench_encoder(plan, dev, dt), "decoder": bench_decoder(plan, dev, dt)}
         models[plan.name] = entry
@@ -197,7 +216,7 @@ def bench_model(real_dims: bool = False, tiny_only: bool = False, device: str | 
 
 
 def bench_model_command(real_dims: bool = False, tiny_only: bool = False, device: str | None = None,
-                        dtype: str | None = None, threads: int | None = None) -> int:
-    print(json.dumps(bench_model(real_dims, tiny_only, device, dtype, threads)))
+                        dtype: str | None = None, threads: int | None = None, quick: bool = False) -> int:
+    print(json.dumps(bench_model(real_dims, tiny_only, device, dtype, threads, quick)))
     return 0
 

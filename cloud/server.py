@@ -73,6 +73,7 @@ class ServerOptions:
     decode_threads: int = 2  # codec decoding and the thin clients' front end
     policy: CommitPolicy = field(default_factory=CommitPolicy)  # every session's commit policy
     decoder: str = "own"  # "vllm": the text decoder on vLLM (cloud/vllm_decoder.py)
+    decode_step: str = "plain"  # the own engine's decode step: plain, static or graphs (EngineConfig)
     # the OpenAI-compatible file API on the HTTP port (cloud/openai_api.py): upload and audio limits,
     # and the lane of whole-file requests beside the live streams
     max_upload_bytes: int = 25 * 1024 * 1024
@@ -288,7 +289,8 @@ async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = t
     engine_failed = asyncio.Event()
     engine = engine_class(options.decoder)(
         asr, EngineConfig(max_sessions=options.max_sessions, max_batch=options.max_batch,
-                          max_queued_frames=options.max_queued_frames, slot_policy=options.policy),
+                          max_queued_frames=options.max_queued_frames, slot_policy=options.policy,
+                          decode_step=options.decode_step),
         _EngineMetrics(metrics, on_failure=lambda: loop.call_soon_threadsafe(engine_failed.set)))
     scheduler = Scheduler(engine)
     await scheduler.start()

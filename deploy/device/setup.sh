@@ -1,4 +1,4 @@
-# Sourced by deploy/device/train.sh (and bench.sh): unpack what `make device-carry` gathered
+# Sourced by deploy/device/train.sh and bench.sh: unpack what `make device-carry` gathered
 # (deploy/device/carry.sh) into $PREFIX and export what the training path needs from it:
 #   PY                 the device image's Python (/opt/torch/.venv/bin/python, else python3)
 #   PATH               an espeak-ng wrapper first: the carried binary with its own libraries and
@@ -20,7 +20,8 @@ for d in edge cloud shared proto bench; do
   [ -e "harken/$d" ] || ln -sfn "../$d" "harken/$d"
 done
 
-if [ ! -x "$PREFIX/bin/espeak-ng" ]; then
+# each part only where the carry has it: `make bench-device` needs none of them (an empty CARRY_DIR)
+if [ ! -x "$PREFIX/bin/espeak-ng" ] && ls "$CARRY"/debs/*.deb >/dev/null 2>&1; then
   for deb in "$CARRY"/debs/*.deb; do
     if command -v dpkg >/dev/null; then dpkg -x "$deb" "$PREFIX/root"; else "$PY" deploy/device/unpack.py deb "$deb" "$PREFIX/root"; fi
   done
@@ -37,7 +38,9 @@ wheel_tag=$(ls "$CARRY"/wheels/*-cp3*-cp3*.whl 2>/dev/null | head -1 | sed -E 's
 py_tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 if [ -z "$wheel_tag" ] || [ "$wheel_tag" = "$py_tag" ]; then
   if [ ! -f "$PREFIX/site/.done" ]; then
-    for whl in "$CARRY"/wheels/*.whl; do "$PY" deploy/device/unpack.py wheel "$whl" "$PREFIX/site"; done
+    for whl in "$CARRY"/wheels/*.whl; do
+      if [ -e "$whl" ]; then "$PY" deploy/device/unpack.py wheel "$whl" "$PREFIX/site"; fi
+    done
     touch "$PREFIX/site/.done"
   fi
   export PYTHONPATH="$REPO:$PREFIX/site${PYTHONPATH:+:$PYTHONPATH}"
@@ -46,5 +49,5 @@ else
   export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
-if [ ! -f "$PREFIX/texts/kjv.txt" ]; then tar -C "$PREFIX/texts" -xJf "$CARRY/texts.tar.xz"; fi
+if [ ! -f "$PREFIX/texts/kjv.txt" ] && [ -f "$CARRY/texts.tar.xz" ]; then tar -C "$PREFIX/texts" -xJf "$CARRY/texts.tar.xz"; fi
 export HARKEN_TEXT_DIR="$PREFIX/texts"

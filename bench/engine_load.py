@@ -1,0 +1,507 @@
+"""`harken bench engine-load`: how many live streams one engine serves, paced in real time.
+
+The serving engine (cloud/engine.py) driven directly — no gRPC, no client processes, whose own
+edge work would bound the figure on a 16-core machine before the GPU does. One model (by default
+random weights with the released Qwen3-ASR-0.6B dimensions, bf16 on CUDA), one engine whose KV
+cache holds the largest level's sessions, and a ladder of levels N = 1, 8, 16, 64, 128, 256, 512
+(then 1.5x more while the p95 holds and the cache has room). In each level:
+
+- N streams are the bundled sample's features (harken/data/sample.wav: log-mel and its VAD
+  segments, computed once; the edge's packets precomputed as decoded frames, so the codec's
+  decoding is not in the figures), tiled to `seconds`; stream i starts i/N into the sample and
+  i/N of an update interval after the level's start, so the streams are not in lock step.
+- A feeder thread hands every stream its 200-ms packets (speech only, as the edge sends them) when
+  their last frame would have been captured: real time. The main thread steps the engine whenever
+  it has work, as the server's scheduler does.
+- After the last packet the engine gets `drain_s` to finish; sessions still owed work then are
+  `undrained` (the engine fell behind).
+
+Figures of a level (ms, over the events of all streams; `sent(t)`: when the packet holding stream
+time t was ingested):
+  p50/p95_update_ms         arrival of a non-final event - sent(event.end_s)
+  p50/p95_first_partial_ms  a segment's first event: arrival - sent(event.end_s) (the wait for its
+                            first update's audio, one update interval, is not in it)
+  p50_first_partial_from_onset_ms   the same from sent(segment onset): what a user waits
+  p50/p95_final_ms          a final event: arrival - sent(event.end_s)
+  busy_fraction             the engine's busy wall time in `step` / the level's wall time
+  gpu_s_per_stream_hour     busy seconds per stream-hour of audio served at this N
+  batching_gain             (busy s per stream-second at N = 1) / (the same at N)
+  sessions_per_tick         mean sessions served per engine tick (the batch the GPU sees)
+  peak_mib, mib_per_stream  peak device memory during the level; (the KV slot + the level's peak
+                            above the idle engine / N) per stream (CUDA only)
+  feeder_max_lag_ms         the latest a packet was ingested after its due time (the driver kept up)
+  ok                        p95 update <= target (300 ms), nothing undrained, feeder lag < 100 ms
+Top level: max_streams_ok (the largest N that was ok), gpu_s_per_stream_hour_at_max (3600 / that
+N: the GPU's cost per stream-hour when full), and `cut`: levels not run and why (time budget,
+an earlier level failing, the KV cache's capacity).
+
+A hard time budget (`time_budget_s`) bounds the ladder: a level that would not finish inside it
+is not started (stated in `cut`). Writes `engine-load.json` and `engine-load.png` (streams vs p95
+update latency) into `out_dir` when given, and prints the JSON.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from harken.shared.errors import HarkenError
+from harken.shared.features_spec import FRAMES_PER_SECOND
+
+DEFAULT_LEVELS = (1, 8, 16, 64, 128, 256, 512)
+TARGET_P95_MS = 300.0
+MAX_FEEDER_LAG_MS = 100.0
+GROW = 1.5  # past the listed levels, N grows by this factor while it holds
+
+
+@dataclass(frozen=True)
+class EngineLoadOptions:
+    levels: tuple[int, ...] = DEFAULT_LEVELS
+    more: bool = True  # past the listed levels while the p95 holds and the cache has room
+    keep_going: bool = False  # run the listed levels after one that did not hold (default: cut them)
+    seconds: float = 12.0  # audio per stream per level
+    model: str = "real-dims"  # "real-dims" (random weights, 0.6B dims) or a checkpoint (--model)
+    device: str | None = None
+    dtype: str | None = None
+    decode_step: str | None = None  # plain / static / graphs (default: graphs on CUDA, plain on CPU)
+    max_batch: int = 256
+    update_interval_s: float = 1.0  # the server default
+    drain_s: float = 3.0
+    target_p95_ms: float = TARGET_P95_MS
+    time_budget_s: float = 150.0  # the whole run, model and warm-up included
+    memory_headroom_gib: float = 8.0  # device memory left free when sizing the KV cache (CUDA)
+    max_streams: int = 2048  # never more sessions than this, whatever fits
+    threads: int | None = None  # torch CPU threads (CPU only)
+    out_dir: str | None = None
+
+
+# --- input ----------------------------------------------------------------------------------------
+
+def sample_features() -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """bench/stream.py's input (the bundled sample: raw log10-mel and its VAD segments in frames),
+    read with the standard library's wave module where soundfile is missing (the device image)."""
+    try:
+        import soundfile  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        from harken.bench.stream import sample_features as with_soundfile
+
+        return with_soundfile()
+    import wave
+    from importlib.resources import files
+
+    from harken.edge.features import log_mel_raw
+    from harken.edge.vad import get_speech_timestamps
+
+    with wave.open(str(files("harken") / "data" / "sample.wav"), "rb") as w:
+        if w.getsampwidth() != 2 or w.getframerate() != 16_000:
+            raise HarkenError("sample.wav: expected 16-bit PCM at 16 kHz")
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").reshape(-1, w.getnchannels())
+    audio = np.ascontiguousarray((pcm.astype(np.float32) / 32768.0).mean(axis=1, dtype=np.float32))
+    raw = log_mel_raw(audio)
+    hop = 16_000 // FRAMES_PER_SECOND
+    segments = [(s.start_sample // hop, min(raw.shape[1], -(-s.end_sample // hop)))
+                for s in get_speech_timestamps(audio)]
+    return raw, segments
+
+
+@dataclass
+class Packet:
+    due: float  # seconds after the level's start
+    stream: int
+    args: tuple  # Engine.ingest's (segment_id, first_frame, frames, segment_start, segment_end)
+    stop_frame: int
+
+
+def level_packets(raw: np.ndarray, segments: list[tuple[int, int]], n: int, seconds: float,
+                  stagger_s: float) -> list[Packet]:
+    """Every packet of n streams, in due order."""
+    from harken.bench.stream import PACKET_FRAMES, packets_between, tiled_stream
+
+    frames = int(round(seconds * FRAMES_PER_SECOND))
+    period = raw.shape[1]
+    out = []
+    for i in range(n):
+        stream = tiled_stream(raw, segments, frames, offset=i * period // n)
+        delay = stagger_s * i / n
+        for seg, a, b, start, end in packets_between(stream, 0, frames):
+            # the edge sends a packet when its 20-frame slot is complete (the segment's end sooner)
+            due = delay + min(-(-b // PACKET_FRAMES) * PACKET_FRAMES, frames) / FRAMES_PER_SECOND
+            if end:
+                due = delay + b / FRAMES_PER_SECOND
+            out.append(Packet(due, i, (seg, a, stream.log10_mel[:, a:b], start, end), b))
+    out.sort(key=lambda p: p.due)
+    return out
+
+
+# --- one level ------------------------------------------------------------------------------------
+
+@dataclass
+class LevelRun:
+    streams: int
+    wall_s: float = 0.0
+    busy_s: float = 0.0
+    ticks: int = 0
+    sessions_served: int = 0
+    update_ms: list[float] = field(default_factory=list)
+    final_ms: list[float] = field(default_factory=list)
+    first_ms: list[float] = field(default_factory=list)
+    first_onset_ms: list[float] = field(default_factory=list)
+    feeder_max_lag_ms: float = 0.0
+    undrained: int = 0
+    decoded_tokens: int = 0
+    peak_mib: float | None = None
+    above_idle_mib: float | None = None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_level(engine, packets: list[Packet], n: int, seconds: float, drain_s: float,
+              language: str | None) -> LevelRun:
+    """One level on `engine` (no sessions open): feed in real time, step, collect latencies."""
+    from harken.cloud.stream_session import SessionOptions
+
+    device = engine.asr.device
+    policy = engine.config.slot_policy
+    sids = [engine.open_session(SessionOptions(language=language, policy=policy)) for _ in range(n)]
+    index = {sid: i for i, sid in enumerate(sids)}
+    sent_stop: list[list[int]] = [[] for _ in range(n)]  # per stream: stop frames ingested, in order
+    sent_at: list[list[float]] = [[] for _ in range(n)]  # ... and when
+    onsets: list[dict[int, float]] = [{} for _ in range(n)]  # segment id -> when its first packet went in
+    run = LevelRun(n)
+    lock = threading.Lock()
+    done = threading.Event()
+    busy0, tokens0 = engine.busy_s, engine.decoded_tokens
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        idle = torch.cuda.memory_allocated(device)
+    t0 = time.perf_counter() + 0.05
+
+    def feed():
+        try:
+            for p in packets:
+                wait = t0 + p.due - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+                engine.ingest(sids[p.stream], *p.args)
+                now = time.perf_counter()
+                with lock:
+                    run.feeder_max_lag_ms = max(run.feeder_max_lag_ms, (now - t0 - p.due) * 1000)
+                    sent_stop[p.stream].append(p.stop_frame)
+                    sent_at[p.stream].append(now)
+                    if p.args[3]:
+                        onsets[p.stream][p.args[0]] = now
+        finally:
+            done.set()
+
+    def sent(i: int, t_s: float) -> float:
+        frame = int(round(t_s * FRAMES_PER_SECOND))
+        with lock:
+            k = bisect.bisect_left(sent_stop[i], frame)
+            return sent_at[i][min(k, len(sent_at[i]) - 1)]
+
+    feeder = threading.Thread(target=feed, name="engine-load-feeder", daemon=True)
+    seen: set[tuple[int, int]] = set()
+    feeder.start()
+    deadline = None
+    while True:
+        if done.is_set() and deadline is None:
+            deadline = time.perf_counter() + drain_s
+        if deadline is not None and (time.perf_counter() > deadline or not engine.has_work()):
+            if not engine.has_work():
+                break
+            run.undrained = sum(1 for sid in sids if engine.working_on(sid))
+            break
+        if not engine.has_work():
+            time.sleep(0.0005)
+            continue
+        events = engine.step()
+        now = time.perf_counter()
+        run.ticks += 1
+        for sid, e in events:
+            i = index[sid]
+            ms = (now - sent(i, e.end_s)) * 1000
+            (run.final_ms if e.is_final else run.update_ms).append(ms)
+            if (i, e.segment_id) not in seen:
+                seen.add((i, e.segment_id))
+                run.first_ms.append(ms)
+                onset = onsets[i].get(e.segment_id)
+                if onset is not None:
+                    run.first_onset_ms.append((now - onset) * 1000)
+    feeder.join()
+    run.wall_s = time.perf_counter() - t0
+    run.busy_s = engine.busy_s - busy0
+    run.decoded_tokens = engine.decoded_tokens - tokens0
+    if device.type == "cuda":
+        run.peak_mib = torch.cuda.max_memory_allocated(device) / 2**20
+        run.above_idle_mib = (torch.cuda.max_memory_allocated(device) - idle) / 2**20
+    for sid in sids:
+        engine.close_session(sid)
+    while engine.has_work():  # sessions closed mid-pass finish it (their slots come back)
+        engine.step()
+    return run
+
+
+class _TickCounter:
+    """EngineObserver: sessions per tick."""
+
+    def __init__(self):
+        self.ticks = 0
+        self.sessions = 0
+
+    def tick(self, sessions: int) -> None:
+        self.ticks += 1
+        self.sessions += sessions
+
+    def truncated(self, reason: str) -> None:
+        pass
+
+    def failed(self, error: BaseException) -> None:
+        pass
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 1) if values else None
+
+
+# --- the ladder -----------------------------------------------------------------------------------
+
+def load_model(opts: EngineLoadOptions):
+    from harken.bench.stream import StreamBenchOptions
+    from harken.bench.stream import load_model as stream_model
+
+    real = opts.model == "real-dims"
+    return stream_model(StreamBenchOptions(model="tiny" if real else opts.model, real_dims=real,
+                                           device=opts.device, dtype=opts.dtype))
+
+
+def kv_slot_bytes(asr, slot_len: int) -> int:
+    t = asr.config.text
+    return 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * slot_len * asr.dtype.itemsize
+
+
+def run_info(device: torch.device) -> dict:
+    info: dict = {"torch": torch.__version__, "cuda": torch.version.cuda, "device_kind": device.type}
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        info.update(gpu=p.name, gpu_memory_gib=round(p.total_memory / 2**30, 1), multiprocessors=p.multi_processor_count)
+    else:
+        info.update(gpu=None, cpu_threads=torch.get_num_threads())
+    return info
+
+
+def bench_engine_load(opts: EngineLoadOptions) -> dict:
+    if opts.seconds <= 0 or not opts.levels or min(opts.levels) < 1 or opts.max_batch < 1:
+        raise HarkenError("--seconds must be > 0, --streams a list of N >= 1, --max-batch >= 1")
+    threads = torch.get_num_threads()
+    try:
+        return _bench(opts)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _bench(opts: EngineLoadOptions) -> dict:
+    from harken.cloud.commit import CommitPolicy
+    from harken.cloud.engine import Engine, EngineConfig, slot_tokens
+
+    wall0 = time.perf_counter()
+    asr = load_model(opts)
+    dev = asr.device
+    if dev.type == "cpu" and opts.threads:
+        torch.set_num_threads(opts.threads)
+    decode = opts.decode_step or ("graphs" if dev.type == "cuda" else "plain")
+    policy = CommitPolicy(update_interval_s=opts.update_interval_s)
+    slot_len = slot_tokens(policy)
+    slot_bytes = kv_slot_bytes(asr, slot_len)
+    wanted = sorted(set(opts.levels))
+    capacity = min(opts.max_streams, max(wanted))  # on a CPU: the listed levels only
+    if dev.type == "cuda":
+        capacity = opts.max_streams
+        _sync(dev)
+        free, _ = torch.cuda.mem_get_info(dev)
+        capacity = min(capacity, int((free - opts.memory_headroom_gib * 2**30) // slot_bytes) - 1)
+    if capacity < 1:
+        raise HarkenError(f"no room for one KV slot of {slot_bytes / 2**20:.0f} MiB")
+    top = max(wanted)
+    if opts.more:
+        top = max(top, min(capacity, opts.max_streams))
+    sessions = max(1, min(top, capacity))
+    ticks = _TickCounter()
+    engine = Engine(asr, EngineConfig(max_sessions=sessions, max_batch=min(opts.max_batch, sessions),
+                                      max_queued_frames=10**9, slot_policy=policy, decode_step=decode),
+                    observer=ticks)
+    language = "English" if asr.describe()["kind"] in ("tiny", "tiny-untied") else None
+    raw, segments = sample_features()
+    result: dict = {
+        "bench": "engine-load", **run_info(dev),
+        "model": "random-0.6b-dims" if opts.model == "real-dims" else opts.model,
+        "dtype": str(asr.dtype).removeprefix("torch."), "decode_step": decode,
+        "max_batch": engine.config.max_batch, "update_interval_s": opts.update_interval_s,
+        "seconds_per_level": opts.seconds, "drain_s": opts.drain_s, "target_p95_update_ms": opts.target_p95_ms,
+        "input": "harken/data/sample.wav's log-mel and VAD segments, tiled; packets as decoded frames",
+        "kv_slot_tokens": slot_len, "kv_mib_per_stream": round(slot_bytes / 2**20, 2),
+        "kv_capacity_streams": capacity, "engine_sessions": sessions,
+    }
+
+    # warm-up, untimed: kernels, the allocator, every CUDA graph bucket
+    t = time.perf_counter()
+    if engine._static is not None and engine._static.cuda_graphs:
+        engine._static.capture_all()
+    result["graph_capture_s"] = round(time.perf_counter() - t, 2)
+    t = time.perf_counter()
+    warm_n = min(sessions, engine.config.max_batch, 64)
+    warm_s = min(3.0, opts.seconds)
+    warm_packets = level_packets(raw, segments, warm_n, warm_s, 0.0)
+    for p in warm_packets:
+        p.due = 0.0  # all at once: the warm-up is not paced
+    run_level(engine, warm_packets, warm_n, warm_s, drain_s=60.0, language=language)
+    result["warmup_s"] = round(time.perf_counter() - t, 2)
+
+    levels: list[dict] = []
+    cut: list[dict] = []
+    queue = [n for n in wanted if n <= sessions]
+    cut += [{"streams": n, "why": f"over the KV cache's capacity ({capacity} streams)"} for n in wanted if n > sessions]
+    base = None  # busy s per stream-second at the smallest level
+    failed_at = None
+    while queue:
+        n = queue.pop(0)
+        if failed_at is not None and not opts.keep_going:
+            cut.append({"streams": n, "why": f"N = {failed_at} did not hold"})
+            continue
+        need = opts.seconds + 1.0 + opts.drain_s + 2.0
+        if time.perf_counter() - wall0 + need > opts.time_budget_s:
+            cut.append({"streams": n, "why": f"the time budget ({opts.time_budget_s:.0f} s)"})
+            continue
+        packets = level_packets(raw, segments, n, opts.seconds, stagger_s=opts.update_interval_s)
+        ticks.ticks = ticks.sessions = 0
+        run = run_level(engine, packets, n, opts.seconds, opts.drain_s, language)
+        per_stream_s = run.busy_s / (n * opts.seconds)
+        if base is None and n == min(wanted):
+            base = per_stream_s
+        p95 = _pct(run.update_ms, 95)
+        ok = (p95 is not None and p95 <= opts.target_p95_ms and run.undrained == 0
+              and run.feeder_max_lag_ms < MAX_FEEDER_LAG_MS)
+        level = {
+            "streams": n, "ok": ok,
+            "p50_update_ms": _pct(run.update_ms, 50), "p95_update_ms": p95,
+            "p50_first_partial_ms": _pct(run.first_ms, 50), "p95_first_partial_ms": _pct(run.first_ms, 95),
+            "p50_first_partial_from_onset_ms": _pct(run.first_onset_ms, 50),
+            "p50_final_ms": _pct(run.final_ms, 50), "p95_final_ms": _pct(run.final_ms, 95),
+            "updates": len(run.update_ms), "finals": len(run.final_ms),
+            "undrained": run.undrained, "feeder_max_lag_ms": round(run.feeder_max_lag_ms, 1),
+            "busy_fraction": round(run.busy_s / run.wall_s, 3) if run.wall_s else None,
+            "gpu_s_per_stream_hour": round(per_stream_s * 3600, 1),
+            "batching_gain": round(base / per_stream_s, 2) if base and per_stream_s else None,
+            "ticks": ticks.ticks, "sessions_per_tick": round(ticks.sessions / ticks.ticks, 1) if ticks.ticks else None,
+            "decode_tokens_per_stream_s": round(run.decoded_tokens / (n * opts.seconds), 2),
+            "peak_mib": None if run.peak_mib is None else round(run.peak_mib),
+            "mib_per_stream": (None if run.above_idle_mib is None
+                               else round(slot_bytes / 2**20 + run.above_idle_mib / n, 1)),
+            "wall_s": round(run.wall_s, 1),
+        }
+        levels.append(level)
+        print(f"engine-load: N = {n}: p95 update {p95} ms, busy {level['busy_fraction']}, "
+              f"{'ok' if ok else 'NOT ok'}", flush=True)
+        if not ok:
+            failed_at = failed_at or n
+        elif opts.more and failed_at is None and not queue and n < sessions:
+            queue.append(min(sessions, max(n + 1, int(n * GROW))))
+    ok_levels = [lv["streams"] for lv in levels if lv["ok"]]
+    best = max(ok_levels) if ok_levels else None
+    result.update({
+        "levels": levels, "cut": cut,
+        "max_streams_ok": best,
+        "gpu_s_per_stream_hour_at_max": round(3600 / best, 2) if best else None,
+        "bench_wall_s": round(time.perf_counter() - wall0, 1),
+    })
+    if opts.out_dir:
+        out = Path(opts.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "engine-load.json").write_text(json.dumps(result, indent=1) + "\n")
+        result["plot"] = plot(result, out / "engine-load.png")
+    return result
+
+
+# --- the plot -------------------------------------------------------------------------------------
+
+def plot(result: dict, path: Path) -> str:
+    """streams (log scale) vs p50/p95 update latency, the target as a line. matplotlib where it is
+    installed (the device image has it); otherwise a plain raster written here (no text). Returns
+    what drew it."""
+    levels = [lv for lv in result["levels"] if lv["p95_update_ms"] is not None]
+    xs = [lv["streams"] for lv in levels]
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        _raster_plot(xs, [lv["p95_update_ms"] for lv in levels], result["target_p95_update_ms"], path)
+        return "raster"
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    ax.plot(xs, [lv["p95_update_ms"] for lv in levels], "o-", label="p95 update")
+    ax.plot(xs, [lv["p50_update_ms"] for lv in levels], "s--", label="p50 update", alpha=0.7)
+    ax.axhline(result["target_p95_update_ms"], color="red", lw=1, label=f"target {result['target_p95_update_ms']:.0f} ms")
+    if xs:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.minorticks_off()
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("concurrent real-time streams")
+    ax.set_ylabel("update latency, ms")
+    ax.set_title(f"harken engine-load: {result['model']}, {result['dtype']}, {result.get('gpu') or 'cpu'}",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return "matplotlib"
+
+
+def _raster_plot(xs: list[int], ys: list[float], target: float, path: Path, w: int = 640, h: int = 400) -> None:
+    import zlib
+
+    img = np.full((h, w, 3), 255, np.uint8)
+    m = 40
+    img[h - m, m:w - m] = img[m:h - m, m] = 0  # axes
+    if xs:
+        lx = np.log2(np.array(xs, float))
+        x0, x1 = lx.min(), max(lx.max(), lx.min() + 1)
+        ymax = max(max(ys), target) * 1.15
+
+        def px(x, y):
+            return int(m + (x - x0) / (x1 - x0) * (w - 2 * m - 1)), int(h - m - y / ymax * (h - 2 * m - 1))
+
+        img[px(x0, target)[1], m:w - m] = (220, 0, 0)
+        pts = [px(a, b) for a, b in zip(lx, ys)]
+        for (ax_, ay), (bx, by) in zip(pts, pts[1:]):
+            for s in np.linspace(0, 1, max(abs(bx - ax_), abs(by - ay)) + 1):
+                img[int(ay + s * (by - ay)), int(ax_ + s * (bx - ax_))] = (0, 70, 200)
+        for x, y in pts:
+            img[max(y - 3, 0):y + 4, max(x - 3, 0):x + 4] = (0, 70, 200)
+    raw = b"".join(b"\0" + img[r].tobytes() for r in range(h))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+
+    ihdr = w.to_bytes(4, "big") + h.to_bytes(4, "big") + bytes([8, 2, 0, 0, 0])
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw, 6))
+                     + chunk(b"IEND", b""))
+
+
+def bench_engine_load_command(opts: EngineLoadOptions) -> int:
+    print(json.dumps(bench_engine_load(opts)))
+    return 0

@@ -1,0 +1,73 @@
+"""`make bench-device` (deploy/device/bench.sh), the command a lent GPU runs, exercised here on the CPU
+at toy size so that it cannot rot before a GPU comes: the CPU variant of one CUDA test, the model
+bench and two levels of the engine-load bench run through the same script, with nothing carried
+(the device image has what it needs), and the JSON and the plot come back in $OUT."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+from harken.bench.engine_load import _raster_plot
+from harken.cloud.synth import state as warm
+
+ROOT = Path(__file__).resolve().parents[1]
+CARRY_LIMIT = 60 * 2**20  # the device takes 64 MiB of working tree; keep a margin
+
+
+def test_bench_device_runs_at_toy_size(tmp_path):
+    out = tmp_path / "out"
+    run = subprocess.run(["bash", "deploy/device/bench.sh"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PY": sys.executable, "TOY": "1", "OUT": str(out),
+                              "PREFIX": str(tmp_path / "prefix"), "CARRY": str(tmp_path / "nothing-carried")})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert {"bench-device.json", "engine-load.png", "device.txt", "test-gpu.log", "bench.log"} <= {
+        p.name for p in out.iterdir()}
+    assert len(list(out.iterdir())) <= 8  # what the device tool brings back
+    assert (out / "engine-load.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "torch:" in (out / "device.txt").read_text()  # what it ran on
+    result = json.loads((out / "bench-device.json").read_text())
+    assert {name: s["exit"] for name, s in result["steps"].items()} == {"test-gpu": 0, "bench-model": 0,
+                                                                        "engine-load": 0}
+    assert result["tests"]["passed"] and not result["tests"]["failed"]
+    assert result["model"]["models"]["tiny"]["decoder"]["decode_batch4_ms_per_step"] > 0
+    load = result["engine_load"]
+    assert [lv["streams"] for lv in load["levels"]] == [1, 2]
+    for key in ("gpu", "torch", "cuda", "kv_mib_per_stream", "kv_capacity_streams", "max_streams_ok",
+                "gpu_s_per_stream_hour_at_max", "cut", "decode_step", "graph_capture_s"):
+        assert key in load
+    for lv in load["levels"]:
+        for key in ("p50_update_ms", "p95_update_ms", "p50_first_partial_ms", "p95_first_partial_ms",
+                    "p50_final_ms", "busy_fraction", "gpu_s_per_stream_hour", "batching_gain",
+                    "sessions_per_tick", "mib_per_stream", "undrained", "feeder_max_lag_ms", "ok"):
+            assert key in lv
+        assert lv["updates"] > 0 and lv["p95_update_ms"] > 0
+    assert load["levels"][0]["batching_gain"] == 1.0
+    assert "N=    2" in run.stdout  # the summary
+
+
+def test_the_plot_without_matplotlib(tmp_path):
+    """The fallback raster (no matplotlib): a valid 640x400 RGB PNG."""
+    path = tmp_path / "p.png"
+    _raster_plot([1, 8, 64, 512], [40.0, 60.0, 150.0, 420.0], 300.0, path)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    assert int.from_bytes(data[16:20], "big") == 640 and int.from_bytes(data[20:24], "big") == 400
+    idat = data.index(b"IDAT")
+    n = int.from_bytes(data[idat - 4:idat], "big")
+    assert len(zlib.decompress(data[idat + 4:idat + 4 + n])) == 400 * (1 + 640 * 3)
+
+
+def test_the_tree_alone_fits_the_device_call():
+    """bench.sh needs nothing carried: the working tree (the warm-start state counted at its cap)
+    stays under 60 MiB of the 64 the device takes."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    files = [ROOT / p.decode() for p in listed if p]
+    tree = sum(p.stat().st_size for p in files if p.is_file() and not p.is_symlink())
+    ws_now = sum(p.stat().st_size for p in warm.WARMSTART_DIR.glob("*")) if warm.WARMSTART_DIR.exists() else 0
+    assert tree - ws_now + warm.MAX_BYTES < CARRY_LIMIT, f"tree {tree / 2**20:.1f} MiB"
