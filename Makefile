@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
 .PHONY: demo test typecheck test-gpu bench proto sysdeps venv clean web setup-vllm test-vllm \
-	train train-device device-carry pack-state
+	train train-device device-carry pack-state bench-device
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -121,6 +121,14 @@ device-carry: $(STAMP) sysdeps
 
 train-device:
 	bash deploy/device/train.sh
+
+# The serving figures on a lent GPU (issue 29): the session's device run call runs `make bench-device`
+# (= bash deploy/device/bench.sh) there with nothing carried, in about 4 minutes: the CUDA tests
+# (tests/test_gpu.py -m gpu), `harken bench model --real-dims --device cuda` and `harken bench
+# engine-load --device cuda`; bench-device.json and engine-load.png come back in $$OUT.
+# tests/test_device_bench.py runs the same script on the CPU at toy size.
+bench-device:
+	bash deploy/device/bench.sh
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .mypy_cache $(WEB)/node_modules $(WEB)/dist

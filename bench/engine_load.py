@@ -66,7 +66,7 @@ class EngineLoadOptions:
     levels: tuple[int, ...] = DEFAULT_LEVELS
     more: bool = True  # past the listed levels while the p95 holds and the cache has room
     keep_going: bool = False  # run the listed levels after one that did not hold (default: cut them)
-    seconds: float = 12.0  # audio per stream per level
+    seconds: float = 10.0  # audio per stream per level
     model: str = "real-dims"  # "real-dims" (random weights, 0.6B dims) or a checkpoint (--model)
     device: str | None = None
     dtype: str | None = None

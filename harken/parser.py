@@ -367,7 +367,7 @@ def _bench_engine_load_parser(bsub: Subparsers) -> None:
                                                           "the p95 holds and the KV cache has room)")
     b.add_argument("--keep-going", action="store_true",
                    help="run the listed levels after one that did not hold (default: cut them)")
-    b.add_argument("--seconds", type=float, default=12.0, help="audio per stream per level (default 12)")
+    b.add_argument("--seconds", type=float, default=10.0, help="audio per stream per level (default 10)")
     b.add_argument("--model", default="real-dims",
                    help="real-dims (random weights, the 0.6B dims; default) or a checkpoint (tiny, a dir, a Hub id)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")

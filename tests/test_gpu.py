@@ -122,8 +122,6 @@ def test_bf16_within_tolerance_of_fp32(device, asr):
             assert torch.isfinite(audio).all() and torch.isfinite(logits).all()
             assert rel(audio, ref_audio) <= tol, (dtype, "encoder", rel(audio, ref_audio))
             assert rel(logits, ref) <= tol, (dtype, "logits", rel(logits, ref))
-            if dtype == torch.float32:
-                assert torch.equal(logits.argmax(-1).cpu(), ref.argmax(-1))
 
 
 # --- the decode step ------------------------------------------------------------------------------
@@ -152,6 +150,16 @@ def test_engine_decode_step_options_are_checked(talkative):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA"):
             Engine(talkative, EngineConfig(max_sessions=1, decode_step="graphs"))
+
+
+def test_static_step_buckets():
+    """The buckets `capture_all` captures: powers of two up to max_batch, key lengths from
+    min_kv_len doubling up to the cache's max_len."""
+    cfg = Qwen3ASRConfig.tiny().text
+    cache = KVCache.for_config(cfg, max_slots=8, max_len=934)
+    step = StaticDecodeStep(Qwen3Decoder(cfg).eval(), cache, max_batch=6)
+    assert step.buckets() == [(m, kv) for m in (1, 2, 4, 6) for kv in (256, 512, 934)]
+    assert step.capture_all() == 0  # no graphs on a CPU
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -9,12 +9,12 @@
 # if an earlier one failed; what a cap cut is said in the summary:
 #   1. the CUDA tests, tests/test_gpu.py -m gpu (`make test-gpu`'s; bf16 vs fp32, CUDA graphs ==
 #      eager, static == plain events, batched == alone, incremental == full encode, transcript on
-#      CUDA == on CPU)                                                        cap TESTS_S=60
+#      CUDA == on CPU)                                                        cap TESTS_S=50
 #   2. `harken bench model --real-dims --device cuda`: encoder, prefill, decode steps at batch 1 to
-#      256, plain and CUDA graphs                                              cap MODEL_S=45
+#      256, plain and CUDA graphs                                              cap MODEL_S=40
 #   3. `harken bench engine-load --device cuda`: the engine at the 0.6B dims (random bf16 weights),
-#      N = 1, 8, 16, 64, 128, 256, 512 (more while the p95 holds) live streams paced in real time
-#                                                                              cap LOAD_S=130
+#      N = 1, 8, 16, 64, 128, 256, 512 (more while the p95 holds) live streams paced in real time,
+#      10 s of audio each; every listed level runs even after one fails       cap LOAD_S=150
 # and writes to $OUT: bench-device.json (all of it: device, steps, tests, model, engine-load),
 # engine-load.png (streams vs p95 update latency), device.txt, test-gpu.log, bench.log.
 #
@@ -26,9 +26,9 @@ OUT=${OUT:-/tmp/harken-out}
 TOY=${TOY:-0}
 CARRY=${CARRY:-.device-carry}
 PREFIX=${PREFIX:-/tmp/harken-bench}  # not train.sh's: its wheels' marker must not be set by an empty carry
-TESTS_S=${TESTS_S:-60}
-MODEL_S=${MODEL_S:-45}
-LOAD_S=${LOAD_S:-130}
+TESTS_S=${TESTS_S:-50}
+MODEL_S=${MODEL_S:-40}
+LOAD_S=${LOAD_S:-150}
 mkdir -p "$OUT" "$PREFIX"
 OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d "$PREFIX/run.XXXX")
@@ -56,7 +56,7 @@ if [ "$TOY" = 1 ]; then
 else
   tests=(-m gpu tests/test_gpu.py)
   model=(--real-dims --device cuda)
-  load=(--device cuda --time-budget-s "$(( LOAD_S - 15 ))")
+  load=(--device cuda --seconds 10 --keep-going --time-budget-s "$(( LOAD_S - 12 ))")
 fi
 
 # step NAME CAP CMD...: run under `timeout`, record status and seconds in $WORK/steps.tsv; its
