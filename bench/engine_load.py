@@ -19,8 +19,9 @@ cache holds the largest level's sessions, and a ladder of levels N = 1, 8, 16, 6
 Figures of a level (ms, over the events of all streams; `sent(t)`: when the packet holding stream
 time t was ingested):
   p50/p95_update_ms         arrival of a non-final event - sent(event.end_s)
-  p50/p95_first_partial_ms  a segment's first event: arrival - sent(event.end_s) (the wait for its
-                            first update's audio, one update interval, is not in it)
+  p50/p95_first_partial_ms  a segment's first event, when it is a partial: arrival -
+                            sent(event.end_s) (the wait for its first update's audio, one update
+                            interval, is not in it; segments shorter than that have no partial)
   p50_first_partial_from_onset_ms   the same from sent(segment onset): what a user waits
   p50/p95_final_ms          a final event: arrival - sent(event.end_s)
   busy_fraction             the engine's busy wall time in `step` / the level's wall time
@@ -150,7 +151,6 @@ class LevelRun:
     wall_s: float = 0.0
     busy_s: float = 0.0
     ticks: int = 0
-    sessions_served: int = 0
     update_ms: list[float] = field(default_factory=list)
     final_ms: list[float] = field(default_factory=list)
     first_ms: list[float] = field(default_factory=list)
@@ -182,6 +182,7 @@ def run_level(engine, packets: list[Packet], n: int, seconds: float, drain_s: fl
     run = LevelRun(n)
     lock = threading.Lock()
     done = threading.Event()
+    feed_error: list[BaseException] = []
     busy0, tokens0 = engine.busy_s, engine.decoded_tokens
     if device.type == "cuda":
         _sync(device)
@@ -203,6 +204,8 @@ def run_level(engine, packets: list[Packet], n: int, seconds: float, drain_s: fl
                     sent_at[p.stream].append(now)
                     if p.args[3]:
                         onsets[p.stream][p.args[0]] = now
+        except BaseException as e:  # noqa: BLE001 - raised again in the engine's thread
+            feed_error.append(e)
         finally:
             done.set()
 
@@ -225,7 +228,7 @@ def run_level(engine, packets: list[Packet], n: int, seconds: float, drain_s: fl
             run.undrained = sum(1 for sid in sids if engine.working_on(sid))
             break
         if not engine.has_work():
-            time.sleep(0.0005)
+            time.sleep(0.001)
             continue
         events = engine.step()
         now = time.perf_counter()
@@ -236,11 +239,14 @@ def run_level(engine, packets: list[Packet], n: int, seconds: float, drain_s: fl
             (run.final_ms if e.is_final else run.update_ms).append(ms)
             if (i, e.segment_id) not in seen:
                 seen.add((i, e.segment_id))
-                run.first_ms.append(ms)
                 onset = onsets[i].get(e.segment_id)
-                if onset is not None:
-                    run.first_onset_ms.append((now - onset) * 1000)
+                if not e.is_final:  # a segment shorter than an update interval has no partial
+                    run.first_ms.append(ms)
+                    if onset is not None:
+                        run.first_onset_ms.append((now - onset) * 1000)
     feeder.join()
+    if feed_error:
+        raise feed_error[0]
     run.wall_s = time.perf_counter() - t0
     run.busy_s = engine.busy_s - busy0
     run.decoded_tokens = engine.decoded_tokens - tokens0
@@ -357,8 +363,7 @@ def _bench(opts: EngineLoadOptions) -> dict:
 
     # warm-up, untimed: kernels, the allocator, every CUDA graph bucket
     t = time.perf_counter()
-    if engine._static is not None and engine._static.cuda_graphs:
-        engine._static.capture_all()
+    result["graphs_captured"] = engine.capture_decode_graphs()
     result["graph_capture_s"] = round(time.perf_counter() - t, 2)
     t = time.perf_counter()
     warm_n = min(sessions, engine.config.max_batch, 64)

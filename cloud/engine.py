@@ -484,6 +484,12 @@ class Engine:
             raise TickFailed(events) from e
         return events
 
+    def capture_decode_graphs(self) -> int:
+        """With `decode_step="graphs"`: capture every (batch, key length) bucket's CUDA graph now, so
+        that no tick pays for a capture later (otherwise each is captured on first use). Returns
+        how many were captured."""
+        return self._static.capture_all() if self._static is not None else 0
+
     def _decode_step(self, slots: list[int], feed: torch.Tensor) -> torch.Tensor:
         """One batched decode step (`EngineConfig.decode_step`): logits [len(slots), vocab]."""
         if self._static is not None:

@@ -71,3 +71,16 @@ def test_the_tree_alone_fits_the_device_call():
     tree = sum(p.stat().st_size for p in files if p.is_file() and not p.is_symlink())
     ws_now = sum(p.stat().st_size for p in warm.WARMSTART_DIR.glob("*")) if warm.WARMSTART_DIR.exists() else 0
     assert tree - ws_now + warm.MAX_BYTES < CARRY_LIMIT, f"tree {tree / 2**20:.1f} MiB"
+
+
+def test_sample_features_without_soundfile(monkeypatch):
+    """The device image has no soundfile: the sample read by the standard library's wave module
+    gives the same features and segments."""
+    import numpy as np
+
+    from harken.bench import engine_load
+
+    raw, segments = engine_load.sample_features()
+    monkeypatch.setitem(sys.modules, "soundfile", None)  # import soundfile -> ImportError
+    raw2, segments2 = engine_load.sample_features()
+    assert segments2 == segments and np.array_equal(raw2, raw)

@@ -90,7 +90,8 @@ class StaticDecodeStep:
                 self._run(M, kv_len)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: another thread's CUDA work (a server's file lane, say) cannot spoil the capture
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             out = self._run(M, kv_len)
         return graph, out
 
