@@ -79,6 +79,7 @@ class EngineLoadOptions:
     time_budget_s: float = 150.0  # the whole run, model and warm-up included
     memory_headroom_gib: float = 8.0  # device memory left free when sizing the KV cache (CUDA)
     max_streams: int = 2048  # never more sessions than this, whatever fits
+    profile_s: float = 3.0  # then this much audio at the largest level under torch.profiler (0: none)
     threads: int | None = None  # torch CPU threads (CPU only)
     out_dir: str | None = None
 
@@ -260,6 +261,65 @@ def run_level(engine, packets: list[Packet], n: int, seconds: float, drain_s: fl
     return run
 
 
+# the engine's phases, timed by the profiler as labelled ranges (inclusive CPU time of the engine's
+# thread; on CUDA that includes waiting for the device where a phase reads results back)
+_PHASES = {"plan": "_plan", "encode": "_encode", "prompts": "_prompts", "decode_step": "_decode_step",
+           "finish": "_finish"}
+
+
+def profile_level(engine, packets: list[Packet], n: int, seconds: float, language: str | None) -> dict:
+    """A short paced run at N streams under torch.profiler: the engine's phases (labelled ranges),
+    the device's kernel time against the engine's busy time (a low share means Python and kernel
+    launches, not the GPU, bound the tick), and the top operators."""
+    import functools
+
+    import harken.cloud.engine as engine_module
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    def labelled(name, fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            with record_function(f"engine.{name}"):
+                return fn(*args, **kwargs)
+        return run
+
+    cuda = engine.asr.device.type == "cuda"
+    saved_prefill = engine_module.prefill
+    for name, attr in _PHASES.items():
+        setattr(engine, attr, labelled(name, getattr(engine, attr)))
+    engine_module.prefill = labelled("prefill", saved_prefill)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    t = time.perf_counter()
+    try:
+        with profile(activities=activities) as prof:
+            run = run_level(engine, packets, n, seconds, drain_s=1.0, language=language)
+    finally:
+        engine_module.prefill = saved_prefill
+        for attr in _PHASES.values():
+            engine.__dict__.pop(attr, None)  # the class's methods again
+    traced_s = time.perf_counter() - t
+    events = prof.key_averages()
+
+    def device_us(e) -> float:
+        return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) or 0)
+
+    phases = {e.key.removeprefix("engine."): {"calls": e.count, "cpu_ms": round(e.cpu_time_total / 1000, 1)}
+              for e in events if e.key.startswith("engine.")}
+    kernel_s = sum(device_us(e) for e in events) / 1e6 if cuda else None
+    rank = device_us if cuda else (lambda e: e.self_cpu_time_total)
+    top = sorted((e for e in events if not e.key.startswith("engine.")), key=rank, reverse=True)[:12]
+    return {
+        "streams": n, "seconds": seconds, "wall_s": round(run.wall_s, 2), "engine_busy_s": round(run.busy_s, 3),
+        "p95_update_ms_under_profiler": _pct(run.update_ms, 95),
+        "device_kernel_s": None if kernel_s is None else round(kernel_s, 3),
+        "device_share_of_busy": None if kernel_s is None or not run.busy_s else round(kernel_s / run.busy_s, 3),
+        "phases": phases,
+        "top_ops": [{"op": e.key, "calls": e.count, "self_cpu_ms": round(e.self_cpu_time_total / 1000, 1),
+                     "self_device_ms": round(device_us(e) / 1000, 1) if cuda else None} for e in top],
+        "profiler_wall_s": round(traced_s, 1),
+    }
+
+
 class _TickCounter:
     """EngineObserver: sessions per tick."""
 
@@ -367,7 +427,7 @@ def _bench(opts: EngineLoadOptions) -> dict:
     result["graph_capture_s"] = round(time.perf_counter() - t, 2)
     t = time.perf_counter()
     warm_n = min(sessions, engine.config.max_batch, 64)
-    warm_s = min(3.0, opts.seconds)
+    warm_s = min(3.0, opts.seconds / 2)
     warm_packets = level_packets(raw, segments, warm_n, warm_s, 0.0)
     for p in warm_packets:
         p.due = 0.0  # all at once: the warm-up is not paced
@@ -425,6 +485,14 @@ def _bench(opts: EngineLoadOptions) -> dict:
             queue.append(min(sessions, max(n + 1, int(n * GROW))))
     ok_levels = [lv["streams"] for lv in levels if lv["ok"]]
     best = max(ok_levels) if ok_levels else None
+    # where the time goes at the largest level that ran: torch.profiler over a short paced run
+    prof_n = max((lv["streams"] for lv in levels), default=None)
+    if opts.profile_s > 0 and prof_n is not None:
+        if time.perf_counter() - wall0 + opts.profile_s + 15.0 > opts.time_budget_s:
+            cut.append({"streams": prof_n, "why": f"the profile: the time budget ({opts.time_budget_s:.0f} s)"})
+        else:
+            packets = level_packets(raw, segments, prof_n, opts.profile_s, stagger_s=opts.update_interval_s)
+            result["profile"] = profile_level(engine, packets, prof_n, opts.profile_s, language)
     result.update({
         "levels": levels, "cut": cut,
         "max_streams_ok": best,

@@ -155,7 +155,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
             keep_going=args.keep_going,
             seconds=args.seconds, model=args.model, device=args.device, dtype=args.dtype,
             decode_step=args.decode_step, max_batch=args.max_batch, drain_s=args.drain_s,
-            time_budget_s=args.time_budget_s, max_streams=args.max_streams, threads=args.threads, out_dir=args.out))
+            time_budget_s=args.time_budget_s, max_streams=args.max_streams, profile_s=args.profile_s, threads=args.threads, out_dir=args.out))
     if args.command == "bench" and args.bench == "ray":
         from harken.bench.ray_scaling import RayBenchOptions, bench_ray_command
 

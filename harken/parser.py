@@ -379,6 +379,9 @@ def _bench_engine_load_parser(bsub: Subparsers) -> None:
     b.add_argument("--time-budget-s", type=float, default=150.0,
                    help="the whole run; levels that would not finish inside it are cut (default 150)")
     b.add_argument("--max-streams", type=int, default=2048, help="never more sessions than this (default 2048)")
+    b.add_argument("--profile-s", type=float, default=3.0,
+                   help="then this much audio at the largest level under torch.profiler: the engine's phases, "
+                        "device kernel time vs busy time, top operators (default 3; 0: none)")
     b.add_argument("--threads", type=int, help="torch CPU threads (CPU only)")
     b.add_argument("--out", help="also write engine-load.json and engine-load.png into this folder")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")

@@ -14,7 +14,8 @@
 #      256, plain and CUDA graphs                                              cap MODEL_S=40
 #   3. `harken bench engine-load --device cuda`: the engine at the 0.6B dims (random bf16 weights),
 #      N = 1, 8, 16, 64, 128, 256, 512 (more while the p95 holds) live streams paced in real time,
-#      10 s of audio each; every listed level runs even after one fails       cap LOAD_S=150
+#      10 s of audio each; every listed level runs even after one fails; then 3 s at the largest
+#      level under torch.profiler (where the tick's time goes)                cap LOAD_S=150
 # and writes to $OUT: bench-device.json (all of it: device, steps, tests, model, engine-load),
 # engine-load.png (streams vs p95 update latency), device.txt, test-gpu.log, bench.log.
 #
@@ -44,14 +45,14 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
   echo "python: $PY ($("$PY" -c 'import sys; print(sys.version.split()[0])'))"
   "$PY" -c 'import torch; print("torch:", torch.__version__, "| cuda:", torch.version.cuda, "| device:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu")'
   echo "cores: $(nproc)"
-  echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with changes)')"
+  if git rev-parse --short HEAD >/dev/null 2>&1; then echo "git: $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (with changes)')"; fi
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 } 2>&1 | tee "$OUT/device.txt"
 
 if [ "$TOY" = 1 ]; then
-  tests=(-m "not gpu" tests/test_gpu.py -k "bf16")
+  tests=(-m "not gpu" tests/test_gpu.py -k "buckets")
   model=(--tiny-only --quick --device cpu --threads 1)
-  load=(--model tiny --device cpu --threads 1 --streams 1,2 --seconds 3 --drain-s 2 --no-more --keep-going
+  load=(--model tiny --device cpu --threads 1 --streams 1,2 --seconds 3 --drain-s 2 --no-more --keep-going --profile-s 2
         --time-budget-s "$(( LOAD_S - 10 ))")
 else
   tests=(-m gpu tests/test_gpu.py)
@@ -122,6 +123,10 @@ if load:
               f"gain {lv['batching_gain']}  {lv['mib_per_stream']} MiB/stream  {'ok' if lv['ok'] else 'NOT ok'}")
     print(f"  largest N with p95 update <= {load['target_p95_update_ms']:.0f} ms: {load['max_streams_ok']} "
           f"({load['gpu_s_per_stream_hour_at_max']} GPU-s per stream-hour); cut: {load['cut']}")
+    prof = load.get("profile")
+    if prof:
+        print(f"  profile at N={prof['streams']}: device kernels {prof['device_share_of_busy']} of the engine's busy time; "
+              + ", ".join(f"{k} {v['cpu_ms']} ms" for k, v in prof["phases"].items()))
 for name, s in steps.items():
     if s["exit"]:
         print(f"  step {name}: exit {s['exit']}{' (' + s['cut'] + ')' if s['cut'] else ''}")
