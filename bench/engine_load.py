@@ -26,7 +26,8 @@ time t was ingested):
   p50/p95_final_ms          a final event: arrival - sent(event.end_s)
   busy_fraction             the engine's busy wall time in `step` / the level's wall time
   gpu_s_per_stream_hour     busy seconds per stream-hour of audio served at this N
-  batching_gain             (busy s per stream-second at N = 1) / (the same at N)
+  batching_gain             (busy s per stream-second at the smallest level, N = 1 by default:
+                            `batching_gain_base_streams`) / (the same at N)
   sessions_per_tick         mean sessions served per engine tick (the batch the GPU sees)
   peak_mib, mib_per_stream  peak device memory during the level; (the KV slot + the level's peak
                             above the idle engine / N) per stream (CUDA only)
@@ -446,6 +447,8 @@ def _bench(opts: EngineLoadOptions) -> dict:
             cut.append({"streams": n, "why": f"N = {failed_at} did not hold"})
             continue
         need = opts.seconds + 1.0 + opts.drain_s + 2.0
+        if n not in wanted and opts.profile_s > 0:  # a level past the list does not take the profile's time
+            need += opts.profile_s + 15.0
         if time.perf_counter() - wall0 + need > opts.time_budget_s:
             cut.append({"streams": n, "why": f"the time budget ({opts.time_budget_s:.0f} s)"})
             continue
@@ -494,7 +497,7 @@ def _bench(opts: EngineLoadOptions) -> dict:
             packets = level_packets(raw, segments, prof_n, opts.profile_s, stagger_s=opts.update_interval_s)
             result["profile"] = profile_level(engine, packets, prof_n, opts.profile_s, language)
     result.update({
-        "levels": levels, "cut": cut,
+        "levels": levels, "cut": cut, "batching_gain_base_streams": min(wanted),
         "max_streams_ok": best,
         "gpu_s_per_stream_hour_at_max": round(3600 / best, 2) if best else None,
         "bench_wall_s": round(time.perf_counter() - wall0, 1),

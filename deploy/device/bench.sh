@@ -16,7 +16,9 @@
 #      N = 1, 8, 16, 64, 128, 256, 512 (more while the p95 holds) live streams paced in real time,
 #      10 s of audio each; every listed level runs even after one fails; then 3 s at the largest
 #      level under torch.profiler (where the tick's time goes)                cap LOAD_S=150
-# and writes to $OUT: bench-device.json (all of it: device, steps, tests, model, engine-load),
+# A shorter call (less device time left): e.g. TESTS_S=40 MODEL_S=30 LOAD_S=100 LEVELS=8,64,256,512
+# (about 3 minutes); a level that would not fit its step's budget is cut, and said so.
+# It writes to $OUT: bench-device.json (all of it: device, steps, tests, model, engine-load),
 # engine-load.png (streams vs p95 update latency), device.txt, test-gpu.log, bench.log.
 #
 # TOY=1 runs the same steps at toy size on any machine (the CPU variants of one test, the tiny
@@ -30,6 +32,7 @@ PREFIX=${PREFIX:-/tmp/harken-bench}  # not train.sh's: its wheels' marker must n
 TESTS_S=${TESTS_S:-50}
 MODEL_S=${MODEL_S:-40}
 LOAD_S=${LOAD_S:-150}
+LEVELS=${LEVELS:-1,8,16,64,128,256,512}  # engine-load's listed levels (fewer for a shorter call)
 mkdir -p "$OUT" "$PREFIX"
 OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d "$PREFIX/run.XXXX")
@@ -57,7 +60,7 @@ if [ "$TOY" = 1 ]; then
 else
   tests=(-m gpu tests/test_gpu.py)
   model=(--real-dims --device cuda)
-  load=(--device cuda --seconds 10 --keep-going --time-budget-s "$(( LOAD_S - 12 ))")
+  load=(--device cuda --streams "$LEVELS" --seconds 10 --keep-going --time-budget-s "$(( LOAD_S - 12 ))")
 fi
 
 # step NAME CAP CMD...: run under `timeout`, record status and seconds in $WORK/steps.tsv; its
