@@ -182,28 +182,24 @@ def check_datachannel_server(data: bytes | str) -> str:
 
 async def check_datachannel_client(data: bytes | str) -> str:
     """The client's side (edge/webrtc_transport.DataChannelCall): every frame from the server is
-    read without raising: a message, the end of the call with a status, or the call failing."""
-    import grpc
-
-    from harken.shared import wire as edge_wire
-    from harken.edge.grpc_faults import status_error
+    read without raising anything but the call's own end: a message, the end of the call with a
+    status (a status frame, taken whatever its code: "OK"), or the call failing (its code)."""
+    from harken.edge.call import EOF, STATUS_NAMES, CallFailed, status_error
     from harken.edge.webrtc_transport import DataChannelCall
 
-    call = DataChannelCall(_FakeDataChannel(), pb.ServerMessage.FromString, pb.ClientMessage.SerializeToString)
+    call = DataChannelCall(_FakeDataChannel())
     try:
         call._on_message(data)
         try:
-            msg = await asyncio.wait_for(call.read(), 1.0)
-        except grpc.aio.AioRpcError as e:
-            return e.code().name
-        if msg is grpc.aio.EOF:
-            code = await call.code()
-            if not isinstance(code, grpc.StatusCode):
-                raise Crash("datachannel_client", f"status {code!r} is no grpc.StatusCode", data)
+            reply = await asyncio.wait_for(call.read(), 1.0)
+        except CallFailed as e:
+            if e.code not in STATUS_NAMES:
+                raise Crash("datachannel_client", f"status {e.code!r} is no status code", data)
+            return "OK" if isinstance(data, str) else e.code
+        if reply is EOF:
             return "OK"
-        reply = edge_wire.server_message_from_proto(msg)
-        if isinstance(reply, ServerError) and not isinstance(status_error(reply).code(), grpc.StatusCode):
-            raise Crash("datachannel_client", f"Error code {reply.code!r} became no grpc.StatusCode", data)
+        if isinstance(reply, ServerError) and status_error(reply).code not in STATUS_NAMES:
+            raise Crash("datachannel_client", f"Error code {reply.code!r} became no status code", data)
     except Crash:
         raise
     except Exception as e:
