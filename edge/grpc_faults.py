@@ -11,12 +11,14 @@ same way (edge/webrtc_transport.py), as `CallFailed`.
 from __future__ import annotations
 
 import asyncio
-
-import grpc
+from typing import TYPE_CHECKING
 
 from harken.edge.call import EOF, CallEnd, CallFailed
 from harken.shared import wire
 from harken.shared.protocol import ClientMessage, ServerMessage
+
+if TYPE_CHECKING:
+    import grpc
 
 
 class GrpcCall:
@@ -24,30 +26,33 @@ class GrpcCall:
     through shared/wire.py, grpc's errors and final status as `CallFailed`."""
 
     def __init__(self, call):
+        import grpc  # here: the WebRTC client imports this module's neighbours, and no grpc
+
         self._call = call
+        self._rpc_error, self._eof, self._ok = grpc.aio.AioRpcError, grpc.aio.EOF, grpc.StatusCode.OK
 
     async def write(self, message: ClientMessage) -> None:
         try:
             await self._call.write(wire.client_message_to_proto(message))
-        except grpc.aio.AioRpcError as e:
+        except self._rpc_error as e:
             raise _failed(e) from None
 
     async def read(self) -> ServerMessage | None | CallEnd:
         try:
             msg = await self._call.read()
-            if msg is grpc.aio.EOF:
+            if msg is self._eof:
                 code = await self._call.code()
-                if code != grpc.StatusCode.OK:
+                if code != self._ok:
                     raise CallFailed(code.name, await self._call.details())
                 return EOF
-        except grpc.aio.AioRpcError as e:
+        except self._rpc_error as e:
             raise _failed(e) from None
         return call_message(msg)
 
     async def done_writing(self) -> None:
         try:
             await self._call.done_writing()
-        except grpc.aio.AioRpcError as e:
+        except self._rpc_error as e:
             raise _failed(e) from None
 
     def cancel(self) -> None:

@@ -25,9 +25,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, overload
-
-import grpc
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from harken.edge.call import EOF, Call, CallFailed, status_error
 from harken.edge.client_session import (ClientOptions, ClientSession, Disconnect, ClientLifecycle, StreamProgress,
@@ -36,10 +34,12 @@ from harken.edge.errors import (BufferOverflowError, ServerRejectedError, Server
                                 TransportSecurityError)
 from harken.edge.grpc_faults import GrpcCall, closed_at_once, speaks_tls, tls_mismatch
 from harken.edge.front_end import AudioSource, Notify, as_async_pieces, audio_pieces, file_pieces, front_end
-from harken.proto import harken_pb2_grpc
 from harken.shared.protocol import ServerError
 from harken.shared.text import TranscriptText
 from harken.shared.transcript import TranscriptEvent
+
+if TYPE_CHECKING:
+    import grpc
 
 __all__ = ["TranscriptionClient", "ClientOptions", "TransportStats", "StreamProgress", "TranscriptEvent",
            "TransportError", "ServerUnavailableError", "BufferOverflowError", "TransportSecurityError",
@@ -256,11 +256,15 @@ class TranscriptionClient:
     async def _call(self, metadata: list[tuple[str, str]]) -> AsyncIterator[Call]:
         """One call of the stream, open while the context is: here a gRPC call on a channel of its
         own (the WebRTC client's is a data channel on a peer connection of its own)."""
+        from harken.proto import harken_pb2_grpc  # grpc is imported by the gRPC client only
+
         async with self._channel() as channel:
             yield GrpcCall(harken_pb2_grpc.TranscriptionStub(channel).Stream(metadata=metadata))
 
     def _channel(self) -> AbstractAsyncContextManager[Any]:
         """The gRPC channel of one attempt (`_call`)."""
+        import grpc
+
         # a fresh channel, and connection, per attempt: grpc's own reconnect backoff (up to
         # minutes) stays out of the way of ours, a restarted server is found at once, and a dead
         # connection is not shared into the next attempt (channels share subchannels by default)
@@ -284,6 +288,8 @@ class _Silent(Exception):
 def _channel_credentials(tls: bool | str | Path | None) -> grpc.ChannelCredentials | None:
     if tls is None or tls is False:
         return None
+    import grpc
+
     if tls is True:
         return grpc.ssl_channel_credentials()
     return grpc.ssl_channel_credentials(root_certificates=Path(tls).read_bytes())
