@@ -3,7 +3,7 @@
 The inputs, targets and properties are bench/fuzz_targets.py's (tests/test_fuzz.py runs them with
 hypothesis, a few hundred examples). Here one seeded random source drives `examples` inputs:
 `session_share` of them whole streams through the served session (`ServedFuzz`: the tiny model's
-engine and session table, `TranscriptionService.Stream` called in-process, `concurrency` streams
+engine and session table, `StreamHandler.run_proto` called in-process, `concurrency` streams
 in flight at once), the rest split evenly over the four decoder targets. Meanwhile a reference
 session of another key streams the corpus's packets again and again beside the fuzzed streams;
 each of its runs must give the transcript it gets alone.

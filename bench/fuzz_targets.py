@@ -11,8 +11,8 @@ of its outcome ("OK" when accepted); a broken property raises `Crash`.
                         frame), then every message it queued, as `wire`
     datachannel_client  edge/webrtc_transport.DataChannelCall, the same framing from the client's
                         side: text = the call's status, binary = a ServerMessage (shared/wire.py)
-    session             `TranscriptionService.Stream`, the served session behind the gRPC and WebRTC
-                        drivers, fed whole streams (`ServedFuzz`): Start/Features/Audio/Finalize/End
+    session             `StreamHandler.run_proto` (cloud/stream_handler.py), the served session
+                        behind every transport, fed whole streams (`ServedFuzz`): Start/Features/Audio/Finalize/End
                         in any order, replays, gaps, resumes of other sessions, garbage, half-closes
                         and dropped connections
 
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +48,7 @@ from harken.cloud.audio_front_end import check_seeded_front_end
 
 from harken.shared import wire
 from harken.bench.fuzz_inputs import FUZZ_LANGUAGE, FuzzCorpus, FuzzStream, features_message
-from harken.cloud.grpc_service import status_of
+from harken.cloud.stream_handler import StreamFailed, status_name
 from harken.proto import harken_pb2 as pb
 from harken.shared.codec import CODEC_NAME, MAX_FRAMES, VALUE_LIMIT, decode_frames
 from harken.shared.errors import HarkenError
@@ -85,7 +86,7 @@ def describe(data: Any, limit: int = 160) -> str:
 
 def _rejection(target: str, e: BaseException, data: Any) -> str:
     """A decoder's rejection must be a HarkenError the service maps to INVALID_ARGUMENT."""
-    code = status_of(e).name
+    code = status_name(e)
     if not isinstance(e, HarkenError) or code != INVALID_ARGUMENT:
         raise Crash(target, f"rejected with {type(e).__name__} -> {code}: {e}", data) from e
     return code
@@ -158,8 +159,8 @@ class _FakeDataChannel:
 def check_datachannel_server(data: bytes | str) -> str:
     """The server's data-channel framing (cloud/webrtc.py): a binary frame is queued as it is, a
     text frame is a control frame (a half-close ends the request stream) or ignored."""
+    from harken.cloud.stream_handler import RequestQueue
     from harken.cloud.webrtc import _Channel, _TrackFeed
-    from harken.cloud.webrtc import _Requests as ChannelRequests
 
     channel = _FakeDataChannel()
     ch = _Channel(channel, _TrackFeed())
@@ -174,35 +175,31 @@ def check_datachannel_server(data: bytes | str) -> str:
         if queued != [data]:
             raise Crash("datachannel_server", "a binary frame was not queued as it came", data)
         return check_wire(data, target="datachannel_server")
-    if queued not in ([], [ChannelRequests._END]):  # nothing, or the half-close
+    if queued not in ([], [RequestQueue._END]):  # nothing, or the half-close
         raise Crash("datachannel_server", f"a text frame queued {describe(queued)}", data)
     return "OK"
 
 
 async def check_datachannel_client(data: bytes | str) -> str:
     """The client's side (edge/webrtc_transport.DataChannelCall): every frame from the server is
-    read without raising: a message, the end of the call with a status, or the call failing."""
-    import grpc
-
-    from harken.shared import wire as edge_wire
-    from harken.edge.grpc_faults import status_error
+    read without raising anything but the call's own end: a message, the end of the call with a
+    status (a status frame, taken whatever its code: "OK"), or the call failing (its code)."""
+    from harken.edge.call import EOF, STATUS_NAMES, CallFailed, status_error
     from harken.edge.webrtc_transport import DataChannelCall
 
-    call = DataChannelCall(_FakeDataChannel(), pb.ServerMessage.FromString, pb.ClientMessage.SerializeToString)
+    call = DataChannelCall(_FakeDataChannel())
     try:
         call._on_message(data)
         try:
-            msg = await asyncio.wait_for(call.read(), 1.0)
-        except grpc.aio.AioRpcError as e:
-            return e.code().name
-        if msg is grpc.aio.EOF:
-            code = await call.code()
-            if not isinstance(code, grpc.StatusCode):
-                raise Crash("datachannel_client", f"status {code!r} is no grpc.StatusCode", data)
+            reply = await asyncio.wait_for(call.read(), 1.0)
+        except CallFailed as e:
+            if e.code not in STATUS_NAMES:
+                raise Crash("datachannel_client", f"status {e.code!r} is no status code", data)
+            return "OK" if isinstance(data, str) else e.code
+        if reply is EOF:
             return "OK"
-        reply = edge_wire.server_message_from_proto(msg)
-        if isinstance(reply, ServerError) and not isinstance(status_error(reply).code(), grpc.StatusCode):
-            raise Crash("datachannel_client", f"Error code {reply.code!r} became no grpc.StatusCode", data)
+        if isinstance(reply, ServerError) and status_error(reply).code not in STATUS_NAMES:
+            raise Crash("datachannel_client", f"Error code {reply.code!r} became no status code", data)
     except Crash:
         raise
     except Exception as e:
@@ -225,36 +222,16 @@ class StreamOutcome:
         return None
 
 
-class _Aborted(Exception):
-    pass
-
-
-class _CallContext:
-    """What `TranscriptionService.Stream` uses of a gRPC call: metadata and `abort`."""
-
-    def __init__(self, key: str):
-        self.metadata = (("authorization", f"Bearer {key}"),)
-        self.code: str | None = None
-        self.details = ""
-
-    def invocation_metadata(self):
-        return self.metadata
-
-    async def abort(self, code, details: str = ""):
-        self.code, self.details = code.name, details
-        raise _Aborted(details)
-
-
-class _Requests:
-    """A stream's request side: the messages, then a half-close, or (`hold`) nothing until the call
-    is cancelled; `pace_s` between messages."""
+class _Script:
+    """A fuzzed stream's request side: the messages, then a half-close, or (`hold`) nothing until
+    the stream is cancelled; `pace_s` between messages."""
 
     def __init__(self, messages: Sequence[bytes], hold: bool = False, pace_s: float = 0.0):
         self.messages, self.hold, self.pace_s = list(messages), hold, pace_s
         self.next = 0
         self.all_read = asyncio.Event()
 
-    def __aiter__(self):
+    def __aiter__(self) -> "_Script":
         return self
 
     async def __anext__(self) -> bytes:
@@ -271,10 +248,10 @@ class _Requests:
 
 class ServedFuzz:
     """The served session under fuzzing: a `ServingCore` (the tiny model's engine and a session
-    table) and the service that `harken serve` and the WebRTC endpoint drive, called in-process."""
+    table) and the stream handler that every transport runs, called in-process."""
 
-    def __init__(self, core, service, corpus: FuzzCorpus, grace_s: float):
-        self.core, self.service, self.corpus, self.grace_s = core, service, corpus, grace_s
+    def __init__(self, core, handler, corpus: FuzzCorpus, grace_s: float):
+        self.core, self.handler, self.corpus, self.grace_s = core, handler, corpus, grace_s
         self.session_ids: list[str] = []  # ids from Ready messages: the fuzzer resumes them
         self.reference_id: str | None = None  # the reference session's, while it runs
         self.differences: list[dict] = []  # reference transcripts beside the fuzzing that differed
@@ -283,8 +260,8 @@ class ServedFuzz:
     async def start(cls, asr, corpus: FuzzCorpus, grace_s: float = 0.3, max_sessions: int = 256) -> "ServedFuzz":
         from harken.cloud.auth import ApiKeys
         from harken.cloud.commit import CommitPolicy
-        from harken.cloud.grpc_service import TranscriptionService
         from harken.cloud.server import ServerOptions, start_core
+        from harken.cloud.stream_handler import StreamHandler
 
         # short updates and budgets keep the tiny model quick; one policy for every session
         policy = CommitPolicy(update_interval_s=1.0, rollback_tokens=2, max_new_tokens_per_update=6, max_item_tokens=24)
@@ -292,26 +269,26 @@ class ServedFuzz:
                                 grace_s=grace_s, policy=policy)
         core = await start_core(asr, options)
         keys = ApiKeys.parse(f"{FUZZ_KEY} fuzz\n{REFERENCE_KEY} reference\n")
-        return cls(core, TranscriptionService(core.table, keys, core.metrics), corpus, grace_s)
+        return cls(core, StreamHandler(core.table, keys, core.metrics), corpus, grace_s)
 
     async def close(self) -> None:
         await self.core.close(grace_s=2.0)
 
     async def run(self, stream: FuzzStream, key: str = FUZZ_KEY, pace_s: float = 0.0,
                   deadline_s: float = STREAM_DEADLINE_S) -> StreamOutcome:
-        """Drive one stream through the service; its outcome (no property checked here)."""
-        context = _CallContext(key)
-        requests = _Requests(stream.messages, hold=stream.drop, pace_s=pace_s)
+        """Drive one stream through the handler; its outcome (no property checked here)."""
+        metadata = (("authorization", f"Bearer {key}"),)
+        requests = _Script(stream.messages, hold=stream.drop, pace_s=pace_s)
         out = StreamOutcome(code="")
 
         async def call() -> None:
             try:
-                async for message in self.service.Stream(requests, context):
-                    out.messages.append(message)
+                async with aclosing(self.handler.run_proto(metadata, requests)) as messages:
+                    async for message in messages:
+                        out.messages.append(message)
                 out.code = "OK"
-            except _Aborted:
-                assert context.code is not None  # abort() set it
-                out.code, out.details = context.code, context.details
+            except StreamFailed as e:
+                out.code, out.details = e.code, e.message
 
         task = asyncio.get_running_loop().create_task(call())
         if stream.drop:

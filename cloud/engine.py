@@ -345,9 +345,9 @@ class Engine:
                 self._fail(sid, s, err)
         return ready, events
 
-    def _start(self, planned: list[tuple[str, StreamSession, Job]]) -> tuple[list[_Running], list]:
-        """Encode (one batch) and prefill (one batch) planned passes. Returns the passes that decode,
-        and the events of passes that needed no model."""
+    def _start(self, planned: list[tuple[str, StreamSession, Job]]) -> tuple[dict[str, _Running], list]:
+        """Encode (one batch) and prefill (one batch) planned passes. Returns the passes that decode
+        (by session id), and the events of passes that needed no model."""
         run: list[_Running] = []
         ready, events = self._prompts(planned)
         slots, embeds = [], []
@@ -357,19 +357,19 @@ class Engine:
             embeds.append(emb)
             run.append(_Running(sid, s, job, s.state.slot, []))
         if not run:
-            return [], events
+            return {}, events
         logits = prefill(self.asr.decoder, self.cache, slots, embeds)
         for r in run:
             r.session.prefilled(r.job)
         first = logits.argmax(-1).tolist()
-        still = []
+        still: dict[str, _Running] = {}
         for r, t in zip(run, first):
             if r.job.budget > 0:
                 r.tokens.append(t)
             if self._done(r):
                 events += self._finish(r.sid, r.session, r.job, r.tokens)
             else:
-                still.append(r)
+                still[r.sid] = r
         return still, events
 
     def _done(self, r: _Running) -> bool:
@@ -451,35 +451,33 @@ class Engine:
         return time.thread_time()
 
     def _step(self) -> list[tuple[str, EngineEvent]]:
+        """The tick's skeleton, one for both decoders: plan and launch the ready sessions' passes,
+        advance the passes in flight one decode step at a time, let sessions that became ready (or
+        did not fit) join in the freed places, each served at most once; on a failure, drop what is
+        in flight (`_abandon`) and release the tick's sessions as they were before it. The decoder
+        supplies `_start` (launch planned passes), `_advance` (one step) and `_abandon`."""
         served: set[str] = set()
         tick: dict[str, StreamSession] = {}  # sessions planned this tick
         events: list = []
-        try:
-            planned = self._plan(served, self.config.max_batch)
-            served |= {sid for sid, _, _ in planned}
+        flight: dict[str, _Running] = {}  # the passes decoding, in batch order (keyed by the decoder)
+
+        def launch(planned: list[tuple[str, StreamSession, Job]]) -> None:
+            served.update(sid for sid, _, _ in planned)
             tick.update((sid, s) for sid, s, _ in planned)
-            running, started = self._start(planned)
-            events += started
-            while running:
-                feed = torch.tensor([r.tokens[-1] for r in running], device=self.asr.device)
-                logits = self._decode_step([r.slot for r in running], feed)
-                still = []
-                for r, t in zip(running, logits.argmax(-1).tolist()):
-                    r.tokens.append(t)
-                    if self._done(r):
-                        events += self._finish(r.sid, r.session, r.job, r.tokens)
-                    else:
-                        still.append(r)
-                running = still
+            more, started = self._start(planned)
+            flight.update(more)
+            events.extend(started)
+
+        try:
+            launch(self._plan(served, self.config.max_batch))
+            while flight:
+                self._advance(flight, events)
                 # join: sessions that became ready (or did not fit) take the freed places
-                joined = self._plan(served, self.config.max_batch - len(running))
+                joined = self._plan(served, self.config.max_batch - len(flight))
                 if joined:
-                    served |= {sid for sid, _, _ in joined}
-                    tick.update((sid, s) for sid, s, _ in joined)
-                    more, evs = self._start(joined)
-                    running += more
-                    events += evs
+                    launch(joined)
         except Exception as e:
+            self._abandon(flight)
             self._release(tick)
             raise TickFailed(events) from e
         return events
@@ -495,6 +493,21 @@ class Engine:
         if self._static is not None:
             return self._static(slots, feed)
         return decode_step(self.asr.decoder, self.cache, slots, feed)
+
+    def _advance(self, flight: dict[str, _Running], events: list) -> None:
+        """One batched decode step of every pass in flight: the finished ones leave `flight`, their
+        events go to `events` as they finish (a step that fails midway keeps those)."""
+        running = list(flight.values())
+        feed = torch.tensor([r.tokens[-1] for r in running], device=self.asr.device)
+        logits = self._decode_step([r.slot for r in running], feed)
+        for (key, r), t in zip(list(flight.items()), logits.argmax(-1).tolist()):
+            r.tokens.append(t)
+            if self._done(r):
+                del flight[key]
+                events += self._finish(r.sid, r.session, r.job, r.tokens)
+
+    def _abandon(self, flight: dict[str, _Running]) -> None:
+        """A failed tick's passes in flight are dropped (the own decoder keeps nothing of them)."""
 
     def _release(self, tick: dict[str, StreamSession]) -> None:
         """After a failed tick: its passes in flight never reached finish_job, so their sessions stay

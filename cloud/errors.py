@@ -1,7 +1,7 @@
 """What a stream can do wrong, as the service sees it: one exception per gRPC status code.
 
 They extend the engine's errors in shared/errors.py where the meaning is the same, so the servicer
-maps both to status codes with one table (`grpc_service.STATUS_OF`). Messages are shown to the client as
+maps both to status codes with one table (`cloud/stream_handler.STATUS_OF`). Messages are shown to the client as
 they are: they say what was wrong and never echo secrets.
 """
 

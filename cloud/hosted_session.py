@@ -9,7 +9,7 @@
     Attachment      one client stream's view of its session (cloud/server_session.py)
 
 Owners: the table owns its reaper task and every session; a session owns its event pump task; a
-stream handler (cloud/grpc_service.py) owns its reader task and its attachment. Each cancels and awaits
+stream handler (cloud/stream_handler.py) owns its reader task and its attachment. Each cancels and awaits
 what it owns when it closes. One message is applied at a time (`_apply_lock`): what the session
 has applied changes only once a message is known good, and a newer stream attaches only between
 two messages.

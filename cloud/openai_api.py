@@ -272,10 +272,10 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
-def api_for(service, keys: ApiKeys | None, limits: ApiLimits) -> TranscriptionAPI | None:
+def api_for(handler, keys: ApiKeys | None, limits: ApiLimits) -> TranscriptionAPI | None:
     """The API on the served model (the serving engine's weights, under the id `Qwen3ASR.describe()`
     gives), or None where there is none."""
-    asr = getattr(getattr(getattr(getattr(service, "table", None), "scheduler", None), "engine", None), "asr", None)
+    asr = getattr(getattr(getattr(getattr(handler, "table", None), "scheduler", None), "engine", None), "asr", None)
     if asr is None:
         return None
     describe = getattr(asr, "describe", None)

@@ -2,7 +2,7 @@
 
     client ──gRPC──> Serve's gRPC proxy ──(ConsistentHashRouter on the `session_id` metadata)──>
         replica: `TranscriptionReplica` = one engine + scheduler + SessionTable (`ServingCore`),
-                 its `Stream` driven by the same `TranscriptionService` as `harken serve`
+                 its `Stream` run by the same stream handler as `harken serve`
 
 The proxy carries harken's bidirectional `Stream` as it is (`gRPCInputStream` in, `ServerMessage`s
 out); the requests stay bytes up to the servicer (`add_transcription_servicer` registers the
@@ -28,6 +28,7 @@ import math
 import os
 import random
 import signal
+from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -35,8 +36,9 @@ import grpc
 
 from harken.cloud.auth import ApiKeys
 from harken.cloud.logs import configure_logging
-from harken.cloud.grpc_service import TranscriptionService, service_handler
+from harken.cloud.grpc_service import service_handler
 from harken.cloud.server import ServerOptions, ServingCore, start_core
+from harken.cloud.stream_handler import StreamFailed, StreamHandler
 from harken.shared.errors import HarkenError
 
 APP_NAME = "harken"
@@ -104,26 +106,6 @@ def add_health_servicer(servicer: Any, server: grpc.aio.Server) -> None:
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
 
 
-class _ServeCallContext:
-    """What `TranscriptionService.Stream` needs of a call context, over Serve's
-    `RayServegRPCContext` (which has no `abort`: the status travels with the last message)."""
-
-    def __init__(self, context):
-        self._context = context
-
-    def invocation_metadata(self):
-        return self._context.invocation_metadata()
-
-    async def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise _Aborted(code, details)
-
-
-class _Aborted(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(details)
-        self.code = code
-
-
 # ---- the replica -------------------------------------------------------------------------------
 
 class TranscriptionReplica:
@@ -142,7 +124,7 @@ class TranscriptionReplica:
         asr = await asyncio.to_thread(Qwen3ASR.load, model, dtype=dtype, device=device)
         self.options = options
         self.core: ServingCore = await start_core(asr, options)
-        self.service = TranscriptionService(self.core.table, keys, self.core.metrics, options.max_message_bytes)
+        self.handler = StreamHandler(self.core.table, keys, self.core.metrics, options.max_message_bytes)
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
         self.app, self.deployment = context.app_name, context.deployment  # `serve run` names the app "default"
@@ -150,17 +132,19 @@ class TranscriptionReplica:
         self._drain_watch = asyncio.create_task(self._drain_when_stopping())
 
     async def Stream(self, request_stream, grpc_context):
-        """harken.v1.Transcription/Stream: the same servicer as `harken serve`. Its error status
+        """harken.v1.Transcription/Stream: the same stream handler as `harken serve`. Its error status
         is set on the context before the `Error` message that precedes it goes out: Serve sends
-        the context along with each message, and a status set after the last one would be lost."""
+        the context along with each message, and a status set after the last one would be lost
+        (Serve's `RayServegRPCContext` has no `abort`)."""
         grpc_context.set_trailing_metadata([(REPLICA_METADATA, self.replica_id)])
         try:
-            async for message in self.service.Stream(request_stream, _ServeCallContext(grpc_context)):
-                if message.WhichOneof("kind") == "error":
-                    grpc_context.set_code(grpc.StatusCode[message.error.code])
-                    grpc_context.set_details(message.error.message)
-                yield message
-        except _Aborted:
+            async with aclosing(self.handler.run_proto(grpc_context.invocation_metadata(), request_stream)) as messages:
+                async for message in messages:
+                    if message.WhichOneof("kind") == "error":
+                        grpc_context.set_code(grpc.StatusCode[message.error.code])
+                        grpc_context.set_details(message.error.message)
+                    yield message
+        except StreamFailed:
             return  # the status is on the context already
 
     async def Check(self, request):

@@ -41,9 +41,10 @@ from typing import Any
 
 from harken.cloud.auth import ApiKeys, check_http
 from harken.cloud.errors import Unauthenticated
+from harken.cloud.stream_handler import RequestQueue, StreamFailed, StreamHandler
 from harken.shared import wire
 from harken.shared.codec import CODEC_NAME
-from harken.shared.protocol import Audio, End, Finalize, ServerError, Start, Transcript
+from harken.shared.protocol import Audio, ClientMessage, End, Finalize, ServerError, Start, Transcript
 
 REALTIME_PATH = "/v1/realtime"
 DEFAULT_RATE = 24_000  # OpenAI's audio/pcm
@@ -51,8 +52,8 @@ MAX_EVENT_BYTES = 4 << 20  # one client event (base64 audio: ~80 s at 24 kHz)
 
 
 class RealtimeTranscription:
-    def __init__(self, service, keys: ApiKeys | None, model_id: str):
-        self.service, self.keys, self.model_id = service, keys, model_id
+    def __init__(self, handler: StreamHandler, keys: ApiKeys | None, model_id: str):
+        self.handler, self.keys, self.model_id = handler, keys, model_id
 
     def add_routes(self, app) -> None:
         app.router.add_get(REALTIME_PATH, self.handle)
@@ -85,14 +86,12 @@ class _Session:
     """One WebSocket: its session settings, its harken stream once audio comes, the event mapping."""
 
     def __init__(self, api: RealtimeTranscription, ws, metadata):
-        from harken.cloud.webrtc import _Requests
-
         self.api, self.ws, self.metadata = api, ws, metadata
         self.id = "sess_" + uuid.uuid4().hex[:20]
         self.rate, self.language, self.prompt = DEFAULT_RATE, "", ""
         self.vllm = False  # vLLM's dialect (see the module docstring)
         self.ended = False  # End sent: the client said its audio is over
-        self.requests = _Requests()
+        self.requests = RequestQueue()  # serialized, as a data channel's: the handler checks them alike
         self.stream: asyncio.Task | None = None
         self.seq = itertools.count(1)
         self.items: dict[int, str] = {}  # segment id -> item id
@@ -106,6 +105,9 @@ class _Session:
                                     "transcription": {"model": self.api.model_id, "language": self.language,
                                                       "prompt": self.prompt},
                                     "turn_detection": {"type": "server_vad"}}}}
+
+    def put(self, msg: ClientMessage) -> None:
+        self.requests.put(wire.client_message_to_proto(msg).SerializeToString())
 
     async def send(self, event: dict) -> None:
         if not self.ws.closed:
@@ -142,10 +144,10 @@ class _Session:
                 await self.vllm_done()
             elif event.get("final") and self.stream is not None and not self.ended:
                 self.ended = True
-                self.requests.put(wire.client_message_to_proto(End()).SerializeToString())
+                self.put(End())
                 self.requests.end()
             elif self.stream is not None:
-                self.requests.put(wire.client_message_to_proto(Finalize()).SerializeToString())
+                self.put(Finalize())
         elif kind == "input_audio_buffer.clear":
             await self.send({"type": "input_audio_buffer.cleared"})
         else:
@@ -180,16 +182,16 @@ class _Session:
             return
         if self.stream is None:
             start = Start(language=self.language, context=self.prompt, codec=CODEC_NAME)
-            self.requests.put(wire.client_message_to_proto(start).SerializeToString())
+            self.put(start)
             self.stream = asyncio.get_running_loop().create_task(self._run())
-        self.requests.put(wire.client_message_to_proto(Audio(next(self.seq), pcm, self.rate)).SerializeToString())
+        self.put(Audio(next(self.seq), pcm, self.rate))
 
     async def close(self) -> None:
         """The socket closed: End, and the stream's last finals go nowhere (the client has gone)."""
         if self.stream is None:
             return
         if not self.ended:
-            self.requests.put(wire.client_message_to_proto(End()).SerializeToString())
+            self.put(End())
             self.requests.end()
         try:
             await asyncio.wait_for(asyncio.shield(self.stream), 30)
@@ -199,22 +201,18 @@ class _Session:
     # ---- harken's events -> the session's events ------------------------------------------------
 
     async def _run(self) -> None:
-        from harken.cloud.webrtc import _Aborted, _ChannelContext
-
-        context = _ChannelContext(self.metadata)
+        handler = self.api.handler
         try:
-            async with aclosing(self.api.service.Stream(self.requests, context)) as messages:
-                async for msg in messages:
-                    out = wire.server_message_from_proto(msg)
+            async with aclosing(handler.run(self.metadata, handler.parse(self.requests))) as messages:
+                async for out in messages:
                     if isinstance(out, Transcript):
                         await (self._vllm_transcript(out) if self.vllm else self._transcript(out))
                     elif isinstance(out, ServerError):
                         await self.send({"type": "error", "error": {"type": "server_error", "code": out.code,
                                                                     "message": out.message, "param": None}})
-        except _Aborted:
-            await self.send({"type": "error", "error": {"type": "server_error", "code": context.code.name
-                                                        if context.code else "INTERNAL",
-                                                        "message": context.details, "param": None}})
+        except StreamFailed as e:
+            await self.send({"type": "error", "error": {"type": "server_error", "code": e.code,
+                                                        "message": e.message, "param": None}})
             return
         if self.vllm and self.ended:
             await self.vllm_done()

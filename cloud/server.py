@@ -1,5 +1,5 @@
-"""`harken serve`: the process around the service — the engine, the session table, the gRPC
-server (cloud/grpc_service.py), health, reflection, metrics, TLS, WebRTC signaling — and its
+"""`harken serve`: the process around the service — the engine, the session table, the stream
+handler (cloud/stream_handler.py) behind the gRPC server (cloud/grpc_service.py), health, reflection, metrics, TLS, WebRTC signaling — and its
 graceful shutdown.
 
 Also on the port: gRPC health (`grpc.health.v1`, service "" and "harken.v1.Transcription") and
@@ -26,12 +26,12 @@ import grpc
 from harken.cloud.auth import ApiKeys
 from harken.cloud.commit import CommitPolicy
 from harken.cloud.errors import EngineFailed
-from harken.cloud.grpc_service import (GRPC_RECEIVE_CEILING, MAX_MESSAGE_BYTES, SERVICE_NAME, TranscriptionService,
-                                       service_handler)
+from harken.cloud.grpc_service import GRPC_RECEIVE_CEILING, SERVICE_NAME, TranscriptionService, service_handler
 from harken.cloud.logs import configure_logging
 from harken.cloud.metrics import MetricsEndpoint, ServerMetrics, serve_metrics
 from harken.cloud.server_session import SessionLimits
 from harken.cloud.session_table import SessionTable
+from harken.cloud.stream_handler import MAX_MESSAGE_BYTES, StreamHandler
 from harken.shared.errors import HarkenError
 
 if TYPE_CHECKING:
@@ -211,8 +211,8 @@ async def start_server(model, options: ServerOptions = ServerOptions(),
     core = await start_core(asr, options, clock)
     metrics, engine_failed, scheduler, executor, table = (core.metrics, core.engine_failed, core.scheduler,
                                                           core.executor, core.table)
-    service = TranscriptionService(table, keys, metrics, options.max_message_bytes)
-    server.add_generic_rpc_handlers([service_handler(service)])
+    handler = StreamHandler(table, keys, metrics, options.max_message_bytes)
+    server.add_generic_rpc_handlers([service_handler(TranscriptionService(handler))])
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -245,7 +245,7 @@ async def start_server(model, options: ServerOptions = ServerOptions(),
 
         from harken.cloud.openai_api import ApiLimits
 
-        webrtc = await start_webrtc(service, keys, options.host, options.http_port, options.cors_origins,
+        webrtc = await start_webrtc(handler, keys, options.host, options.http_port, options.cors_origins,
                                     ApiLimits(max_upload_bytes=options.max_upload_bytes,
                                               max_audio_s=options.max_file_s, lanes=options.file_lanes))
     return RunningServer(port=port, metrics_port=endpoint.port if endpoint else None,

@@ -39,7 +39,7 @@ import torch
 
 from harken.cloud.engine import Engine, EngineConfig, EngineObserver, TickFailed, _Running, slot_tokens
 from harken.cloud.model.decode_limits import DecodeLimits
-from harken.cloud.stream_session import StreamSession, EngineEvent
+from harken.cloud.stream_session import Job, StreamSession
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import FRAMES_PER_SECOND
 
@@ -308,7 +308,7 @@ class VllmEngine(Engine):
     def prefix_cache_hit_rate(self) -> float | None:
         return self.vllm.prefix_cache_hit_rate
 
-    def _start(self, planned):
+    def _start(self, planned: list[tuple[str, StreamSession, Job]]) -> tuple[dict[str, _Running], list]:
         """Encode planned passes (one batch, as `Engine._start`) and submit their prompts to vLLM.
         Returns {request id: pass} and the events of passes that needed no decode."""
         live: dict[str, _Running] = {}
@@ -322,48 +322,32 @@ class VllmEngine(Engine):
             live[self.vllm.submit(emb, job.budget)] = r
         return live, events
 
-    def _step(self) -> list[tuple[str, EngineEvent]]:
-        served: set[str] = set()
-        tick: dict[str, StreamSession] = {}
-        events: list = []
-        live: dict[str, _Running] = {}
+    def _advance(self, live: dict[str, _Running], events: list) -> None:
+        """One vLLM step (`Engine._step` runs the tick): each request's new tokens go through
+        `_done` as they arrive; a pass that is over leaves `live` (aborted in vLLM if vLLM is not
+        done with it) and its events go to `events`."""
+        for out in self.vllm.step():
+            r = live.get(out.request_id)
+            if r is None:
+                continue
+            done = False
+            for t in out.tokens:
+                r.tokens.append(t)
+                if self._done(r):
+                    done = True
+                    break
+            if done or out.finished:
+                if not out.finished:
+                    self.vllm.abort([out.request_id])
+                del live[out.request_id]
+                events += self._finish(r.sid, r.session, r.job, r.tokens)
+
+    def _abandon(self, live: dict[str, _Running]) -> None:
+        """A failed tick's requests still in vLLM are aborted."""
         try:
-            planned = self._plan(served, self.config.max_batch)
-            served |= {sid for sid, _, _ in planned}
-            tick.update((sid, s) for sid, s, _ in planned)
-            live, started = self._start(planned)
-            events += started
-            while live:
-                for out in self.vllm.step():
-                    r = live.get(out.request_id)
-                    if r is None:
-                        continue
-                    done = False
-                    for t in out.tokens:
-                        r.tokens.append(t)
-                        if self._done(r):
-                            done = True
-                            break
-                    if done or out.finished:
-                        if not out.finished:
-                            self.vllm.abort([out.request_id])
-                        del live[out.request_id]
-                        events += self._finish(r.sid, r.session, r.job, r.tokens)
-                joined = self._plan(served, self.config.max_batch - len(live))
-                if joined:
-                    served |= {sid for sid, _, _ in joined}
-                    tick.update((sid, s) for sid, s, _ in joined)
-                    more, evs = self._start(joined)
-                    live.update(more)
-                    events += evs
-        except Exception as e:
-            try:
-                self.vllm.abort(list(live))
-            except Exception:  # noqa: BLE001 - the tick fails anyway; vLLM's own error comes first
-                pass
-            self._release(tick)
-            raise TickFailed(events) from e
-        return events
+            self.vllm.abort(list(live))
+        except Exception:  # noqa: BLE001 - the tick fails anyway; vLLM's own error comes first
+            pass
 
 
 def engine_class(decoder: str) -> type[Engine]:

@@ -24,10 +24,10 @@ server's leave. `harken serve --cors-origin ORIGIN` (repeatable; `*` for any) an
 (POST with `Authorization` and `Content-Type`) and marks every response to a request from such an
 origin; other origins get no CORS headers, so browsers keep them out (same-origin pages need none).
 
-Each data channel runs `TranscriptionService.Stream` itself: the session table, the resume and
-replay rules, the error codes are the gRPC service's, not a second implementation. The channel
-stands in for the call: its messages are the request iterator, its close is the call's
-cancellation.
+Each data channel runs the stream handler (cloud/stream_handler.py) that gRPC runs: the session
+table, the resume and replay rules, the error codes are one implementation. The channel's binary
+messages go to the stream's `RequestQueue`, its close is the stream's cancellation, and the
+handler's final status becomes the status frame.
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ import numpy as np
 
 from harken.cloud.auth import ApiKeys, check_http
 from harken.cloud.errors import Unauthenticated
+from harken.cloud.stream_handler import RequestQueue, StreamFailed, StreamHandler
 from harken.shared import wire
 from harken.shared.datachannel import send_when_drained
 from harken.shared.protocol import Audio
 
 if TYPE_CHECKING:
-    import grpc
     from aiohttp import web
 
     from harken.cloud.openai_api import ApiLimits, TranscriptionAPI
@@ -68,57 +68,11 @@ MAX_PENDING_AUDIO_S = 10.0  # track audio held before the stream's Ready; older 
 CONNECT_TIMEOUT_S = 30.0  # a peer connection that opens no data channel in this time is closed
 
 
-class _Aborted(Exception):
-    pass
-
-
-class _ChannelContext:
-    """What `TranscriptionService.Stream` needs of a call: the caller's metadata and `abort`."""
-
-    def __init__(self, metadata):
-        self._metadata = metadata
-        self.code: grpc.StatusCode | None = None
-        self.details = ""
-
-    def invocation_metadata(self):
-        return self._metadata
-
-    async def abort(self, code: grpc.StatusCode, details: str = ""):
-        self.code, self.details = code, details
-        raise _Aborted(details)
-
-
-class _Requests:
-    """The request iterator of one stream: bytes from the data channel (and the track), ending
-    at a half-close or when the channel closes."""
-
-    _END = object()
-
-    def __init__(self):
-        self.queue: asyncio.Queue = asyncio.Queue()
-
-    def put(self, data: bytes) -> None:
-        self.queue.put_nowait(data)
-
-    def end(self) -> None:
-        self.queue.put_nowait(self._END)
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self) -> bytes:
-        item = await self.queue.get()
-        if item is self._END:
-            self.queue.put_nowait(self._END)
-            raise StopAsyncIteration
-        return item
-
-
 @dataclass
 class _TrackFeed:
     """An incoming audio track of one peer connection -> `Audio` messages of its current stream."""
 
-    requests: _Requests | None = None
+    requests: RequestQueue | None = None
     next_seq: int | None = None  # set once the stream's Ready says where to resume
     pending: list[bytes] = field(default_factory=list)  # pieces before Ready
     piece: list[np.ndarray] = field(default_factory=list)
@@ -157,7 +111,7 @@ class _Channel:
 
     def __init__(self, channel, feed: _TrackFeed):
         self.channel = channel
-        self.requests = requests = _Requests()
+        self.requests = requests = RequestQueue()
         self.closed = asyncio.Event()
         feed.requests, feed.next_seq = requests, None  # the newest stream gets the track's audio
         feed.pending.clear()
@@ -186,9 +140,9 @@ class _Channel:
 class WebRTCEndpoint:
     """The HTTP signaling endpoint and every peer connection it made. Owned by `RunningServer`."""
 
-    def __init__(self, service, keys: ApiKeys | None, max_peer_connections: int = 64,
+    def __init__(self, handler: StreamHandler, keys: ApiKeys | None, max_peer_connections: int = 64,
                  cors_origins: tuple[str, ...] = (), api: TranscriptionAPI | None = None):
-        self.service = service  # cloud.grpc_service.TranscriptionService
+        self.handler = handler
         self.api = api
         self.keys = keys
         self.cors_origins = frozenset(cors_origins)
@@ -210,7 +164,7 @@ class WebRTCEndpoint:
             from harken.cloud.realtime_api import RealtimeTranscription
 
             self.api.add_routes(app)
-            RealtimeTranscription(self.service, self.keys, self.api.model_id).add_routes(app)
+            RealtimeTranscription(self.handler, self.keys, self.api.model_id).add_routes(app)
         app.router.add_static("/static/", WEB_DIR)
         if EDGE_WEB_DIR.is_dir():
             app.router.add_static("/edge/", EDGE_WEB_DIR)
@@ -277,7 +231,7 @@ class WebRTCEndpoint:
     async def _config(self, request):
         from aiohttp import web
 
-        return web.json_response(page_config(self.service))
+        return web.json_response(page_config(self.handler))
 
     async def _offer(self, request):
         from aiohttp import web
@@ -356,7 +310,7 @@ class WebRTCEndpoint:
         try:
             await asyncio.wait([stream, closer], return_when=asyncio.FIRST_COMPLETED)
         finally:
-            # the channel closing is the call's cancellation: the service detaches the stream
+            # the channel closing is the stream's cancellation: the handler detaches it
             for t in (stream, closer):
                 t.cancel()
             await asyncio.wait([stream, closer])
@@ -369,20 +323,18 @@ class WebRTCEndpoint:
             except asyncio.TimeoutError:
                 channel.close()
 
-    async def _run_stream(self, channel, requests: _Requests, metadata, feed: _TrackFeed) -> None:
-        context = _ChannelContext(metadata)
+    async def _run_stream(self, channel, requests: RequestQueue, metadata, feed: _TrackFeed) -> None:
         status = {"status": "OK", "message": ""}
         try:
-            async with aclosing(self.service.Stream(requests, context)) as messages:
+            async with aclosing(self.handler.run_proto(metadata, requests)) as messages:
                 async for msg in messages:
                     if msg.WhichOneof("kind") == "ready" and feed.requests is requests:
                         feed.next_seq = msg.ready.resume_after_seq + 1
                         feed.drain()
                     # waits while the channel's queue is long: a slow network backs up to the stream
                     await send_when_drained(channel, msg.SerializeToString())
-        except _Aborted:
-            assert context.code is not None  # abort() set it
-            status = {"status": context.code.name, "message": context.details}
+        except StreamFailed as e:
+            status = {"status": e.code, "message": e.message}
         if channel.readyState == "open":
             channel.send(json.dumps(status))
 
@@ -403,7 +355,7 @@ async def _pump_track(track, feed: _TrackFeed) -> None:
         feed.add(mono, frame.sample_rate)
 
 
-async def start_webrtc(service, keys: ApiKeys | None, host: str, port: int,
+async def start_webrtc(handler: StreamHandler, keys: ApiKeys | None, host: str, port: int,
                        cors_origins: tuple[str, ...] = (), api_limits: ApiLimits | None = None) -> WebRTCEndpoint:
     """The HTTP port: WebRTC signaling, the page, and (with `api_limits`) the OpenAI-compatible file
     API on the served model (cloud/openai_api.py) and its Realtime transcription (cloud/realtime_api.py)."""
@@ -411,8 +363,8 @@ async def start_webrtc(service, keys: ApiKeys | None, host: str, port: int,
     if api_limits is not None:
         from harken.cloud.openai_api import api_for
 
-        api = api_for(service, keys, api_limits)
-    endpoint = WebRTCEndpoint(service, keys, cors_origins=cors_origins, api=api)
+        api = api_for(handler, keys, api_limits)
+    endpoint = WebRTCEndpoint(handler, keys, cors_origins=cors_origins, api=api)
     await endpoint.start(host, port)
     return endpoint
 
@@ -420,12 +372,12 @@ async def start_webrtc(service, keys: ApiKeys | None, host: str, port: int,
 __all__ = ["WebRTCEndpoint", "start_webrtc", "page_config", "OFFER_PATH", "CONFIG_PATH"]
 
 
-def page_config(service) -> dict:
+def page_config(handler) -> dict:
     """`GET /v1/config`: the served model (`Qwen3ASR.describe()` of the engine's model) and the
     languages a stream can be forced to, by name and ISO 639 code."""
     from harken.cloud.model.prompt import LANGUAGE_CODES, SUPPORTED_LANGUAGES
 
-    asr = getattr(getattr(getattr(getattr(service, "table", None), "scheduler", None), "engine", None), "asr", None)
+    asr = getattr(getattr(getattr(getattr(handler, "table", None), "scheduler", None), "engine", None), "asr", None)
     describe = getattr(asr, "describe", None)
     model = describe() if callable(describe) else {"model": "", "kind": "unknown", "test_model": False, "note": ""}
     codes: dict[str, str] = {}

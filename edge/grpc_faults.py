@@ -1,20 +1,66 @@
-"""How the edge's gRPC driver reads a call and classifies its failures (edge/transport.py).
+"""The edge's gRPC call (`GrpcCall`: a grpc.aio Stream call as an edge/call.py `Call`) and how
+its failures are classified (edge/transport.py).
 
 A failed call is either a network fault (retried, resumed: the `ClientSession` decides) or one no
 retry can change, above all a TLS mismatch: a certificate the CA does not sign (or issued for
 another name), a TLS client at a plaintext server, or a plaintext client at a TLS server (found by
 asking the port once whether it speaks TLS, `speaks_tls`). The WebRTC driver's calls fail the
-same way (edge/webrtc_transport.py).
+same way (edge/webrtc_transport.py), as `CallFailed`.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
-import grpc
-
+from harken.edge.call import EOF, CallEnd, CallFailed
 from harken.shared import wire
-from harken.shared.protocol import ServerError, ServerMessage
+from harken.shared.protocol import ClientMessage, ServerMessage
+
+if TYPE_CHECKING:
+    import grpc
+
+
+class GrpcCall:
+    """A grpc.aio stream-stream call of `harken.v1.Transcription/Stream` as a `Call`: messages
+    through shared/wire.py, grpc's errors and final status as `CallFailed`."""
+
+    def __init__(self, call):
+        import grpc  # here: the WebRTC client imports this module's neighbours, and no grpc
+
+        self._call = call
+        self._rpc_error, self._eof, self._ok = grpc.aio.AioRpcError, grpc.aio.EOF, grpc.StatusCode.OK
+
+    async def write(self, message: ClientMessage) -> None:
+        try:
+            await self._call.write(wire.client_message_to_proto(message))
+        except self._rpc_error as e:
+            raise _failed(e) from None
+
+    async def read(self) -> ServerMessage | None | CallEnd:
+        try:
+            msg = await self._call.read()
+            if msg is self._eof:
+                code = await self._call.code()
+                if code != self._ok:
+                    raise CallFailed(code.name, await self._call.details())
+                return EOF
+        except self._rpc_error as e:
+            raise _failed(e) from None
+        return call_message(msg)
+
+    async def done_writing(self) -> None:
+        try:
+            await self._call.done_writing()
+        except self._rpc_error as e:
+            raise _failed(e) from None
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+def _failed(e: grpc.aio.AioRpcError) -> CallFailed:
+    return CallFailed(e.code().name, e.details() or "")
 
 
 def call_message(msg) -> ServerMessage | None:
@@ -22,25 +68,8 @@ def call_message(msg) -> ServerMessage | None:
     message it could not parse (and logs it): the server broke the protocol, and the call fails
     with INTERNAL, as the WebRTC driver's call does."""
     if msg is None:
-        raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                   details="malformed message from the server")
+        raise CallFailed("INTERNAL", "malformed message from the server")
     return wire.server_message_from_proto(msg)
-
-
-def status_error(error: ServerError) -> grpc.aio.AioRpcError:
-    """The server's Error message, the stream's last: its status follows with the same code, but
-    only once the server has read what this client still sends (cloud/grpc_service.py `_drain`)."""
-    code = grpc.StatusCode.__members__.get(error.code, grpc.StatusCode.UNKNOWN)  # not getattr: "name" is no code
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=error.message)
-
-
-async def raise_status(call) -> None:
-    """Raise the call's final status as an AioRpcError (the caller classifies it)."""
-    code = await call.code()
-    details = await call.details()
-    if code == grpc.StatusCode.OK:
-        return
-    raise grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
 
 
 # BoringSSL's verdicts in a failed handshake that no retry can change (gRPC puts them in the
@@ -61,11 +90,11 @@ _TLS_VERDICTS = (
 )
 
 
-def tls_mismatch(e: grpc.aio.AioRpcError, target: str, tls: bool) -> str | None:
+def tls_mismatch(e: CallFailed, target: str, tls: bool) -> str | None:
     """A one-line explanation when `e` is a TLS handshake that failed for good, else None."""
-    if e.code() != grpc.StatusCode.UNAVAILABLE or not tls:
+    if e.code != "UNAVAILABLE" or not tls:
         return None
-    details = e.details() or ""
+    details = e.details
     if "SSL_ERROR_SSL" not in details and "Hostname Verification" not in details:
         return None  # no handshake verdict: a connection that broke, retried as ever
     for marker, meaning in _TLS_VERDICTS:
@@ -76,10 +105,10 @@ def tls_mismatch(e: grpc.aio.AioRpcError, target: str, tls: bool) -> str | None:
     return None
 
 
-def closed_at_once(e: grpc.aio.AioRpcError) -> bool:
+def closed_at_once(e: CallFailed) -> bool:
     """The connection was closed by the other end before gRPC could use it (what a TLS server does
     to a plaintext client's HTTP/2 preface), not refused or timed out."""
-    details = e.details() or ""
+    details = e.details
     return "Socket closed" in details or "Connection reset" in details or "End of TCP stream" in details
 
 

@@ -5,8 +5,8 @@ edge pipeline's feature packets, or PCM16 for a thin client), one `harken.v1.Tra
 call per attempt, and yields the server's transcript as `TranscriptEvent`s. What to send, what
 to resend after a dropped call, what the user sees and whether to try again is decided by one
 `ClientSession` (`edge/client_session.py`, sans-IO, where the session semantics are documented);
-this module only moves its messages over the network (proto only through `shared/wire.py`), times
-the calls and classifies their failures:
+this module only moves its messages over a call (`edge/call.py`: a gRPC call here, `GrpcCall`; a
+WebRTC data channel in edge/webrtc_transport.py), times the calls and classifies their failures:
 
 - A TLS mismatch is not a network fault: a certificate the CA does not sign (or issued for another
   name), a TLS client at a plaintext server, a plaintext client at a TLS server (asked of the port
@@ -21,27 +21,25 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, aclosing
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
-import grpc
-
-from harken.shared import wire
+from harken.edge.call import EOF, Call, CallFailed, status_error
 from harken.edge.client_session import (ClientOptions, ClientSession, Disconnect, ClientLifecycle, StreamProgress,
                                         TransportStats)
 from harken.edge.errors import (BufferOverflowError, ServerRejectedError, ServerUnavailableError, TransportError,
                                 TransportSecurityError)
-from harken.edge.grpc_faults import (call_message, closed_at_once, raise_status, speaks_tls, status_error,
-                                      tls_mismatch)
+from harken.edge.grpc_faults import GrpcCall, closed_at_once, speaks_tls, tls_mismatch
 from harken.edge.front_end import AudioSource, Notify, as_async_pieces, audio_pieces, file_pieces, front_end
-from harken.shared.wire import features_to_proto
-from harken.proto import harken_pb2_grpc
 from harken.shared.protocol import ServerError
 from harken.shared.text import TranscriptText
 from harken.shared.transcript import TranscriptEvent
+
+if TYPE_CHECKING:
+    import grpc
 
 __all__ = ["TranscriptionClient", "ClientOptions", "TransportStats", "StreamProgress", "TranscriptEvent",
            "TransportError", "ServerUnavailableError", "BufferOverflowError", "TransportSecurityError",
@@ -169,9 +167,9 @@ class TranscriptionClient:
                 if await self._attempt(session, notify, wake):
                     return
                 failure = Disconnect("the server closed the stream before the end")
-            except grpc.aio.AioRpcError as e:
+            except CallFailed as e:
                 mismatch = tls_mismatch(e, self.target, tls=self._credentials is not None)
-                if mismatch is None and self._credentials is None and e.code() == grpc.StatusCode.UNAVAILABLE \
+                if mismatch is None and self._credentials is None and e.code == "UNAVAILABLE" \
                         and not probed and session.stats.sessions_opened == 0 and closed_at_once(e):
                     # a plaintext client's handshake with a TLS server fails as a bare "Socket
                     # closed": before the stream's first session, ask the port once whether it
@@ -180,7 +178,7 @@ class TranscriptionClient:
                     if await speaks_tls(self.target, min(self.options.connect_timeout_s, 5.0)):
                         mismatch = (f"the server at {self.target} speaks TLS and this client connects in "
                                     f"plaintext: give the server's CA certificate (--tls-ca FILE; tls= in the SDK)")
-                failure = Disconnect(e.details() or "", code=e.code().name, tls_mismatch=mismatch)
+                failure = Disconnect(e.details, code=e.code, tls_mismatch=mismatch)
             except (asyncio.TimeoutError, _NoReady, _Silent) as e:
                 failure = Disconnect(str(e) or "no Ready in time")
             retry = session.on_disconnect(failure, self._clock())  # raises when there is no point
@@ -190,19 +188,16 @@ class TranscriptionClient:
     async def _attempt(self, session: ClientSession, notify: Notify, wake: asyncio.Event) -> bool:
         """One call: Start/Ready, then send and receive until the server closes it. True when the
         whole stream is done (End sent, server closed with OK)."""
-        async with self._channel() as channel:
-            metadata = [(ROUTE_METADATA, session.route_key)]
-            if self.api_key:
-                metadata.append(("authorization", f"Bearer {self.api_key}"))
-            call = harken_pb2_grpc.TranscriptionStub(channel).Stream(metadata=metadata)
+        metadata = [(ROUTE_METADATA, session.route_key)]
+        if self.api_key:
+            metadata.append(("authorization", f"Bearer {self.api_key}"))
+        async with self._call(metadata) as call:
             tasks: set[asyncio.Task] = set()
             try:
-                await call.write(wire.client_message_to_proto(session.start_message()))
-                first = await asyncio.wait_for(call.read(), self.options.connect_timeout_s)
-                if first is grpc.aio.EOF:
-                    await raise_status(call)
+                await call.write(session.start_message())
+                reply = await asyncio.wait_for(call.read(), self.options.connect_timeout_s)
+                if reply is EOF:
                     raise _NoReady("the server closed the stream without Ready")
-                reply = call_message(first)
                 if isinstance(reply, ServerError):
                     raise status_error(reply)
                 session.on_server_message(reply, self._clock())  # the Ready, or a protocol error
@@ -223,24 +218,22 @@ class TranscriptionClient:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 call.cancel()
 
-    async def _receive(self, call, session: ClientSession, notify: Notify) -> bool:
+    async def _receive(self, call: Call, session: ClientSession, notify: Notify) -> bool:
         """The server's messages until it closes the call; True if the stream is done."""
-        while (msg := await call.read()) is not grpc.aio.EOF:
-            reply = call_message(msg)
+        while (reply := await call.read()) is not EOF:
             if isinstance(reply, ServerError):
                 raise status_error(reply)
             notify(session.on_server_message(reply, self._clock()))
-        await raise_status(call)
         # OK after our End: all finals are in. OK without it (a server shutting down): resume, or
         # replay into a new session
         return session.on_call_closed()
 
-    async def _send(self, call, session: ClientSession, wake: asyncio.Event) -> None:
+    async def _send(self, call: Call, session: ClientSession, wake: asyncio.Event) -> None:
         """Write what the session has to send as it comes; half-close once it has sent it all."""
         while True:
             wake.clear()
             while (msg := session.next_message(self._clock())) is not None:
-                await call.write(wire.client_message_to_proto(msg))
+                await call.write(msg)
                 session.sent(msg)
             if session.lifecycle is ClientLifecycle.DRAINING:  # End is out (or the server holds ours)
                 await call.done_writing()
@@ -259,9 +252,19 @@ class TranscriptionClient:
             if (reason := session.check_silence(self._clock())) is not None:
                 raise _Silent(reason)
 
+    @asynccontextmanager
+    async def _call(self, metadata: list[tuple[str, str]]) -> AsyncIterator[Call]:
+        """One call of the stream, open while the context is: here a gRPC call on a channel of its
+        own (the WebRTC client's is a data channel on a peer connection of its own)."""
+        from harken.proto import harken_pb2_grpc  # grpc is imported by the gRPC client only
+
+        async with self._channel() as channel:
+            yield GrpcCall(harken_pb2_grpc.TranscriptionStub(channel).Stream(metadata=metadata))
+
     def _channel(self) -> AbstractAsyncContextManager[Any]:
-        """A channel for the stub, entered per attempt: a grpc.aio.Channel (the WebRTC client's
-        stands in for one)."""
+        """The gRPC channel of one attempt (`_call`)."""
+        import grpc
+
         # a fresh channel, and connection, per attempt: grpc's own reconnect backoff (up to
         # minutes) stays out of the way of ours, a restarted server is found at once, and a dead
         # connection is not shared into the next attempt (channels share subchannels by default)
@@ -285,6 +288,8 @@ class _Silent(Exception):
 def _channel_credentials(tls: bool | str | Path | None) -> grpc.ChannelCredentials | None:
     if tls is None or tls is False:
         return None
+    import grpc
+
     if tls is True:
         return grpc.ssl_channel_credentials()
     return grpc.ssl_channel_credentials(root_certificates=Path(tls).read_bytes())

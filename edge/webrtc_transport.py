@@ -19,20 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from harken.shared import wire
+from harken.edge.call import EOF, STATUS_NAMES, CallEnd, CallFailed
 from harken.edge.client_session import ClientOptions
 from harken.edge.errors import ServerRejectedError
 from harken.edge.front_end import as_async_pieces
 from harken.edge.transport import TranscriptionClient
+from harken.proto import harken_pb2 as pb
+from harken.shared import wire
 from harken.shared.datachannel import send_when_drained
-from harken.shared.protocol import End, Start, Transcript
+from harken.shared.protocol import ClientMessage, End, ServerMessage, Start, Transcript
 
 if TYPE_CHECKING:
     from aiortc import RTCDataChannel, RTCPeerConnection
@@ -40,25 +43,17 @@ if TYPE_CHECKING:
 OFFER_PATH = "/v1/webrtc/offer"
 CHANNEL_LABEL = "harken"
 
-
-def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
-
-
-_HTTP_CODES = {401: grpc.StatusCode.UNAUTHENTICATED, 403: grpc.StatusCode.PERMISSION_DENIED,
-               400: grpc.StatusCode.INVALID_ARGUMENT, 429: grpc.StatusCode.RESOURCE_EXHAUSTED}
+_HTTP_CODES = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 400: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED"}
 
 
 class DataChannelCall:
-    """A `harken.v1.Transcription/Stream` call over a data channel, with the methods of a
-    grpc.aio stream-stream call that `TranscriptionClient` uses."""
+    """A `harken.v1.Transcription/Stream` call over a data channel, as an edge/call.py `Call`:
+    binary frames carry the serialized messages (shared/wire.py), text frames the call's framing."""
 
-    def __init__(self, channel, deserialize, serialize):
+    def __init__(self, channel):
         self.channel = channel
-        self._deserialize = deserialize
-        self._serialize = serialize
         self._incoming: asyncio.Queue = asyncio.Queue()
-        self._status: tuple[grpc.StatusCode, str] | None = None
+        self._status: tuple[str, str] | None = None  # (code name, details) once the call is over
         self._eof = False
         channel.on("message", self._on_message)
         channel.on("close", self._on_close)
@@ -69,64 +64,61 @@ class DataChannelCall:
             return
         try:
             status = json.loads(data)
-            code = grpc.StatusCode[status["status"]]
+            code = status["status"]
+            if code not in STATUS_NAMES:
+                raise KeyError(code)
         except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested too deep
-            code, status = grpc.StatusCode.INTERNAL, {"message": "malformed status from the server"}
+            code, status = "INTERNAL", {"message": "malformed status from the server"}
         if self._status is None:
             self._status = (code, str(status.get("message", "")))
         self._incoming.put_nowait(None)
 
     def _on_close(self) -> None:
         if self._status is None:
-            self._status = (grpc.StatusCode.UNAVAILABLE, "the data channel closed")
+            self._status = ("UNAVAILABLE", "the data channel closed")
         self._incoming.put_nowait(None)
 
-    async def write(self, message) -> None:
+    async def write(self, message: ClientMessage) -> None:
         if self.channel.readyState != "open" or self._status is not None:
-            raise _rpc_error(*(self._status or (grpc.StatusCode.UNAVAILABLE, "the data channel is closed")))
+            raise CallFailed(*(self._status or ("UNAVAILABLE", "the data channel is closed")))
         try:
-            await send_when_drained(self.channel, self._serialize(message))
+            await send_when_drained(self.channel, wire.client_message_to_proto(message).SerializeToString())
         except ConnectionError:
-            raise _rpc_error(grpc.StatusCode.UNAVAILABLE, "the data channel closed") from None
+            raise CallFailed("UNAVAILABLE", "the data channel closed") from None
 
-    async def read(self):
-        if self._eof:
-            return grpc.aio.EOF
-        data = await self._incoming.get()
-        if data is None:
+    async def read(self) -> ServerMessage | None | CallEnd:
+        if not self._eof:
+            data = await self._incoming.get()
+            if data is not None:
+                try:
+                    return wire.server_message_from_proto(pb.ServerMessage.FromString(data))
+                except DecodeError:
+                    # the server broke the protocol: the call fails with INTERNAL (as the gRPC
+                    # driver's does with the None that grpc.aio hands over for it, edge/grpc_faults.call_message)
+                    self._status = ("INTERNAL", "malformed message from the server")
+                    self._eof = True
+                    self.channel.close()
+                    raise CallFailed(*self._status) from None
             self._eof = True
-            return grpc.aio.EOF
-        try:
-            return self._deserialize(data)
-        except DecodeError:
-            # the server broke the protocol: the call fails with INTERNAL (as the gRPC driver's
-            # does with the None that grpc.aio hands over for it, edge/grpc_faults.call_message)
-            self._status = (grpc.StatusCode.INTERNAL, "malformed message from the server")
-            self._eof = True
-            self.channel.close()
-            raise _rpc_error(*self._status) from None
+        code, details = self._status or ("UNAVAILABLE", "")
+        if code != "OK":
+            raise CallFailed(code, details)
+        return EOF
 
     async def done_writing(self) -> None:
         if self.channel.readyState == "open":
             self.channel.send(json.dumps({"half_close": True}))
 
-    async def code(self) -> grpc.StatusCode:
-        return self._status[0] if self._status else grpc.StatusCode.UNAVAILABLE
-
-    async def details(self) -> str:
-        return self._status[1] if self._status else ""
-
-    def cancel(self) -> bool:
+    def cancel(self) -> None:
         if self._status is None:
-            self._status = (grpc.StatusCode.CANCELLED, "cancelled by the client")
+            self._status = ("CANCELLED", "cancelled by the client")
         self.channel.close()
-        return True
 
 
 class PeerConnectionChannel:
-    """Stands in for a grpc.aio channel in `TranscriptionClient._attempt`: entering it makes the
-    peer connection (signaling over HTTP, ICE, DTLS, SCTP) with its data channel open; the
-    stub's `Stream` call then runs over that channel; leaving it closes the connection."""
+    """One stream attempt's peer connection: entering it makes the connection (signaling over
+    HTTP, ICE, DTLS, SCTP) with its data channel open (`CallFailed` if it cannot); `call()` is
+    the stream's call over that channel; leaving it closes the connection."""
 
     def __init__(self, url: str, api_key: str | None, connect_timeout_s: float, ssl=None, tracks=()):
         self.tracks = tracks  # media tracks to send besides the data channel (`stream_opus`)
@@ -142,13 +134,13 @@ class PeerConnectionChannel:
             await asyncio.wait_for(self._connect(), self.connect_timeout_s)
         except asyncio.TimeoutError:
             await self.close()
-            raise _rpc_error(grpc.StatusCode.UNAVAILABLE, "WebRTC connection not established in time") from None
-        except grpc.aio.AioRpcError:
+            raise CallFailed("UNAVAILABLE", "WebRTC connection not established in time") from None
+        except CallFailed:
             await self.close()
             raise
         except Exception as e:
             await self.close()
-            raise _rpc_error(grpc.StatusCode.UNAVAILABLE, f"WebRTC connection failed: {e}") from e
+            raise CallFailed("UNAVAILABLE", f"WebRTC connection failed: {e}") from e
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -175,16 +167,16 @@ class PeerConnectionChannel:
             async with http.post(self.url + OFFER_PATH, json=offer, headers=headers, ssl=self.ssl) as r:
                 body = await r.json(content_type=None)
                 if r.status != 200:
-                    code = _HTTP_CODES.get(r.status, grpc.StatusCode.UNAVAILABLE)
-                    raise _rpc_error(code, str(body.get("message", f"HTTP {r.status}")))
+                    code = _HTTP_CODES.get(r.status, "UNAVAILABLE")
+                    raise CallFailed(code, str(body.get("message", f"HTTP {r.status}")))
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type=body["type"]))
         if self.channel.readyState != "open":
             await opened.wait()
 
-    def stream_stream(self, method, request_serializer=None, response_deserializer=None, **_):
-        def call(metadata=None, **__):
-            return DataChannelCall(self.channel, response_deserializer, request_serializer)
-        return call
+    def call(self) -> DataChannelCall:
+        """The stream's call over the open data channel."""
+        assert self.channel is not None  # open once entered
+        return DataChannelCall(self.channel)
 
 
 class WebRTCTranscriptionClient(TranscriptionClient):
@@ -207,6 +199,13 @@ class WebRTCTranscriptionClient(TranscriptionClient):
 
     def _channel(self) -> PeerConnectionChannel:
         return PeerConnectionChannel(self.target, self.api_key, self.options.connect_timeout_s, self._ssl)
+
+    @asynccontextmanager
+    async def _call(self, metadata: list[tuple[str, str]]) -> AsyncIterator[DataChannelCall]:
+        """One peer connection per call (the API key went with the offer; the route key is for
+        gRPC routers only)."""
+        async with self._channel() as peer:
+            yield peer.call()
 
 
 __all__ = ["WebRTCTranscriptionClient", "DataChannelCall", "PeerConnectionChannel"]
@@ -282,8 +281,6 @@ async def stream_opus(url: str, source, api_key: str | None = None, language: st
     browser does; the server runs VAD + features on the decoded audio. Yields `TranscriptEvent`s.
     Live media: audio lost with a dropped connection is not resent (use the data channel client
     for that guarantee)."""
-    from harken.proto import harken_pb2 as pb
-
     if "://" not in url:
         url = "http://" + url
     track = _pcm_track(_pieces_48k(source), speed)
@@ -291,23 +288,22 @@ async def stream_opus(url: str, source, api_key: str | None = None, language: st
     async with peer:
         channel = peer.channel
         assert channel is not None  # open once entered
-        call = DataChannelCall(channel, pb.ServerMessage.FromString, pb.ClientMessage.SerializeToString)
-        await call.write(wire.client_message_to_proto(Start(language=language, context=context)))
+        call = peer.call()
+        await call.write(Start(language=language, context=context))
 
         async def end_after_source():
             await track.source_done.wait()
             await asyncio.sleep(TRAILING_SILENCE_S / speed + 0.2)
             channel.send(json.dumps({"flush_audio": True}))
-            await call.write(wire.client_message_to_proto(End()))
+            await call.write(End())
 
         ender = asyncio.create_task(end_after_source())
         try:
-            while (msg := await call.read()) is not grpc.aio.EOF:
-                if isinstance(reply := wire.server_message_from_proto(msg), Transcript):
+            while (reply := await call.read()) is not EOF:
+                if isinstance(reply, Transcript):
                     yield reply.event
-            code = await call.code()
-            if code != grpc.StatusCode.OK:
-                raise ServerRejectedError(code.name, await call.details())
+        except CallFailed as e:
+            raise ServerRejectedError(e.code, e.details) from None
         finally:
             ender.cancel()
             await asyncio.gather(ender, return_exceptions=True)

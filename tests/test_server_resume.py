@@ -156,27 +156,20 @@ def test_a_stream_cancelled_again_while_it_cleans_up_is_still_detached(asr, pack
     up here: the one decode thread is busy), and is cancelled again meanwhile. The stream must
     still be detached: before 56ee275 its session stayed attached for good (no grace period, so
     never expired) and the attached-streams gauge counted it forever. Driven through
-    `TranscriptionService.Stream` directly (as the WebRTC endpoint drives it), so both
+    the stream handler directly (as the WebRTC endpoint drives it), so both
     cancellations land where they are meant to."""
-    from harken.cloud.grpc_service import TranscriptionService
-
-    class Context:
-        def invocation_metadata(self):
-            return ()
-
-        async def abort(self, code, details):
-            raise AssertionError(f"no error expected: {code} {details}")
+    from harken.cloud.stream_handler import StreamHandler
 
     async def main():
         async with serving(asr, metrics_port=0, decode_threads=1) as server:
-            service = TranscriptionService(server._table, None, server.metrics)
+            streams = StreamHandler(server._table, None, server.metrics)
             incoming: asyncio.Queue = asyncio.Queue()
 
             async def requests():
                 while True:
                     yield await incoming.get()
 
-            stream = service.Stream(requests(), Context())
+            stream = streams.run_proto((), requests())
             incoming.put_nowait(start_msg(codec=CODEC_NAME).SerializeToString())
             ready = await stream.__anext__()
             session = server._table.sessions[ready.ready.session_id]
