@@ -135,6 +135,7 @@ class TranscriptionAPI:
     async def _read(self, request) -> Request:
         """The multipart form, the file streamed to a temporary file under the upload limit."""
         from aiohttp import ClientPayloadError
+        from aiohttp.http_exceptions import HttpProcessingError
 
         from harken.cloud.model.prompt import forced_language
         from harken.edge.audio import load_audio, peak_normalize
@@ -152,9 +153,10 @@ class TranscriptionAPI:
                 path = await self._parts(request, Path(tmp) / "audio", fields)
             except ApiError:
                 raise
-            except (ValueError, LookupError, RuntimeError, AssertionError, ConnectionError, ClientPayloadError) as e:
+            except (ValueError, LookupError, RuntimeError, AssertionError, ConnectionError, ClientPayloadError,
+                    HttpProcessingError) as e:
                 # aiohttp's multipart reader on a body that is not multipart as the headers say
-                # (no or another boundary, a part cut short, undecodable part headers): the client's
+                # (no or another boundary, a part cut short, part headers that are not HTTP headers)
                 raise ApiError(400, f"the multipart body cannot be read ({type(e).__name__}: {str(e)[:120]})",
                                code="invalid_multipart") from None
             if path is None:
