@@ -266,8 +266,7 @@ def _models_request(rng: random.Random) -> HttpRequest:
     if auth is not None:
         raw += b"Authorization: " + auth + b"\r\n"
     raw += b"Connection: close\r\n\r\n"
-    return HttpRequest(raw, route=path.startswith(b"/v1/models") and path.rstrip(b"/") in (b"/v1/models", b"/v1/models?x=1"),
-                       good_key=good_key)
+    return HttpRequest(raw, route=path in (b"/v1/models", b"/v1/models?x=1"), good_key=good_key)
 
 
 def _random_auth(rng: random.Random) -> tuple[bool, bytes | None]:
@@ -629,10 +628,16 @@ class ServedHTTP:
                     self.differences.append({"alone": alone, "beside": got})
         return runs, affected
 
-    async def leaked_sessions(self) -> int:
-        """Sessions still in the table (or the engine) once the grace period is over."""
-        await asyncio.sleep(self.grace_s + 1.2)
+    async def leaked_sessions(self, drain_s: float = 40.0) -> int:
+        """Sessions still in the table (or the engine) once the grace period is over. A socket's
+        handler ends its stream when the socket closes, and waits up to 30 s for its last finals
+        (cloud/realtime_api.py): sessions may take that long to go."""
         table = self.running._table  # noqa: SLF001
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_s
+        while (table.sessions or self.running.engine.sessions) and loop.time() < deadline:
+            await asyncio.sleep(0.25)
+        await asyncio.sleep(self.grace_s + 1.2)
         return len(table.sessions) + len(self.running.engine.sessions)
 
 
