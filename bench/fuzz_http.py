@@ -403,12 +403,16 @@ class _ErrorLog(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.ERROR)
         self.records: list[str] = []
+        self.client_gone = 0
 
     def emit(self, record: logging.LogRecord) -> None:
         from aiohttp.http_exceptions import HttpProcessingError
 
         if record.exc_info and isinstance(record.exc_info[1], HttpProcessingError):
             return  # aiohttp's HTTP parser on a request that is not HTTP: it answers 400 itself
+        if record.exc_info and isinstance(record.exc_info[1], ConnectionResetError):
+            self.client_gone += 1  # aiohttp writing to a client that went away (a request cut short)
+            return
         text = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             text += f": {type(record.exc_info[1]).__name__}: {record.exc_info[1]}"[:300]
@@ -657,6 +661,8 @@ async def _read_events(ws, events: list) -> str:
 
 
 def _parse_response(data: bytes) -> HttpOutcome:
+    while data.startswith(b"HTTP/1.1 1"):  # 100 Continue (the client sent Expect): the answer follows
+        data = data.partition(b"\r\n\r\n")[2]
     head, sep, body = data.partition(b"\r\n\r\n")
     if not data or not sep:
         return HttpOutcome(None)
@@ -766,5 +772,6 @@ async def run_http_fuzz(n: int, rng: random.Random, harness: ServedHTTP, concurr
     return {"tried": n, "crashes": tally.crashes,
             "by_target": {t: {"tried": sum(c.values()), **dict(sorted(c.items()))} for t, c in tally.by_target.items()},
             "reference_runs": runs, "others_affected": affected, "leaked_sessions": leaked,
+            "client_gone_logged": harness.log.client_gone,
             "ok": tally.crashes == 0 and affected == 0 and leaked == 0,
             "crash_examples": tally.crash_examples}
