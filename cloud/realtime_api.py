@@ -174,8 +174,9 @@ class _Session:
         audio = part(session, "audio") if isinstance(session, dict) else None
         audio_in = part(audio, "input") if audio is not None else None
         fmt = part(audio_in, "format") if audio_in is not None else None
-        transcription = (part(audio_in, "transcription") or part(session, "input_audio_transcription")
-                         if audio_in is not None else None)
+        transcription = part(audio_in, "transcription") if audio_in is not None else None
+        if transcription == {} and audio is not None:  # the beta API's place for it
+            transcription = part(session, "input_audio_transcription")
         if fmt is None or transcription is None:
             await self.error("session, session.audio, .input, .format and .transcription must be JSON objects",
                              "invalid_value", event_id)
