@@ -442,6 +442,7 @@ class ServedHTTP:
         self.port = running.http_port
         self.differences: list[dict] = []
         self.logged = 0  # error-log records already reported
+        self.error_codes: Counter = Counter()  # the Realtime error events' codes
 
     @classmethod
     async def start(cls, asr, corpus: FuzzCorpus, grace_s: float = 0.3, keys_path: str | None = None) -> "ServedHTTP":
@@ -586,7 +587,8 @@ class ServedHTTP:
         if outcome not in ("closed 1000", "closed 1009", "DROPPED"):  # 1009: an event over the size limit
             raise Crash("realtime", f"the socket ended {outcome}", script)
         errors = Counter(str(e["error"].get("code")) for e in events if e["type"] == "error")
-        return "error:" + ",".join(sorted(errors)) if errors else outcome
+        self.error_codes.update(errors)
+        return f"{outcome}, error events" if errors else outcome
 
     def _check_log(self, target: str, data: Any) -> None:
         if len(self.log.records) > self.logged:
@@ -773,5 +775,6 @@ async def run_http_fuzz(n: int, rng: random.Random, harness: ServedHTTP, concurr
             "by_target": {t: {"tried": sum(c.values()), **dict(sorted(c.items()))} for t, c in tally.by_target.items()},
             "reference_runs": runs, "others_affected": affected, "leaked_sessions": leaked,
             "client_gone_logged": harness.log.client_gone,
+            "realtime_error_codes": dict(sorted(harness.error_codes.items())),
             "ok": tally.crashes == 0 and affected == 0 and leaked == 0,
             "crash_examples": tally.crash_examples}
