@@ -9,7 +9,8 @@ lane) with its HTTP port open on loopback; each example is one of:
                     over-long fields; files that are audio, broken audio (WAV headers claiming any
                     rate or channel count), or not audio; boundaries missing or wrong, bodies cut
                     short, Content-Length lies, chunked bodies, other content types, bad tokens
-    models          `GET /v1/models` with good, bad, missing or non-ASCII tokens
+    models          `GET /v1/models` with good, bad, missing or non-ASCII tokens (and `GET /v1/realtime`
+                    with no WebSocket upgrade)
     realtime        a WebSocket session on `/v1/realtime`: session.update of every shape (both
                     dialects), base64 audio good and bad, commits, clears, unknown and missing types,
                     text that is not JSON, JSON that is not an object, deeply nested JSON, binary
@@ -261,12 +262,14 @@ def random_http_request(rng: random.Random, corpus: FuzzCorpus) -> HttpRequest:
 
 def _models_request(rng: random.Random) -> HttpRequest:
     good_key, auth = _random_auth(rng)
-    path = rng.choice((b"/v1/models", b"/v1/models", b"/v1/models?x=1", b"/v1/models/", b"/v1/models/tiny"))
+    path = rng.choice((b"/v1/models", b"/v1/models", b"/v1/models?x=1", b"/v1/models/", b"/v1/models/tiny",
+                       b"/v1/realtime", b"/v1/realtime?model=tiny"))  # the socket's path without an upgrade
     raw = b"GET " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
     if auth is not None:
         raw += b"Authorization: " + auth + b"\r\n"
     raw += b"Connection: close\r\n\r\n"
-    return HttpRequest(raw, route=path in (b"/v1/models", b"/v1/models?x=1"), good_key=good_key)
+    return HttpRequest(raw, route=path in (b"/v1/models", b"/v1/models?x=1", b"/v1/realtime", b"/v1/realtime?model=tiny"),
+                       good_key=good_key)
 
 
 def _random_auth(rng: random.Random) -> tuple[bool, bytes | None]:

@@ -68,6 +68,10 @@ class RealtimeTranscription:
             return web.json_response({"error": {"message": str(e), "type": "invalid_request_error",
                                                  "param": None, "code": "invalid_api_key"}}, status=401)
         ws = web.WebSocketResponse(max_msg_size=MAX_EVENT_BYTES)
+        if not ws.can_prepare(request).ok:
+            return web.json_response({"error": {"message": "/v1/realtime is a WebSocket: connect with "
+                                                           "'Upgrade: websocket'", "type": "invalid_request_error",
+                                                "param": None, "code": "websocket_required"}}, status=400)
         await ws.prepare(request)
         session = _Session(self, ws, metadata)
         await session.send({"type": "session.created", "session": session.describe()})

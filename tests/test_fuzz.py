@@ -354,6 +354,12 @@ def test_what_the_http_fuzzer_found_is_a_4xx_in_openais_shape(served_http, corpu
 
     text = dataclasses.replace(_post(b"B", wav + _part(b"response_format", b"text") + end), response_format="text")
     assert lt.run(harness.check_http(text)) == "200"
+    from harken.bench import fuzz_http
+
+    plain = fuzz_http.HttpRequest(b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                                  + fuzz_http.HTTP_KEY.encode() + b"\r\nConnection: close\r\n\r\n")
+    assert lt.run(harness.check_http(plain)) == "400"  # was aiohttp's plain-text 400
+    assert json.loads(lt.run(harness.send(plain)).body)["error"]["code"] == "websocket_required"
 
 
 def test_what_the_realtime_fuzzer_found_is_an_error_event(served_http, corpus):
