@@ -25,6 +25,12 @@ Output (one JSON object):
 
 The inputs follow from `seed`, except which session ids a resume names (those depend on timing
 with `concurrency` > 1).
+
+With `http_examples` > 0 (`--http-examples N`), the same random source then drives N raw HTTP
+requests and Realtime WebSocket sessions against a served HTTP port's OpenAI endpoints
+(bench/fuzz_http.py, `http_concurrency` at a time, beside a reference Realtime session of another
+key); their counts come under `http` (tried, crashes, by_target, reference_runs, others_affected,
+leaked_sessions, realtime_error_codes, crash_examples), and `ok` holds for both parts.
 """
 
 from __future__ import annotations
