@@ -113,13 +113,13 @@ def random_audio_file(rng: random.Random, corpus: FuzzCorpus) -> bytes:
     if r == 5:  # a valid WAV at a very low or odd rate: long audio from few bytes
         return wav_bytes(pcm[:rng.choice((2, 20, 2000, len(pcm)))], rate=rng.choice((1, 2, 100, 999, 7919, 96000)))
     if r == 6:
-        data = wav_bytes(pcm)
-        return data[:rng.randrange(0, len(data))]
+        whole = wav_bytes(pcm)
+        return whole[:rng.randrange(0, len(whole))]
     if r == 7:
-        data = bytearray(wav_bytes(pcm))
+        flipped = bytearray(wav_bytes(pcm))
         for _ in range(rng.randrange(1, 20)):
-            data[rng.randrange(len(data))] = rng.randrange(256)
-        return bytes(data)
+            flipped[rng.randrange(len(flipped))] = rng.randrange(256)
+        return bytes(flipped)
     if r == 8:
         return rng.choice((b"", b"RIFF", b"not audio at all", b"\x00" * 1000, b"fLaC\x00\x00\x00\x22",
                            b"OggS" + rng.randbytes(60), b"ID3\x04" + rng.randbytes(60)))
