@@ -21,6 +21,7 @@ too long), 401 (API keys as Bearer tokens, as on gRPC), 413 (upload too large), 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import tempfile
 import threading
@@ -41,6 +42,8 @@ MODELS_PATH = "/v1/models"
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 RETRY_AFTER_S = 5  # the hint a 429 carries
 MAX_FIELD_BYTES = 64_000  # a form field other than the file
+MAX_FORM_FIELD_BYTES = 1 << 20  # all of them
+MAX_PARTS = 64
 
 
 @dataclass(frozen=True)
@@ -188,8 +191,13 @@ class TranscriptionAPI:
         from aiohttp import BodyPartReader
 
         path = None
+        field_bytes = 0  # all fields together: a chunked body has no Content-Length to refuse up front
         reader = await request.multipart()
-        while (part := await reader.next()) is not None:
+        for n in itertools.count():
+            if (part := await reader.next()) is None:
+                break
+            if n >= MAX_PARTS:
+                raise ApiError(400, f"the form has more than {MAX_PARTS} parts", code="invalid_multipart")
             if not isinstance(part, BodyPartReader):
                 raise ApiError(400, "a nested multipart part is not taken; send the fields and the file as "
                                     "parts of one multipart/form-data body", code="invalid_multipart")
@@ -209,6 +217,10 @@ class TranscriptionAPI:
                 value = bytearray()
                 while chunk := await part.read_chunk(1 << 16):
                     value += chunk
+                    field_bytes += len(chunk)
+                    if field_bytes > MAX_FORM_FIELD_BYTES:
+                        raise ApiError(413, "the form's fields are larger than this server takes "
+                                            f"({MAX_FORM_FIELD_BYTES // (1 << 20)} MiB)", code="fields_too_large")
                     if len(value) > MAX_FIELD_BYTES:
                         raise ApiError(400, f"the form field {str(name)[:60]!r} is too long", param=name and str(name)[:60])
                 if name:

@@ -400,3 +400,24 @@ def test_bench_fuzz_http_examples(capsys):
     assert http["tried"] == 30 and http["crashes"] == 0 and http["ok"] and result["ok"]
     assert set(http["by_target"]) == {"transcriptions", "models", "realtime"}
     assert http["reference_runs"] >= 1 and http["others_affected"] == 0 and http["leaked_sessions"] == 0
+
+
+def test_a_form_is_bounded_in_parts_and_in_field_bytes(served_http, corpus):
+    """Seen while fixing the fuzzer's findings: a chunked body has no Content-Length to refuse up
+    front, so a form of many fields (each under its 64,000-byte cap) or of many parts was read into
+    memory without a bound. Now at most 64 parts (400) and 1 MiB of fields in all (413)."""
+    from harken.bench import fuzz_http
+
+    lt, harness = served_http
+    wav = b'--B\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n' + _wav(corpus) + b"\r\n"
+    many_parts = wav + b"".join(_part(f"f{i}".encode(), b"1") for i in range(70)) + b"--B--\r\n"
+    assert lt.run(harness.check_http(_post(b"B", many_parts))) == "400"
+    assert "more than 64 parts" in json.loads(lt.run(harness.send(_post(b"B", many_parts))).body)["error"]["message"]
+    big = wav + b"".join(_part(f"f{i}".encode(), b"x" * 60_000) for i in range(20)) + b"--B--\r\n"
+    chunks = b"".join(f"{len(big[i:i + 65536]):x}\r\n".encode() + big[i:i + 65536] + b"\r\n"
+                      for i in range(0, len(big), 65536)) + b"0\r\n\r\n"
+    raw = (b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + fuzz_http.HTTP_KEY.encode()
+           + b"\r\nContent-Type: multipart/form-data; boundary=B\r\nTransfer-Encoding: chunked\r\n"
+           b"Connection: close\r\n\r\n" + chunks)
+    out = lt.run(harness.send(fuzz_http.HttpRequest(raw)))
+    assert out.status == 413 and json.loads(out.body)["error"]["code"] == "fields_too_large"
