@@ -92,7 +92,7 @@ bench: $(STAMP) sysdeps
 	$(VENV)/bin/harken bench web --json
 	$(VENV)/bin/harken bench overload --json
 	$(VENV)/bin/harken bench soak --minutes 5 --json
-	$(VENV)/bin/harken bench fuzz --examples 100000 --json
+	$(VENV)/bin/harken bench fuzz --examples 100000 --http-examples 1000 --json
 	$(MAKE) test-vllm
 
 # synth-en across sessions (README "synth-en"): `make train` resumes training here in the background

@@ -25,6 +25,12 @@ Output (one JSON object):
 
 The inputs follow from `seed`, except which session ids a resume names (those depend on timing
 with `concurrency` > 1).
+
+With `http_examples` > 0 (`--http-examples N`), the same random source then drives N raw HTTP
+requests and Realtime WebSocket sessions against a served HTTP port's OpenAI endpoints
+(bench/fuzz_http.py, `http_concurrency` at a time, beside a reference Realtime session of another
+key); their counts come under `http` (tried, crashes, by_target, reference_runs, others_affected,
+leaked_sessions, realtime_error_codes, crash_examples), and `ok` holds for both parts.
 """
 
 from __future__ import annotations
@@ -50,10 +56,14 @@ class FuzzBenchOptions:
     model: str = "tiny"
     reference_pace_s: float = 0.02  # between the reference stream's messages
     crash_examples: int = 5
+    http_examples: int = 0  # examples against the HTTP port's OpenAI endpoints (bench/fuzz_http.py)
+    http_concurrency: int = 4
 
     def __post_init__(self):
-        if self.examples < 1 or self.concurrency < 1 or not 0.0 <= self.session_share <= 1.0:
-            raise HarkenError("--examples and --concurrency must be >= 1, --session-share within 0..1")
+        if (self.examples < 0 or self.http_examples < 0 or self.examples + self.http_examples < 1
+                or self.concurrency < 1 or self.http_concurrency < 1 or not 0.0 <= self.session_share <= 1.0):
+            raise HarkenError("--examples and --http-examples must be >= 0 (one of them >= 1), --concurrency >= 1, "
+                              "--session-share within 0..1")
 
 
 @dataclass
@@ -157,13 +167,16 @@ async def run_fuzz(options: FuzzBenchOptions, asr) -> dict:
             session = await run_sessions(counts["session"], options, rng, harness, tally)
         finally:
             await harness.close()
+    http = None
+    if options.http_examples:
+        http = await run_http(options, rng, asr, corpus)
     wall_s = time.monotonic() - t0
     rejections: Counter = Counter()
     for target in fuzz.SERVER_TARGETS:
         rejections.update({code: n for code, n in tally.by_target[target].items()
                            if code not in ("OK", fuzz.CANCELLED, "CRASH")})
     tried = sum(tally.tried(t) for t in fuzz.TARGETS)
-    return {
+    result = {
         "tried": tried,
         "crashes": tally.crashes,
         "rejections_by_code": dict(sorted(rejections.items())),
@@ -178,6 +191,25 @@ async def run_fuzz(options: FuzzBenchOptions, asr) -> dict:
         "wall_s": round(wall_s, 2),
         "examples_per_s": round(tried / wall_s, 1),
     }
+    if http is not None:
+        result["http"] = http
+        result["ok"] = result["ok"] and http["ok"]
+    return result
+
+
+async def run_http(options: FuzzBenchOptions, rng: random.Random, asr, corpus: inputs.FuzzCorpus) -> dict:
+    """`options.http_examples` requests and Realtime sessions against a served HTTP port (bench/fuzz_http.py)."""
+    from harken.bench import fuzz_http
+
+    t0 = time.monotonic()
+    harness = await fuzz_http.ServedHTTP.start(asr, corpus)
+    try:
+        out = await fuzz_http.run_http_fuzz(options.http_examples, rng, harness, options.http_concurrency,
+                                            keep=options.crash_examples)
+    finally:
+        await harness.close()
+    out["wall_s"] = round(time.monotonic() - t0, 2)
+    return out
 
 
 def bench_fuzz(options: FuzzBenchOptions) -> dict:

@@ -95,4 +95,6 @@ def bearer_token(metadata) -> str | None:
 
 
 def _digest(key: str) -> bytes:
-    return hashlib.sha256(key.encode("utf-8")).digest()
+    # surrogatepass: an HTTP header's bytes that are not UTF-8 come as surrogates (aiohttp decodes
+    # with surrogateescape); such a key is unknown, not an error
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()

@@ -21,6 +21,7 @@ too long), 401 (API keys as Bearer tokens, as on gRPC), 413 (upload too large), 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import tempfile
 import threading
@@ -40,6 +41,9 @@ TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 MODELS_PATH = "/v1/models"
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 RETRY_AFTER_S = 5  # the hint a 429 carries
+MAX_FIELD_BYTES = 64_000  # a form field other than the file
+MAX_FORM_FIELD_BYTES = 1 << 20  # all of them
+MAX_PARTS = 64
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,9 @@ class TranscriptionAPI:
 
     async def _read(self, request) -> Request:
         """The multipart form, the file streamed to a temporary file under the upload limit."""
+        from aiohttp import ClientPayloadError
+        from aiohttp.http_exceptions import HttpProcessingError
+
         from harken.cloud.model.prompt import forced_language
         from harken.edge.audio import load_audio, peak_normalize
         from harken.shared.features_spec import SAMPLE_RATE
@@ -145,27 +152,22 @@ class TranscriptionAPI:
         fields: dict[str, str] = {}
         with tempfile.TemporaryDirectory(prefix="harken-upload-") as tmp:
             path: Path | None = None
-            reader = await request.multipart()
-            while (part := await reader.next()) is not None:
-                name = getattr(part, "name", None)
-                if name == "file":
-                    path = Path(tmp) / "audio"
-                    size = 0
-                    with path.open("wb") as f:
-                        while chunk := await part.read_chunk(1 << 16):
-                            size += len(chunk)
-                            if size > self.limits.max_upload_bytes:
-                                raise ApiError(413, f"the file is larger than this server's limit of "
-                                                    f"{self.limits.max_upload_bytes // (1 << 20)} MiB",
-                                               code="file_too_large", param="file")
-                            f.write(chunk)
-                elif name:
-                    value = await part.text()
-                    if len(value) > 64_000:
-                        raise ApiError(400, f"the form field {name!r} is too long", param=name)
-                    fields[name] = value
+            try:
+                path = await self._parts(request, Path(tmp) / "audio", fields)
+            except ApiError:
+                raise
+            except (ValueError, LookupError, RuntimeError, AssertionError, ConnectionError, ClientPayloadError,
+                    HttpProcessingError) as e:
+                # aiohttp's multipart reader on a body that is not multipart as the headers say
+                # (no or another boundary, a part cut short, part headers that are not HTTP headers)
+                raise ApiError(400, f"the multipart body cannot be read ({type(e).__name__}: {str(e)[:120]})",
+                               code="invalid_multipart") from None
             if path is None:
                 raise ApiError(400, "no `file` part in the form", param="file")
+            seconds = _duration_s(path)  # from the header, before any sample is read or resampled
+            if seconds is not None and seconds > self.limits.max_audio_s:
+                raise ApiError(400, f"the audio is {seconds:.0f} s long; this server takes at most "
+                                    f"{self.limits.max_audio_s:.0f} s", code="audio_too_long", param="file")
             try:
                 audio = await asyncio.get_running_loop().run_in_executor(None, lambda: peak_normalize(load_audio(path)))
             except HarkenError as e:
@@ -182,6 +184,51 @@ class TranscriptionAPI:
             raise ApiError(400, str(e), param="language") from e
         stream = fields.get("stream", "false").strip().lower() in ("true", "1")
         return Request(audio, language, fields.get("prompt", ""), response_format, stream)
+
+    async def _parts(self, request, file_path: Path, fields: dict[str, str]) -> Path | None:
+        """The form's parts: the file (to `file_path`, at most the upload limit) and the fields (as
+        UTF-8, each at most MAX_FIELD_BYTES), as their bytes came: no part is decoded by its headers."""
+        from aiohttp import BodyPartReader
+
+        path = None
+        field_bytes = 0  # all fields together: a chunked body has no Content-Length to refuse up front
+        reader = await request.multipart()
+        for n in itertools.count():
+            if (part := await reader.next()) is None:
+                break
+            if n >= MAX_PARTS:
+                raise ApiError(400, f"the form has more than {MAX_PARTS} parts", code="invalid_multipart")
+            if not isinstance(part, BodyPartReader):
+                raise ApiError(400, "a nested multipart part is not taken; send the fields and the file as "
+                                    "parts of one multipart/form-data body", code="invalid_multipart")
+            name = part.name
+            if name == "file":
+                path = file_path
+                size = 0
+                with path.open("wb") as f:
+                    while chunk := await part.read_chunk(1 << 16):
+                        size += len(chunk)
+                        if size > self.limits.max_upload_bytes:
+                            raise ApiError(413, f"the file is larger than this server's limit of "
+                                                f"{self.limits.max_upload_bytes // (1 << 20)} MiB",
+                                           code="file_too_large", param="file")
+                        f.write(chunk)
+            else:
+                value = bytearray()
+                while chunk := await part.read_chunk(1 << 16):
+                    value += chunk
+                    field_bytes += len(chunk)
+                    if field_bytes > MAX_FORM_FIELD_BYTES:
+                        raise ApiError(413, "the form's fields are larger than this server takes "
+                                            f"({MAX_FORM_FIELD_BYTES // (1 << 20)} MiB)", code="fields_too_large")
+                    if len(value) > MAX_FIELD_BYTES:
+                        raise ApiError(400, f"the form field {str(name)[:60]!r} is too long", param=name and str(name)[:60])
+                if name:
+                    try:
+                        fields[name] = value.decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise ApiError(400, f"the form field {name[:60]!r} is not UTF-8 text", param=name[:60]) from None
+        return path
 
     def _events(self, req: Request) -> Iterator:
         """The file through the edge pipeline and a one-session engine on the served weights (in the lane)."""
@@ -237,6 +284,18 @@ class TranscriptionAPI:
             await work
         await response.write_eof()
         return response
+
+
+def _duration_s(path: Path) -> float | None:
+    """The file's duration as its header says (None where soundfile cannot tell): a WAV of a few
+    bytes at 1 Hz is hours of audio once resampled to 16 kHz."""
+    import soundfile as sf
+
+    try:
+        info = sf.info(str(path))
+        return info.frames / info.samplerate if info.samplerate > 0 else None
+    except Exception:  # noqa: BLE001 (load_audio says what is wrong with the file)
+        return None
 
 
 async def _sse(response, data: dict) -> None:

@@ -47,8 +47,10 @@ from harken.shared.codec import CODEC_NAME
 from harken.shared.protocol import Audio, ClientMessage, End, Finalize, ServerError, Start, Transcript
 
 REALTIME_PATH = "/v1/realtime"
+SERVER_CODES = ("INTERNAL", "UNAVAILABLE", "UNKNOWN", "DATA_LOSS")  # the server's fault; the others are the client's
 DEFAULT_RATE = 24_000  # OpenAI's audio/pcm
 MAX_EVENT_BYTES = 4 << 20  # one client event (base64 audio: ~80 s at 24 kHz)
+MAX_QUEUED_MESSAGES = 16  # appends read from the socket and not yet taken by the stream
 
 
 class RealtimeTranscription:
@@ -67,6 +69,10 @@ class RealtimeTranscription:
             return web.json_response({"error": {"message": str(e), "type": "invalid_request_error",
                                                  "param": None, "code": "invalid_api_key"}}, status=401)
         ws = web.WebSocketResponse(max_msg_size=MAX_EVENT_BYTES)
+        if not ws.can_prepare(request).ok:
+            return web.json_response({"error": {"message": "/v1/realtime is a WebSocket: connect with "
+                                                           "'Upgrade: websocket'", "type": "invalid_request_error",
+                                                "param": None, "code": "websocket_required"}}, status=400)
         await ws.prepare(request)
         session = _Session(self, ws, metadata)
         await session.send({"type": "session.created", "session": session.describe()})
@@ -93,6 +99,7 @@ class _Session:
         self.ended = False  # End sent: the client said its audio is over
         self.requests = RequestQueue()  # serialized, as a data channel's: the handler checks them alike
         self.stream: asyncio.Task | None = None
+        self.start: bytes | None = None  # the stream's Start message
         self.seq = itertools.count(1)
         self.items: dict[int, str] = {}  # segment id -> item id
         self.texts: dict[int, str] = {}
@@ -111,7 +118,10 @@ class _Session:
 
     async def send(self, event: dict) -> None:
         if not self.ws.closed:
-            await self.ws.send_str(json.dumps({"event_id": f"event_{next(self.ids)}", **event}, ensure_ascii=False))
+            try:
+                await self.ws.send_str(json.dumps({"event_id": f"event_{next(self.ids)}", **event}, ensure_ascii=False))
+            except ConnectionError:  # the client went away while it was written: nobody to tell
+                pass
 
     async def error(self, message: str, code: str, event_id: Any = None) -> None:
         await self.send({"type": "error", "error": {"type": "invalid_request_error", "code": code,
@@ -122,7 +132,7 @@ class _Session:
     async def on_event(self, data: str) -> None:
         try:
             event = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's recursion limit
             await self.error("not a JSON event", "invalid_event")
             return
         if not isinstance(event, dict):
@@ -138,15 +148,19 @@ class _Session:
         elif kind == "input_audio_buffer.append":
             await self._append(event.get("audio"), event_id)
         elif kind == "input_audio_buffer.commit":
-            if self.stream is None and not self.vllm and not event.get("final"):
+            if self.ended:
+                await self.error("the session's audio has ended (a final commit); open a new session",
+                                 "session_ended", event_id)
+            elif self.stream is None and not self.vllm and not event.get("final"):
                 self.vllm, self.rate = True, 16_000  # vLLM's client commits before its audio: "ready"
             elif event.get("final") and self.stream is None:  # the end of no audio: nothing was said
+                self.ended = True
                 await self.vllm_done()
             elif event.get("final") and self.stream is not None and not self.ended:
                 self.ended = True
                 self.put(End())
                 self.requests.end()
-            elif self.stream is not None:
+            elif self.stream is not None and not self.stream.done():
                 self.put(Finalize())
         elif kind == "input_audio_buffer.clear":
             await self.send({"type": "input_audio_buffer.cleared"})
@@ -159,10 +173,22 @@ class _Session:
             await self.error("the session's settings are fixed once its audio has started", "session_started",
                              event_id)
             return
-        audio_in = ((session.get("audio") or {}).get("input") or {}) if isinstance(session, dict) else {}
-        transcription = audio_in.get("transcription") or session.get("input_audio_transcription") or {}
-        rate = (audio_in.get("format") or {}).get("rate", self.rate)
-        if not isinstance(rate, int) or not 8_000 <= rate <= 48_000:
+        def part(where: dict, key: str) -> dict | None:  # absent: {}; not an object: None
+            value = where.get(key)
+            return {} if value is None else value if isinstance(value, dict) else None
+
+        audio = part(session, "audio") if isinstance(session, dict) else None
+        audio_in = part(audio, "input") if audio is not None else None
+        fmt = part(audio_in, "format") if audio_in is not None else None
+        transcription = part(audio_in, "transcription") if audio_in is not None else None
+        if transcription == {} and audio is not None:  # the beta API's place for it
+            transcription = part(session, "input_audio_transcription")
+        if fmt is None or transcription is None:
+            await self.error("session, session.audio, .input, .format and .transcription must be JSON objects",
+                             "invalid_value", event_id)
+            return
+        rate = fmt.get("rate", self.rate)
+        if type(rate) is not int or not 8_000 <= rate <= 48_000:
             await self.error("audio.input.format.rate must be an integer from 8000 to 48000", "invalid_value",
                              event_id)
             return
@@ -180,17 +206,30 @@ class _Session:
         if len(pcm) % 2 or not pcm:
             await self.error("audio must be whole 16-bit samples", "invalid_value", event_id)
             return
+        if self.ended or (self.stream is not None and self.stream.done()):
+            await self.error("the session's audio has ended (a final commit, or its stream ended with an error); "
+                             "open a new session", "session_ended", event_id)
+            return
         if self.stream is None:
             start = Start(language=self.language, context=self.prompt, codec=CODEC_NAME)
-            self.put(start)
+            self.start = wire.client_message_to_proto(start).SerializeToString()
+            self.requests.put(self.start)
             self.stream = asyncio.get_running_loop().create_task(self._run())
         self.put(Audio(next(self.seq), pcm, self.rate))
+        # the stream takes audio at its pace: while more than MAX_QUEUED_MESSAGES wait for it, the socket
+        # is not read (TCP pushes back on the client), until the stream has taken some or has ended
+        while self.requests.queue.qsize() > MAX_QUEUED_MESSAGES and not self.stream.done():
+            await asyncio.sleep(0.02)
 
     async def close(self) -> None:
         """The socket closed: End, and the stream's last finals go nowhere (the client has gone)."""
         if self.stream is None:
             return
         if not self.ended:
+            waiting = [self.requests.queue.get_nowait() for _ in range(self.requests.queue.qsize())]
+            if waiting and waiting[0] is self.start:  # the stream has not begun: it still needs its Start
+                self.requests.put(self.start)
+            # the rest, audio not taken yet, goes: the client has gone, nobody would hear it
             self.put(End())
             self.requests.end()
         try:
@@ -208,10 +247,12 @@ class _Session:
                     if isinstance(out, Transcript):
                         await (self._vllm_transcript(out) if self.vllm else self._transcript(out))
                     elif isinstance(out, ServerError):
-                        await self.send({"type": "error", "error": {"type": "server_error", "code": out.code,
+                        kind = "server_error" if out.code in SERVER_CODES else "invalid_request_error"
+                        await self.send({"type": "error", "error": {"type": kind, "code": out.code,
                                                                     "message": out.message, "param": None}})
         except StreamFailed as e:
-            await self.send({"type": "error", "error": {"type": "server_error", "code": e.code,
+            await self.send({"type": "error", "error": {"type": "server_error" if e.code in SERVER_CODES
+                                                        else "invalid_request_error", "code": e.code,
                                                         "message": e.message, "param": None}})
             return
         if self.vllm and self.ended:

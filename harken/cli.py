@@ -177,7 +177,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
         return bench_fuzz_command(FuzzBenchOptions(examples=args.examples, seed=args.seed,
                                                    session_share=args.session_share,
-                                                   concurrency=args.concurrency, model=args.model))
+                                                   concurrency=args.concurrency, model=args.model,
+                                                   http_examples=args.http_examples))
     if args.command == "bench" and args.bench == "soak":
         from harken.bench.soak import SoakBenchOptions, bench_soak_command
 

@@ -422,6 +422,9 @@ def _bench_fuzz_parser(bsub: Subparsers) -> None:
     b.add_argument("--session-share", type=float, default=0.1,
                    help="share of the examples that are whole streams through the served session (default 0.1)")
     b.add_argument("--concurrency", type=int, default=16, help="fuzzed streams in flight at once (default 16)")
+    b.add_argument("--http-examples", type=int, default=0,
+                   help="also this many requests and Realtime sessions against a served HTTP port's OpenAI "
+                        "endpoints (bench/fuzz_http.py; default 0)")
     b.add_argument("--model", default="tiny", help="model of the served session (default tiny)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
 

@@ -249,3 +249,173 @@ def test_the_last_uint32_segment_id_is_invalid_argument_not_internal(served):
     out = lt.run(harness.run(inputs.FuzzStream(tuple(m.SerializeToString() for m in (seeded, *audio, end)))))
     assert out.code == "INVALID_ARGUMENT" and out.details.startswith("no segment ids left"), out.details
     assert lt.run(harness.leaked_sessions()) == 0
+
+
+# ---- the HTTP port's OpenAI endpoints (bench/fuzz_http.py) ---------------------------------------
+
+FEW_HTTP, MANY_HTTP = 40, 600
+
+
+@pytest.fixture(scope="module")
+def served_http(asr, corpus):
+    from harken.bench import fuzz_http
+
+    lt = LoopThread()
+    harness = lt.run(fuzz_http.ServedHTTP.start(asr, corpus))
+    yield lt, harness
+    lt.run(harness.close())
+    lt.close()
+
+
+def fuzz_http_examples(served_http, n: int) -> None:
+    from harken.bench import fuzz_http
+
+    lt, harness = served_http
+    alone = lt.run(harness.run_reference())
+    stop = lt.run(_event())
+    beside = lt.submit(harness.reference_runs(alone, stop))
+
+    @fuzzing(n)
+    @given(RANDOMS)
+    def check(rng):
+        target, example = fuzz_http.random_example(rng, harness.corpus)
+        event(f"{target} {lt.run(fuzz_http.check_example(harness, target, example), timeout=200)}")
+
+    try:
+        check()
+    finally:
+        lt.loop.call_soon_threadsafe(stop.set)
+        runs, affected = beside.result(300)
+    assert runs >= 1 and affected == 0, f"{affected} of {runs} reference sessions beside the fuzzing differed"
+    assert lt.run(harness.leaked_sessions()) == 0
+
+
+def test_fuzzed_http_requests_and_realtime_sessions_get_openai_errors(served_http):
+    fuzz_http_examples(served_http, FEW_HTTP)
+
+
+@pytest.mark.slow
+def test_fuzzed_http_many_examples(served_http):
+    fuzz_http_examples(served_http, MANY_HTTP)
+
+
+def _post(boundary: bytes, body: bytes, content_type: bytes | None = None, auth: bytes | None = None):
+    from harken.bench import fuzz_http
+
+    headers = b"Host: x\r\nAuthorization: " + (auth or b"Bearer " + fuzz_http.HTTP_KEY.encode()) + b"\r\n"
+    headers += b"Content-Type: " + (content_type or b"multipart/form-data; boundary=" + boundary) + b"\r\n"
+    raw = (b"POST /v1/audio/transcriptions HTTP/1.1\r\n" + headers + b"Content-Length: " + str(len(body)).encode()
+           + b"\r\nConnection: close\r\n\r\n" + body)
+    return fuzz_http.HttpRequest(raw, good_key=auth is None)
+
+
+def _part(name: bytes, value: bytes, *headers: bytes) -> bytes:
+    return (b"--B\r\nContent-Disposition: form-data; name=\"" + name + b"\"\r\n" + b"".join(h + b"\r\n" for h in headers)
+            + b"\r\n" + value + b"\r\n")
+
+
+def _wav(corpus, rate: int = 16_000) -> bytes:
+    from harken.bench.fuzz_http import wav_bytes
+
+    return wav_bytes(b"".join(corpus.pcm_pieces[:10]), rate=rate)
+
+
+def test_what_the_http_fuzzer_found_is_a_4xx_in_openais_shape(served_http, corpus):
+    """Each raised out of the file API's handler (a 500, the traceback logged) before its fix;
+    now a 400 (401 for the token) with OpenAI's error body, or taken: fields are read as their
+    bytes came (UTF-8), whatever charset or transfer encoding their part headers name."""
+    lt, harness = served_http
+    wav = b'--B\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n' + _wav(corpus) + b"\r\n"
+    end = b"--B--\r\n"
+    found = {
+        "no boundary": _post(b"B", wav + end, content_type=b"multipart/form-data"),
+        "a boundary over 70 characters": _post(b"B" * 80, wav + end, content_type=b"multipart/form-data; boundary=" + b"B" * 80),
+        "a part never closed": _post(b"B", _part(b"language", b"en") + b"--B\r\nContent-Disposition: attachment\r\n\r\n\r\n"),
+        "a field that is not UTF-8": _post(b"B", wav + _part(b"prompt", b"\xba\xff") + end),
+        "a NUL in a part's name": _post(b"B", wav + _part(b"\x00x", b"1") + end),
+        "a nested multipart part": _post(b"B", wav + _part(b"x", b"--in\r\n\r\n1\r\n--in--",
+                                                             b'Content-Type: multipart/mixed; boundary="in"') + end),
+        "a WAV of 1 Hz (hours once resampled)": _post(b"B", b'--B\r\nContent-Disposition: form-data; name="file"\r\n\r\n'
+                                                        + _wav(corpus, rate=1) + b"\r\n" + end),
+    }
+    for what, req in found.items():
+        assert lt.run(harness.check_http(req)) == "400", what
+        body = json.loads(lt.run(harness.send(req)).body)
+        assert body["error"]["type"] == "invalid_request_error" and "Traceback" not in body["error"]["message"], what
+    taken = {"an unknown charset": _post(b"B", wav + _part(b"language", b"en", b"Content-Type: text/plain; charset=nope") + end),
+             "an unknown transfer encoding": _post(b"B", wav + _part(b"prompt", b"x", b"Content-Transfer-Encoding: x") + end)}
+    for what, req in taken.items():
+        assert lt.run(harness.check_http(req)) == "200", what
+    bad_token = _post(b"B", wav + end, auth=b"Bearer \xff\xfe\x80")  # not UTF-8: raised UnicodeEncodeError
+    assert lt.run(harness.check_http(bad_token)) == "401"
+    import dataclasses
+
+    text = dataclasses.replace(_post(b"B", wav + _part(b"response_format", b"text") + end), response_format="text")
+    assert lt.run(harness.check_http(text)) == "200"
+    from harken.bench import fuzz_http
+
+    plain = fuzz_http.HttpRequest(b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                                  + fuzz_http.HTTP_KEY.encode() + b"\r\nConnection: close\r\n\r\n")
+    assert lt.run(harness.check_http(plain)) == "400"  # was aiohttp's plain-text 400
+    assert json.loads(lt.run(harness.send(plain)).body)["error"]["code"] == "websocket_required"
+
+
+def test_what_the_realtime_fuzzer_found_is_an_error_event(served_http, corpus):
+    """Deeply nested JSON dropped the socket (RecursionError out of the handler), a session.update
+    whose parts were no objects too (AttributeError); audio after the final commit was queued for
+    nobody. Each is now an error event, and the session goes on."""
+    import base64
+
+    from harken.bench import fuzz_http
+
+    lt, harness = served_http
+    audio = json.dumps({"type": "input_audio_buffer.append",
+                        "audio": base64.b64encode(b"".join(corpus.pcm_pieces[:10])).decode()})
+    frames = [("text", "[" * 50_000), ("text", '{"a":' * 5_000),
+              ("text", json.dumps({"type": "session.update", "session": {"audio": "x"}})),
+              ("text", json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": 1}}}})),
+              ("text", json.dumps({"type": "session.update", "session": {"audio": {"input": {"transcription": []}}}})),
+              ("text", json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"rate": True}}}}})),
+              ("text", json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+                  "format": {"type": "audio/pcm", "rate": 16000}}}}})),
+              ("text", audio), ("text", json.dumps({"type": "input_audio_buffer.commit", "final": True})),
+              ("text", audio), ("text", json.dumps({"type": "input_audio_buffer.commit", "final": True})),
+              ("wait", 1.0)]
+    script = fuzz_http.RealtimeScript((("Authorization", f"Bearer {fuzz_http.HTTP_KEY}"),), tuple(frames))
+    outcome, events = lt.run(harness.run_realtime(script))
+    assert outcome == "closed 1000"
+    codes = [e["error"]["code"] for e in events if e["type"] == "error"]
+    assert codes == ["invalid_event"] * 2 + ["invalid_value"] * 4 + ["session_ended"] * 2, codes
+    assert [e["type"] for e in events].count("session.updated") == 1
+    assert lt.run(harness.check_realtime(script)) == "closed 1000, error events"
+    assert lt.run(harness.leaked_sessions()) == 0
+
+
+def test_bench_fuzz_http_examples(capsys):
+    assert main(["bench", "fuzz", "--examples", "0", "--http-examples", "30", "--seed", "5", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    http = result["http"]
+    assert http["tried"] == 30 and http["crashes"] == 0 and http["ok"] and result["ok"]
+    assert set(http["by_target"]) == {"transcriptions", "models", "realtime"}
+    assert http["reference_runs"] >= 1 and http["others_affected"] == 0 and http["leaked_sessions"] == 0
+
+
+def test_a_form_is_bounded_in_parts_and_in_field_bytes(served_http, corpus):
+    """Seen while fixing the fuzzer's findings: a chunked body has no Content-Length to refuse up
+    front, so a form of many fields (each under its 64,000-byte cap) or of many parts was read into
+    memory without a bound. Now at most 64 parts (400) and 1 MiB of fields in all (413)."""
+    from harken.bench import fuzz_http
+
+    lt, harness = served_http
+    wav = b'--B\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n' + _wav(corpus) + b"\r\n"
+    many_parts = wav + b"".join(_part(f"f{i}".encode(), b"1") for i in range(70)) + b"--B--\r\n"
+    assert lt.run(harness.check_http(_post(b"B", many_parts))) == "400"
+    assert "more than 64 parts" in json.loads(lt.run(harness.send(_post(b"B", many_parts))).body)["error"]["message"]
+    big = wav + b"".join(_part(f"f{i}".encode(), b"x" * 60_000) for i in range(20)) + b"--B--\r\n"
+    chunks = b"".join(f"{len(big[i:i + 65536]):x}\r\n".encode() + big[i:i + 65536] + b"\r\n"
+                      for i in range(0, len(big), 65536)) + b"0\r\n\r\n"
+    raw = (b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + fuzz_http.HTTP_KEY.encode()
+           + b"\r\nContent-Type: multipart/form-data; boundary=B\r\nTransfer-Encoding: chunked\r\n"
+           b"Connection: close\r\n\r\n" + chunks)
+    out = lt.run(harness.send(fuzz_http.HttpRequest(raw)))
+    assert out.status == 413 and json.loads(out.body)["error"]["code"] == "fields_too_large"

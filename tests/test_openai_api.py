@@ -227,3 +227,55 @@ def test_a_client_written_for_vllms_realtime_endpoint_works_unchanged(server):
     engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1))
     assert events[-1]["text"] == events_text(list(stream_audio(pcm.astype(np.float32) / 32768.0, engine,
                                                                 SessionOptions())))
+
+
+def test_file_requests_past_the_lane_and_its_queue_get_429_with_retry_after(server, tmp_path):
+    """The server transcribes 1 file at a time and holds 4 more waiting (`--file-lanes 1`, the
+    queue's default): of 9 requests sent at once through OpenAI's client, 5 are admitted and get the
+    engine's text for the file, 4 get the client's RateLimitError with a Retry-After hint."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from harken.cloud.embedded import stream_audio
+    from harken.cloud.engine import Engine, EngineConfig
+    from harken.cloud.model.asr import Qwen3ASR
+    from harken.cloud.openai_api import ApiLimits
+    from harken.cloud.stream_session import SessionOptions
+    from harken.edge.audio import load_audio, peak_normalize
+
+    clip = tmp_path / "clip.wav"
+    pcm = (np.clip(peak_normalize(load_audio(str(SAMPLE))), -1, 1) * 32767).astype("<i2")[:16000 * 6]
+    with wave.open(str(clip), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(pcm.tobytes())
+    options = SessionOptions(language="English")
+    engine = Engine(Qwen3ASR.load(MODEL), EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
+    expected = events_text(list(stream_audio(peak_normalize(load_audio(str(clip))), engine, options)))
+    assert expected
+
+    limits = ApiLimits()
+    n = limits.lanes + limits.queue + 4
+    together = threading.Barrier(n)
+
+    def request():
+        client = _client(server)
+        together.wait()
+        try:
+            with clip.open("rb") as f:
+                return client.audio.transcriptions.create(model=MODEL, file=f, language="en").text
+        except openai.RateLimitError as e:
+            return e
+
+    with ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(lambda _: request(), range(n)))
+    refused = [r for r in results if isinstance(r, openai.RateLimitError)]
+    admitted = [r for r in results if isinstance(r, str)]
+    assert len(refused) == n - limits.lanes - limits.queue and len(admitted) == limits.lanes + limits.queue
+    assert admitted == [expected] * len(admitted)
+    for e in refused:
+        assert e.status_code == 429 and int(e.response.headers["retry-after"]) > 0
+        assert e.body["code"] == "rate_limit_exceeded" and e.body["type"] == "rate_limit_exceeded"
+    with clip.open("rb") as f:  # the lane is free again
+        assert _client(server).audio.transcriptions.create(model=MODEL, file=f, language="en").text == expected

@@ -225,7 +225,7 @@ def test_bad_feature_sequences(busy_server, packets):
     """Random sequences of real, replayed, reordered and corrupted Features messages against an
     independent model of the contract: the first violation gets its code, and until then the server
     applied exactly what the contract says (a probe with a gap makes it tell)."""
-    from harken.shared.codec import decode_frames
+    from harken.shared.codec import decode_frames, max_frames_for_payload
     from harken.shared.errors import CodecError
 
     seg0 = [p for p in packets if p.segment_id == 0]
@@ -248,7 +248,10 @@ def test_bad_feature_sequences(busy_server, packets):
             f = features_msgs([p], first_seq=seq)[0].features
             _mutate(f, mutation, rng)
             messages.append(pb.ClientMessage(features=f))
-            if f.seq == 0 or not f.payload or np.isnan(f.running_max_log10):
+            # malformed in itself, wherever it comes (a duplicate or past a gap too): the server reads
+            # every message before it looks at its place in the order (shared/wire.py, then admit)
+            if (f.seq == 0 or not f.payload or np.isnan(f.running_max_log10)
+                    or f.frame_count > max_frames_for_payload(len(f.payload))):
                 expected = {INVALID}
                 break
             if f.seq <= applied:
@@ -287,6 +290,28 @@ def test_bad_feature_sequences(busy_server, packets):
             assert out.details == f"seq {applied + 2} leaves a gap: the last applied was {applied}"
 
     check()
+
+
+@pytest.mark.parametrize("how", ["dup", "gap"])
+def test_a_payload_too_short_for_its_frames_is_invalid_even_as_a_duplicate_or_past_a_gap(busy_server, packets, how):
+    """What once failed test_bad_feature_sequences (its model said a duplicate is ignored and a gap
+    is FAILED_PRECONDITION whatever the message holds): a Features message whose payload is cut
+    below what its frame_count needs (8 frames a byte) is malformed in itself, INVALID_ARGUMENT
+    wherever it comes; a payload that only fails to decode is looked at when the message is applied,
+    so as a duplicate it is ignored and past a gap it is FAILED_PRECONDITION."""
+    from harken.shared.codec import max_frames_for_payload
+
+    first = features_msgs(packets[:1])[0]
+    cut = features_msgs(packets[:1], first_seq=1 if how == "dup" else 3)[0]
+    assert cut.features.frame_count > max_frames_for_payload(1)
+    cut.features.payload = cut.features.payload[:1]
+    out = busy_server.stream([start_msg(codec=CODEC_NAME), first, cut, END])
+    assert out.code == INVALID, (out.code, out.details)
+    assert "is more than a payload of 1 bytes may carry" in out.details
+    flipped = features_msgs(packets[:1], first_seq=1 if how == "dup" else 3)[0]
+    flipped.features.payload = bytes([flipped.features.payload[0] ^ 0xFF]) + flipped.features.payload[1:]
+    out = busy_server.stream([start_msg(codec=CODEC_NAME), first, flipped, _probe(1)])
+    assert out.code == ORDER, (out.code, out.details)
 
 
 def test_bad_audio_messages(busy_server, audio):
