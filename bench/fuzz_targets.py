@@ -11,7 +11,7 @@ of its outcome ("OK" when accepted); a broken property raises `Crash`.
                         frame), then every message it queued, as `wire`
     datachannel_client  edge/webrtc_transport.DataChannelCall, the same framing from the client's
                         side: text = the call's status, binary = a ServerMessage (shared/wire.py)
-    session             `StreamHandler.run_proto` (cloud/stream_handler.py), the served session
+    session             `StreamHandler.run_proto` (cloud/hosting/stream_handler.py), the served session
                         behind every transport, fed whole streams (`ServedFuzz`): Start/Features/Audio/Finalize/End
                         in any order, replays, gaps, resumes of other sessions, garbage, half-closes
                         and dropped connections
@@ -44,11 +44,11 @@ from typing import Any
 
 import numpy as np
 
-from harken.cloud.audio_front_end import check_seeded_front_end
+from harken.cloud.hosting.audio_front_end import check_seeded_front_end
 
 from harken.shared import wire
 from harken.bench.fuzz_inputs import FUZZ_LANGUAGE, FuzzCorpus, FuzzStream, features_message
-from harken.cloud.stream_handler import StreamFailed, status_name
+from harken.cloud.hosting.stream_handler import StreamFailed, status_name
 from harken.proto import harken_pb2 as pb
 from harken.shared.codec import CODEC_NAME, MAX_FRAMES, VALUE_LIMIT, decode_frames
 from harken.shared.errors import HarkenError
@@ -157,10 +157,10 @@ class _FakeDataChannel:
 
 
 def check_datachannel_server(data: bytes | str) -> str:
-    """The server's data-channel framing (cloud/webrtc.py): a binary frame is queued as it is, a
+    """The server's data-channel framing (cloud/adapters/webrtc.py): a binary frame is queued as it is, a
     text frame is a control frame (a half-close ends the request stream) or ignored."""
-    from harken.cloud.stream_handler import RequestQueue
-    from harken.cloud.webrtc import _Channel, _TrackFeed
+    from harken.cloud.hosting.stream_handler import RequestQueue
+    from harken.cloud.adapters.webrtc import _Channel, _TrackFeed
 
     channel = _FakeDataChannel()
     ch = _Channel(channel, _TrackFeed())
@@ -259,9 +259,9 @@ class ServedFuzz:
     @classmethod
     async def start(cls, asr, corpus: FuzzCorpus, grace_s: float = 0.3, max_sessions: int = 256) -> "ServedFuzz":
         from harken.cloud.auth import ApiKeys
-        from harken.cloud.commit import CommitPolicy
+        from harken.cloud.inference.commit import CommitPolicy
         from harken.cloud.server import ServerOptions, start_core
-        from harken.cloud.stream_handler import StreamHandler
+        from harken.cloud.hosting.stream_handler import StreamHandler
 
         # short updates and budgets keep the tiny model quick; one policy for every session
         policy = CommitPolicy(update_interval_s=1.0, rollback_tokens=2, max_new_tokens_per_update=6, max_item_tokens=24)

@@ -247,7 +247,7 @@ def sample_audio() -> np.ndarray:
 
 async def bench_load(options: LoadBenchOptions) -> dict:
     if len(options.decoders) > 1:
-        from harken.cloud.vllm_decoder import check_decoder  # --self-serve: torch is there anyway
+        from harken.cloud.inference.vllm_decoder import check_decoder  # --self-serve: torch is there anyway
 
         for d in options.decoders:  # a missing vLLM fails before the first run, not after it
             check_decoder(d)
@@ -294,7 +294,7 @@ async def _start_self_served(options: LoadBenchOptions):
         torch.set_num_threads(1)  # small batched matmuls on a shared CPU: one thread is fastest
         # vLLM's CPU worker would bind an OpenMP thread to every core; "nobind" keeps torch's one
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    from harken.cloud.vllm_decoder import check_decoder
+    from harken.cloud.inference.vllm_decoder import check_decoder
 
     check_decoder(options.decoder)
     return await start_server(options.model, ServerOptions(

@@ -290,9 +290,9 @@ def run_engine(asr, streams: list[BenchStream], opts: StreamBenchOptions, clock:
     (each round: every stream's packets of that interval, then engine steps until no session has
     work). A round is what a busy server accumulates between ticks; with 200-ms rounds sessions
     whose items started at different times would rarely be due in the same tick."""
-    from harken.cloud.commit import CommitPolicy
-    from harken.cloud.engine import Engine, EngineConfig
-    from harken.cloud.stream_session import SessionOptions
+    from harken.cloud.inference.commit import CommitPolicy
+    from harken.cloud.inference.engine import Engine, EngineConfig
+    from harken.cloud.inference.stream_session import SessionOptions
 
     policy = CommitPolicy(update_interval_s=opts.update_interval_s)
     n = len(streams)

@@ -196,8 +196,8 @@ def run_offline(asr, utterances: list[BenchUtterance], language: str | None) -> 
 
 def run_stream(asr, utterances: list[BenchUtterance], language: str | None, clock: Clock
                ) -> tuple[PathResult, list[WordLatency], Churn]:
-    from harken.cloud.engine import Engine, EngineConfig
-    from harken.cloud.stream_session import SessionOptions
+    from harken.cloud.inference.engine import Engine, EngineConfig
+    from harken.cloud.inference.stream_session import SessionOptions
     from harken.shared.text import events_text
 
     options = SessionOptions(language=language)

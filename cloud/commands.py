@@ -31,7 +31,7 @@ def transcribe_command(input_path: str, model: str, language: str | None = None,
     of its own, so memory is set by the piece, not the file. Every pass is bounded by its audio
     (`DecodeLimits`: token budget and loop guard; `decode_limits=False` decodes as the official
     package does, up to 512 tokens with no loop guard). Progress goes to stderr when it is a terminal
-    (or with `progress=True`). `decoder` "vllm": the decode runs on vLLM (cloud/vllm_decoder.py).
+    (or with `progress=True`). `decoder` "vllm": the decode runs on vLLM (cloud/inference/vllm_decoder.py).
 
     `output_format` "srt" / "vtt": subtitles, one cue per segment with the streaming engine's segment
     times (the file goes through the edge pipeline and the engine, as `harken stream` does, on
@@ -40,7 +40,7 @@ def transcribe_command(input_path: str, model: str, language: str | None = None,
         as_json = True
     elif output_format not in ("text", "srt", "vtt"):
         raise HarkenError(f"--format: one of text, json, srt, vtt, got {output_format!r}")
-    from harken.cloud.vllm_decoder import check_decoder
+    from harken.cloud.inference.vllm_decoder import check_decoder
 
     check_decoder(decoder)  # without vLLM: one line saying how to install it, before any work
     from harken.edge.audio import MAX_PASS_SECONDS, load_audio, peak_normalize, split_at_quiet_points
@@ -68,7 +68,7 @@ def transcribe_command(input_path: str, model: str, language: str | None = None,
     if decoder == "vllm":
         from functools import partial
 
-        from harken.cloud.vllm_decoder import VllmDecoder, offline_max_model_len, transcribe_vllm
+        from harken.cloud.inference.vllm_decoder import VllmDecoder, offline_max_model_len, transcribe_vllm
 
         longest_s = max(b - a for a, b in spans) / SAMPLE_RATE
         vllm = VllmDecoder(asr, max_seqs=1, max_model_len=offline_max_model_len(asr, longest_s, asr.max_new_tokens))
@@ -107,9 +107,9 @@ def _subtitles(audio: np.ndarray, asr, language: str | None, context: str, outpu
     """`harken transcribe --format srt|vtt`: the audio through the edge pipeline and the streaming
     engine (on audio time), one cue per finished segment."""
     from harken.cloud.embedded import stream_audio
-    from harken.cloud.engine import EngineConfig
-    from harken.cloud.stream_session import SessionOptions
-    from harken.cloud.vllm_decoder import engine_class
+    from harken.cloud.inference.engine import EngineConfig
+    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.inference.vllm_decoder import engine_class
     from harken.edge.commands import TranscriptPrinter
 
     options = SessionOptions(language=language, context=context or "")
@@ -163,15 +163,15 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
         audio = peak_normalize(load_audio(input_path))  # before loading the model: bad input fails fast
         source = (audio[i:i + 1600] for i in range(0, len(audio), 1600))  # 100 ms pieces
 
-    from harken.cloud.vllm_decoder import check_decoder, engine_class
+    from harken.cloud.inference.vllm_decoder import check_decoder, engine_class
 
     check_decoder(decoder)
     from harken.cloud.embedded import stream_pieces
     from harken.cloud.model.asr import Qwen3ASR
     from harken.cloud.model.checkpoint import TINY, TINY_UNTIED
     from harken.cloud.model.prompt import forced_language
-    from harken.cloud.engine import EngineConfig
-    from harken.cloud.stream_session import SessionOptions
+    from harken.cloud.inference.engine import EngineConfig
+    from harken.cloud.inference.stream_session import SessionOptions
 
     forced_language(language)
     if model in (TINY, TINY_UNTIED):

@@ -15,8 +15,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from harken.cloud.engine import Engine, EngineConfig
-from harken.cloud.stream_session import SessionOptions, EngineEvent
+from harken.cloud.inference.engine import Engine, EngineConfig
+from harken.cloud.inference.stream_session import SessionOptions, EngineEvent
 from harken.shared.codec import DEFAULT_MODE
 from harken.shared.features_spec import SAMPLE_RATE
 

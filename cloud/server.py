@@ -1,5 +1,5 @@
 """`harken serve`: the process around the service — the engine, the session table, the stream
-handler (cloud/stream_handler.py) behind the gRPC server (cloud/grpc_service.py), health, reflection, metrics, TLS, WebRTC signaling — and its
+handler (cloud/hosting/stream_handler.py) behind the gRPC server (cloud/adapters/grpc_service.py), health, reflection, metrics, TLS, WebRTC signaling — and its
 graceful shutdown.
 
 Also on the port: gRPC health (`grpc.health.v1`, service "" and "harken.v1.Transcription") and
@@ -24,22 +24,22 @@ from typing import TYPE_CHECKING
 import grpc
 
 from harken.cloud.auth import ApiKeys
-from harken.cloud.commit import CommitPolicy
+from harken.cloud.inference.commit import CommitPolicy
 from harken.cloud.errors import EngineFailed
-from harken.cloud.grpc_service import GRPC_RECEIVE_CEILING, SERVICE_NAME, TranscriptionService, service_handler
-from harken.cloud.logs import configure_logging
+from harken.cloud.adapters.grpc_service import GRPC_RECEIVE_CEILING, SERVICE_NAME, TranscriptionService, service_handler
+from harken.cloud.adapters.logs import configure_logging
 from harken.cloud.metrics import MetricsEndpoint, ServerMetrics, serve_metrics
-from harken.cloud.server_session import SessionLimits
-from harken.cloud.session_table import SessionTable
-from harken.cloud.stream_handler import MAX_MESSAGE_BYTES, StreamHandler
+from harken.cloud.hosting.server_session import SessionLimits
+from harken.cloud.hosting.session_table import SessionTable
+from harken.cloud.hosting.stream_handler import MAX_MESSAGE_BYTES, StreamHandler
 from harken.shared.errors import HarkenError
 
 if TYPE_CHECKING:
     from grpc_health.v1 import health
 
-    from harken.cloud.engine import Engine
-    from harken.cloud.scheduler import Scheduler
-    from harken.cloud.webrtc import WebRTCEndpoint
+    from harken.cloud.inference.engine import Engine
+    from harken.cloud.inference.scheduler import Scheduler
+    from harken.cloud.adapters.webrtc import WebRTCEndpoint
 
 log = logging.getLogger("harken.server")
 
@@ -54,7 +54,7 @@ class ServerOptions:
     tls_key: str | None = None
     api_keys: str | None = None  # keys file; None = open server
     metrics_port: int | None = None  # None = no metrics endpoint
-    http_port: int | None = None  # WebRTC signaling + the browser page (cloud/webrtc.py); None = off
+    http_port: int | None = None  # WebRTC signaling + the browser page (cloud/adapters/webrtc.py); None = off
     cors_origins: tuple[str, ...] = ()  # origins whose pages may use the HTTP port ("*": any); () = same origin only
     max_sessions: int = 16
     max_sessions_per_key: int = 16
@@ -72,9 +72,9 @@ class ServerOptions:
     max_batch: int = 32
     decode_threads: int = 2  # codec decoding and the thin clients' front end
     policy: CommitPolicy = field(default_factory=CommitPolicy)  # every session's commit policy
-    decoder: str = "own"  # "vllm": the text decoder on vLLM (cloud/vllm_decoder.py)
+    decoder: str = "own"  # "vllm": the text decoder on vLLM (cloud/inference/vllm_decoder.py)
     decode_step: str = "plain"  # the own engine's decode step: plain, static or graphs (EngineConfig)
-    # the OpenAI-compatible file API on the HTTP port (cloud/openai_api.py): upload and audio limits,
+    # the OpenAI-compatible file API on the HTTP port (cloud/adapters/openai_api.py): upload and audio limits,
     # and the lane of whole-file requests beside the live streams
     max_upload_bytes: int = 25 * 1024 * 1024
     max_audio_speed: float = 4.0  # a live stream's pace: x real time on average (0: none), see AudioPace
@@ -241,9 +241,9 @@ async def start_server(model, options: ServerOptions = ServerOptions(),
                                                  "idle_timeout_s": options.idle_timeout_s}})
     webrtc = None
     if options.http_port is not None:
-        from harken.cloud.webrtc import start_webrtc
+        from harken.cloud.adapters.webrtc import start_webrtc
 
-        from harken.cloud.openai_api import ApiLimits
+        from harken.cloud.adapters.openai_api import ApiLimits
 
         webrtc = await start_webrtc(handler, keys, options.host, options.http_port, options.cors_origins,
                                     ApiLimits(max_upload_bytes=options.max_upload_bytes,
@@ -257,7 +257,7 @@ async def start_server(model, options: ServerOptions = ServerOptions(),
 @dataclass
 class ServingCore:
     """One engine and the sessions it serves: what a `harken serve` process holds, and what each
-    replica of the Ray Serve application holds (cloud/ray_app.py)."""
+    replica of the Ray Serve application holds (cloud/adapters/ray_app.py)."""
 
     metrics: ServerMetrics
     scheduler: Scheduler
@@ -280,9 +280,9 @@ class ServingCore:
 async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = time.monotonic) -> ServingCore:
     """The engine (`asr`: a loaded `Qwen3ASR`) with its scheduler started, and an empty session
     table (timing grace periods and idle streams on `clock`), on the running event loop."""
-    from harken.cloud.engine import EngineConfig
-    from harken.cloud.scheduler import Scheduler
-    from harken.cloud.vllm_decoder import engine_class
+    from harken.cloud.inference.engine import EngineConfig
+    from harken.cloud.inference.scheduler import Scheduler
+    from harken.cloud.inference.vllm_decoder import engine_class
 
     loop = asyncio.get_running_loop()
     metrics = ServerMetrics()
@@ -359,7 +359,7 @@ def serve_command(model: str, options: ServerOptions, device: str | None = None,
     if options.api_keys:
         ApiKeys.load(options.api_keys)
     _tls_credentials(options)
-    from harken.cloud.vllm_decoder import check_decoder
+    from harken.cloud.inference.vllm_decoder import check_decoder
 
     check_decoder(options.decoder)  # without vLLM: one line saying how to install it, before the load
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)

@@ -53,7 +53,7 @@ class Call(Protocol):
 
 def status_error(error: ServerError) -> CallFailed:
     """The server's Error message, the stream's last: its status follows with the same code, but
-    only once the server has read what this client still sends (cloud/stream_handler.py `_drain`).
+    only once the server has read what this client still sends (cloud/hosting/stream_handler.py `_drain`).
     A code that names no status is UNKNOWN."""
     return CallFailed(error.code if error.code in STATUS_NAMES else "UNKNOWN", error.message)
 

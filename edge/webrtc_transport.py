@@ -5,7 +5,7 @@ of an HTTP/2 stream; the same `ClientSession` decides what to send, resend and s
     TranscriptionClient: stream(source) -> TranscriptEvents, transcribe(source) -> text
 
 One stream attempt = one peer connection (offer/answer over HTTP POST to the server's signaling
-endpoint, `cloud/webrtc.py`) with one reliable, ordered data channel: binary messages are the
+endpoint, `cloud/adapters/webrtc.py`) with one reliable, ordered data channel: binary messages are the
 serialized `ClientMessage`/`ServerMessage` of the gRPC stream; text messages frame the call (the
 client's half-close, the server's status). A channel that closes without a status is a dropped
 connection (UNAVAILABLE): the client resumes the session on a new peer connection exactly as after

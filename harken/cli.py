@@ -87,7 +87,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                                 file_lanes=args.file_lanes, max_audio_speed=args.max_audio_speed,
                                 audio_burst_s=args.audio_burst_s, decode_step=args.decode_step)
         if args.ray:
-            from harken.cloud.ray_app import Scaling, serve_ray_command
+            from harken.cloud.adapters.ray_app import Scaling, serve_ray_command
 
             if args.decoder != "own":
                 from harken.shared.errors import HarkenError
@@ -102,7 +102,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
             raise HarkenError("--replicas and --autoscale go with --ray")
         return serve_command(args.model, options, device=args.device, dtype=args.dtype)
     if args.command == "health":
-        from harken.cloud.health import health_command
+        from harken.cloud.adapters.health import health_command
 
         return health_command(args.server, service=args.service, tls_ca=args.tls_ca, timeout_s=args.timeout)
     if args.command == "train":

@@ -13,7 +13,7 @@ name says its direction:
 On the way in, everything a message can get wrong on its own (sizes, counts, values, a payload's
 checksum, a payload the codec rejects) raises `MalformedMessage` or `CodecError` here, so nothing
 malformed gets further in; what depends on the session's state (order, gaps, ownership) is checked
-by the server's session core (`cloud/server_session.py`).
+by the server's session core (`cloud/hosting/server_session.py`).
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def client_message_from_bytes(data: bytes, max_bytes: int | None = None) -> pb.C
 def client_message_from_proto(msg: pb.ClientMessage, front_end: FrontEndCheck | None) -> ClientMessage:
     """Proto -> domain, validating everything the message holds on its own. `front_end`: what checks
     that a thin client's seeded front-end state is one this server's front end can resume (the
-    server passes `harken.cloud.audio_front_end.check_resumable`); None takes any well-formed one."""
+    server passes `harken.cloud.hosting.audio_front_end.check_resumable`); None takes any well-formed one."""
     kind = msg.WhichOneof("kind")
     if kind is None:
         raise MalformedMessage("empty ClientMessage: set one of start, features, audio, finalize, end, keep_alive")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harken.cloud.commit import CommitPolicy
+from harken.cloud.inference.commit import CommitPolicy
 from harken.cloud.server import ServerOptions, start_server
 from harken.proto import harken_pb2 as pb
 from harken.proto import harken_pb2_grpc
@@ -48,8 +48,8 @@ def audio() -> np.ndarray:
 def reference(asr, audio):
     """The in-process engine's events for `audio` (cloud/embedded.py)."""
     from harken.cloud.embedded import stream_audio
-    from harken.cloud.engine import Engine, EngineConfig
-    from harken.cloud.stream_session import SessionOptions
+    from harken.cloud.inference.engine import Engine, EngineConfig
+    from harken.cloud.inference.stream_session import SessionOptions
 
     engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=POLICY))
     events = [_domain(e) for e in stream_audio(audio, engine, SessionOptions(language=LANGUAGE, policy=POLICY))]

@@ -1,4 +1,4 @@
-"""cloud/commit.py: the commit rules and the streaming text, against direct definitions and the
+"""cloud/inference/commit.py: the commit rules and the streaming text, against direct definitions and the
 offline parser (`parse_transcript`) on the same answers."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harken.cloud.commit import (CommitPolicy, ItemText, common_prefix, complete_utf8_length,
+from harken.cloud.inference.commit import (CommitPolicy, ItemText, common_prefix, complete_utf8_length,
                                  compose_context, join_texts, split_header, stability)
 from harken.cloud.model.prompt import collapse_repeats, parse_transcript
 

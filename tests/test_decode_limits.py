@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from harken.cloud.commit import CommitPolicy
+from harken.cloud.inference.commit import CommitPolicy
 from harken.cloud.model.asr import Qwen3ASR
 from harken.cloud.model.decode_limits import DecodeLimits, loop_cut
 from harken.cloud.model.tiny import make_tiny_model
-from harken.cloud.engine import Engine, EngineConfig
-from harken.cloud.stream_session import SessionOptions
+from harken.cloud.inference.engine import Engine, EngineConfig
+from harken.cloud.inference.stream_session import SessionOptions
 from streaming import item_tokens, make_segments, run_alone
 
 LIMITS = DecodeLimits()

@@ -1,4 +1,4 @@
-"""cloud/engine.py: N sessions batched through one Engine give exactly the events of N separate
+"""cloud/inference/engine.py: N sessions batched through one Engine give exactly the events of N separate
 runs; fairness; admission control; the asyncio Scheduler; the embedded engine and `harken stream`."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from harken.cloud.commit import CommitPolicy
+from harken.cloud.inference.commit import CommitPolicy
 from harken.cloud.embedded import stream_audio, transcript_text
-from harken.cloud.engine import Engine, EngineConfig, TickFailed
-from harken.cloud.scheduler import Scheduler
-from harken.cloud.stream_session import SessionOptions
+from harken.cloud.inference.engine import Engine, EngineConfig, TickFailed
+from harken.cloud.inference.scheduler import Scheduler
+from harken.cloud.inference.stream_session import SessionOptions
 from harken.shared.errors import Overloaded
 from harken.shared.text import transcript_text as transcript_of
 from signals import concat, silence, speech, write_wav
@@ -227,7 +227,7 @@ def test_a_failing_session_does_not_affect_the_others(talkative_asr):
 def test_a_failed_tick_is_retried_with_the_same_result(talkative_asr, monkeypatch):
     """The model failing mid-tick (a fault in one decode step) leaves every session as it was before
     that tick: the retry produces exactly the events of an undisturbed run."""
-    import harken.cloud.engine as scheduler_module
+    import harken.cloud.inference.engine as scheduler_module
 
     work = workloads(3)
     alone = alone_runs(talkative_asr, 3)

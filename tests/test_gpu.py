@@ -23,15 +23,15 @@ import numpy as np
 import pytest
 import torch
 
-from harken.cloud.commit import CommitPolicy
-from harken.cloud.engine import Engine, EngineConfig
+from harken.cloud.inference.commit import CommitPolicy
+from harken.cloud.inference.engine import Engine, EngineConfig
 from harken.cloud.model.asr import Qwen3ASR
 from harken.cloud.model.config import Qwen3ASRConfig
 from harken.cloud.model.decoder import Qwen3Decoder, decode_step, prefill
 from harken.cloud.model.encoder import AudioEncoder, IncrementalEncoder
 from harken.cloud.model.kv_cache import KVCache
 from harken.cloud.model.static_decode import StaticDecodeStep
-from harken.cloud.stream_session import SessionOptions
+from harken.cloud.inference.stream_session import SessionOptions
 from streaming import make_segments, packets, run_alone, talkative_tiny
 
 BF16_REL_TOL = 0.03  # ||bf16 - fp32|| / ||fp32|| of encoder outputs and logits (8-bit mantissa, a few layers)

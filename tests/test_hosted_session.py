@@ -1,5 +1,5 @@
 """The server's sessions without the network: `SessionTable` and `HostedSession` (the asyncio
-driver of cloud/server_session.py) on the real tiny model's engine, fed the edge's packets as
+driver of cloud/hosting/server_session.py) on the real tiny model's engine, fed the edge's packets as
 `shared/protocol` messages, with a fake clock for grace periods and idleness. gRPC and WebRTC add
 only bytes in and out (tests/test_server_*.py, tests/test_webrtc.py)."""
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from harken.cloud.errors import IdleTimeout, Overloaded, SessionNotFound
-from harken.cloud.hosted_session import woken
+from harken.cloud.hosting.hosted_session import woken
 from harken.cloud.server import ServerOptions, start_core
-from harken.cloud.server_session import CLOSED_OK, ServerLifecycle
+from harken.cloud.hosting.server_session import CLOSED_OK, ServerLifecycle
 from harken.edge.audio import peak_normalize
 from harken.shared.codec import CODEC_NAME
 from harken.shared.protocol import End, Features, Start
@@ -84,7 +84,7 @@ def test_a_session_failing_in_the_engine_fails_alone_and_frees_its_slot(asr, pac
     """The failed-session contract: the engine's exception reaches the session's stream as the
     session's end (the server sends it as INTERNAL), later streams get it too, its KV slot is
     freed, and a session beside it finishes with the full transcript."""
-    from harken.cloud.stream_session import StreamSession
+    from harken.cloud.inference.stream_session import StreamSession
 
     finish_job = StreamSession.finish_job
     fault = RuntimeError("simulated fault in one session's processing")

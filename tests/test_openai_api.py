@@ -1,4 +1,4 @@
-"""The OpenAI-compatible file API (cloud/openai_api.py) on `harken serve --http-port`, driven by
+"""The OpenAI-compatible file API (cloud/adapters/openai_api.py) on `harken serve --http-port`, driven by
 OpenAI's own Python client: the text, segments and subtitles it returns are harken's streaming
 engine's for the same audio (an in-process reference), streamed deltas add up to the text, and
 errors come back as the client's typed exceptions (401, 400, 413)."""
@@ -63,9 +63,9 @@ def server(tmp_path_factory):
 def reference():
     """The streaming engine's events for the sample, in-process, English forced (what harken stream gives)."""
     from harken.cloud.embedded import stream_audio
-    from harken.cloud.engine import Engine, EngineConfig
+    from harken.cloud.inference.engine import Engine, EngineConfig
     from harken.cloud.model.asr import Qwen3ASR
-    from harken.cloud.stream_session import SessionOptions
+    from harken.cloud.inference.stream_session import SessionOptions
     from harken.edge.audio import load_audio, peak_normalize
 
     asr = Qwen3ASR.load(MODEL)
@@ -143,9 +143,9 @@ def test_realtime_transcription_session_is_harkens_stream(server):
     import base64
 
     from harken.cloud.embedded import stream_audio
-    from harken.cloud.engine import Engine, EngineConfig
+    from harken.cloud.inference.engine import Engine, EngineConfig
     from harken.cloud.model.asr import Qwen3ASR
-    from harken.cloud.stream_session import SessionOptions
+    from harken.cloud.inference.stream_session import SessionOptions
     from harken.edge.audio import load_audio, peak_normalize
 
     pcm = (np.clip(peak_normalize(load_audio(str(SAMPLE))), -1, 1) * 32767).astype("<i2")
@@ -219,9 +219,9 @@ def test_a_client_written_for_vllms_realtime_endpoint_works_unchanged(server):
     assert deltas and "".join(deltas) == events[-1]["text"]
     # the language is the model's to find here (vLLM's session has none): compare with a thin client's text
     from harken.cloud.embedded import stream_audio
-    from harken.cloud.engine import Engine, EngineConfig
+    from harken.cloud.inference.engine import Engine, EngineConfig
     from harken.cloud.model.asr import Qwen3ASR
-    from harken.cloud.stream_session import SessionOptions
+    from harken.cloud.inference.stream_session import SessionOptions
 
     asr = Qwen3ASR.load(MODEL)
     engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1))
@@ -237,10 +237,10 @@ def test_file_requests_past_the_lane_and_its_queue_get_429_with_retry_after(serv
     from concurrent.futures import ThreadPoolExecutor
 
     from harken.cloud.embedded import stream_audio
-    from harken.cloud.engine import Engine, EngineConfig
+    from harken.cloud.inference.engine import Engine, EngineConfig
     from harken.cloud.model.asr import Qwen3ASR
-    from harken.cloud.openai_api import ApiLimits
-    from harken.cloud.stream_session import SessionOptions
+    from harken.cloud.adapters.openai_api import ApiLimits
+    from harken.cloud.inference.stream_session import SessionOptions
     from harken.edge.audio import load_audio, peak_normalize
 
     clip = tmp_path / "clip.wav"

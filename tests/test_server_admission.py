@@ -344,7 +344,7 @@ def test_keepalive_pings_find_a_dead_connection_and_detach_its_stream(asr):
 def test_audio_pace_counts_audio_seconds_and_pays_long_messages_back():
     """AudioPace on a fake clock: a burst is taken at once, then audio at `speed` x real time; a
     message longer than the burst is taken and paid for by the wait before the next one."""
-    from harken.cloud.server_session import AudioPace
+    from harken.cloud.hosting.server_session import AudioPace
 
     now = [0.0]
     pace = AudioPace(speed=2.0, burst_s=3.0, clock=lambda: now[0])

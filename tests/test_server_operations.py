@@ -198,7 +198,7 @@ def test_harken_serve_prints_its_addresses_and_stops_on_sigterm(tmp_path):
 
 
 def test_logs_are_json_without_keys_or_transcript_text(asr, packets, tmp_path):
-    from harken.cloud.logs import JsonLogFormatter
+    from harken.cloud.adapters.logs import JsonLogFormatter
 
     keys = tmp_path / "keys"
     keys.write_text(f"{KEY_A} alice\n")
@@ -266,7 +266,7 @@ def test_a_session_failing_in_the_engine_gets_internal_while_the_others_carry_on
     """The fault (injected): one session's own processing raises inside the engine. Its stream
     ends INTERNAL (never hangs, whether attached then or later), its KV slot is freed, and a
     session beside it on the same server gets its full, correct transcript."""
-    from harken.cloud.stream_session import StreamSession
+    from harken.cloud.inference.stream_session import StreamSession
 
     finish_job = StreamSession.finish_job
 

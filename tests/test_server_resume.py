@@ -158,7 +158,7 @@ def test_a_stream_cancelled_again_while_it_cleans_up_is_still_detached(asr, pack
     never expired) and the attached-streams gauge counted it forever. Driven through
     the stream handler directly (as the WebRTC endpoint drives it), so both
     cancellations land where they are meant to."""
-    from harken.cloud.stream_handler import StreamHandler
+    from harken.cloud.hosting.stream_handler import StreamHandler
 
     async def main():
         async with serving(asr, metrics_port=0, decode_threads=1) as server:

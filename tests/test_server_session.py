@@ -1,4 +1,4 @@
-"""The server's sans-IO session core (cloud/server_session.py), driven by method calls alone: no
+"""The server's sans-IO session core (cloud/hosting/server_session.py), driven by method calls alone: no
 network, no event loop, no engine, no clock but the numbers passed in (h11 style). The served
 path through gRPC is tested end to end in test_server_*.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harken.cloud.errors import MalformedMessage, OutOfOrder, SessionNotFound, ShuttingDown, Superseded
-from harken.cloud.server_session import (ACK_EVERY, CLOSED_OK, ServerLifecycle, ServerSession, SessionLimits)
+from harken.cloud.hosting.server_session import (ACK_EVERY, CLOSED_OK, ServerLifecycle, ServerSession, SessionLimits)
 from harken.shared.protocol import Audio, End, FeaturePacket, Features, KeepAlive, SessionSeed, Start
 from harken.shared.transcript import TranscriptEvent
 

@@ -1,4 +1,4 @@
-"""cloud/stream_session.py through the Engine, one session at a time, on the tiny random model (fp32, CPU):
+"""cloud/inference/stream_session.py through the Engine, one session at a time, on the tiny random model (fp32, CPU):
 final passes against offline `Qwen3ASR.transcribe` of the same features, token for token; the
 segment limit; never-retracted text and one final per segment under random layouts and timings;
 input validation; flat state over a fast-forwarded 30-minute stream."""
@@ -11,10 +11,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harken.cloud.commit import CommitPolicy, ItemText, compose_context, join_texts
+from harken.cloud.inference.commit import CommitPolicy, ItemText, compose_context, join_texts
 from harken.cloud.model.prompt import collapse_repeats
-from harken.cloud.engine import Engine, EngineConfig, slot_tokens
-from harken.cloud.stream_session import SessionOptions
+from harken.cloud.inference.engine import Engine, EngineConfig, slot_tokens
+from harken.cloud.inference.stream_session import SessionOptions
 from harken.shared.errors import StreamInputError, OutOfOrder
 from streaming import floored_frames, item_tokens, make_segments, packets, run_alone, segment_texts
 

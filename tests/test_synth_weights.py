@@ -1,4 +1,4 @@
-"""synth-en's shipped weights (cloud/synth/weights.py): pack a checkpoint, unpack it into the cache,
+"""synth-en's shipped weights (cloud/model/shipped.py): pack a checkpoint, unpack it into the cache,
 and load it as `--model synth-en`.
 
 The checkpoint packed here is a tiny random one shaped like a trained synth-en: the embedding rows
@@ -23,8 +23,8 @@ from harken.cloud.model.asr import Qwen3ASR
 from harken.cloud.model.checkpoint import SYNTH_EN, Checkpoint, resolve_model_dir
 from harken.cloud.model import tiny
 from harken.cloud.model.tiny import FIRST_SPECIAL_ID, LAST_SPECIAL_ID, make_tiny_model
-from harken.cloud.synth import weights
-from harken.cloud.synth.weights import META_FILE, WEIGHTS_FILE, ensure_synth_en, pack
+from harken.cloud.model import shipped as shipped_weights
+from harken.cloud.model.shipped import META_FILE, WEIGHTS_FILE, ensure_synth_en, pack
 from harken.shared.errors import ModelError
 
 EMBED = "thinker.model.embed_tokens.weight"
@@ -115,7 +115,7 @@ def test_unpacked_directory_is_a_complete_checkpoint(original, shipped, unpacked
         assert (unpacked / f).read_bytes() == (original / f).read_bytes(), f
     meta = json.loads((shipped / META_FILE).read_text())
     assert meta["harken_sha256"] == hashlib.sha256((shipped / WEIGHTS_FILE).read_bytes()).hexdigest()
-    assert meta["harken_format"] == weights.FORMAT_VERSION
+    assert meta["harken_format"] == shipped_weights.FORMAT_VERSION
     assert unpacked.name == f"synth-en-{meta['harken_sha256'][:12]}"
 
 
@@ -189,14 +189,14 @@ def test_missing_shipped_files_are_one_clear_error(tmp_path, shipped, present):
 
 
 def test_model_synth_en_resolves_to_the_unpacked_cache(root, monkeypatch, shipped, unpacked):
-    monkeypatch.setattr(weights, "SHIPPED_DIR", shipped)
+    monkeypatch.setattr(shipped_weights, "SHIPPED_DIR", shipped)
     monkeypatch.setenv("HARKEN_CACHE", str(root / "cache"))
     assert resolve_model_dir(SYNTH_EN) == unpacked
     assert Checkpoint.open(SYNTH_EN).path == unpacked
 
 
 def test_model_synth_en_without_shipped_files_is_one_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(weights, "SHIPPED_DIR", tmp_path / "empty")
+    monkeypatch.setattr(shipped_weights, "SHIPPED_DIR", tmp_path / "empty")
     monkeypatch.setenv("HARKEN_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ModelError, match="not in this checkout"):
         Checkpoint.open(SYNTH_EN)

@@ -30,7 +30,7 @@ def test_replayed_committed_text_is_not_shown_twice(asr, audio):
     """With a policy that commits mid-segment, the session is lost right after a commit inside an
     open segment: the replacement session commits that text again, the client drops it, and the
     user's transcript is the uninterrupted one, each character once."""
-    from harken.cloud.commit import CommitPolicy
+    from harken.cloud.inference.commit import CommitPolicy
 
     policy = CommitPolicy(agreement="rollback-only", rollback_tokens=2)
     options = ClientOptions(backoff_initial_s=0.02, backoff_max_s=0.1)

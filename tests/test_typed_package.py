@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 APP = """\
-from harken.cloud.engine import Engine
+from harken.cloud.inference.engine import Engine
 from harken.edge import ClientOptions, Meeting, TranscriptionClient
 
 reveal_type(TranscriptionClient("localhost:50051"))
@@ -81,7 +81,7 @@ def test_wheel_is_typed_for_an_application(tmp_path: Path) -> None:
     (wheel,) = wheels.glob("harken-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "harken/py.typed" in names
-    assert "harken/edge/transport.py" in names and "harken/cloud/engine.py" in names
+    assert "harken/edge/transport.py" in names and "harken/cloud/inference/engine.py" in names
 
     venv_dir = tmp_path / "app-venv"
     made = _run([sys.executable, "-m", "venv", "--without-pip", str(venv_dir)], cwd=tmp_path)
@@ -106,7 +106,7 @@ def test_wheel_is_typed_for_an_application(tmp_path: Path) -> None:
         ("4", "harken.edge.transport.TranscriptionClient"),
         ("5", "harken.edge.client_session.ClientOptions"),
         ("6", "harken.edge.meeting.Meeting"),
-        ("10", "harken.cloud.engine.Engine"),
+        ("10", "harken.cloud.inference.engine.Engine"),
     ], out
     errors = re.findall(r"^app\.py:(\d+): error: (.*)$", out, re.M)
     assert errors == [
@@ -133,7 +133,7 @@ def test_checkout_resolves_for_editors(tmp_path: Path) -> None:
     made = _run([sys.executable, "-m", "venv", "--without-pip", str(bare)], cwd=tmp_path)
     assert made.returncode == 0, made.stdout + made.stderr
     environment = jedi.create_environment(str(bare / "bin" / "python"), safe=False)
-    code = ("from harken.cloud.engine import Engine\n"
+    code = ("from harken.cloud.inference.engine import Engine\n"
             "from harken.edge import ClientOptions, Meeting, TranscriptionClient\n")
     script = jedi.Script(code, path=ROOT / "app.py", project=jedi.Project(ROOT),
                          environment=environment)
@@ -145,7 +145,7 @@ def test_checkout_resolves_for_editors(tmp_path: Path) -> None:
         assert definition.module_path is not None, name
         found[definition.full_name] = Path(definition.module_path).resolve().relative_to(ROOT)
     assert found == {
-        "harken.cloud.engine.Engine": Path("cloud/engine.py"),
+        "harken.cloud.inference.engine.Engine": Path("cloud/inference/engine.py"),
         "harken.edge.client_session.ClientOptions": Path("edge/client_session.py"),
         "harken.edge.meeting.Meeting": Path("edge/meeting.py"),
         "harken.edge.transport.TranscriptionClient": Path("edge/transport.py"),

@@ -1,4 +1,4 @@
-"""cloud/vllm_decoder.py: `--decoder vllm` gives the own engine's tokens, offline and streaming.
+"""cloud/inference/vllm_decoder.py: `--decoder vllm` gives the own engine's tokens, offline and streaming.
 
 Every test but the first needs vLLM (`make setup-vllm`; run by `make test-vllm`, marked `vllm` so
 `make test` deselects them; nothing here imports vllm at collection). The model is a tiny random
@@ -21,9 +21,9 @@ import torch
 from streaming import EOS_ROW_NORM, IM_END_ID, floored_frames, item_tokens, make_segments, packets
 
 from harken.cli import main
-from harken.cloud.engine import Engine, EngineConfig
+from harken.cloud.inference.engine import Engine, EngineConfig
 from harken.cloud.model.decode_limits import DecodeLimits
-from harken.cloud.stream_session import SessionOptions
+from harken.cloud.inference.stream_session import SessionOptions
 
 vllm = pytest.mark.vllm
 
@@ -65,7 +65,7 @@ def features(seconds: float, seed: int) -> np.ndarray:
 
 @vllm
 def test_offline_transcripts_are_token_identical(asr32):
-    from harken.cloud.vllm_decoder import VllmDecoder, offline_max_model_len, transcribe_vllm
+    from harken.cloud.inference.vllm_decoder import VllmDecoder, offline_max_model_len, transcribe_vllm
 
     dec = VllmDecoder(asr32, max_seqs=1, max_model_len=offline_max_model_len(asr32, 12.0, 512))
     cases = [(s, seed, lang, limits) for s, seed in [(1.3, 1), (4.0, 2), (7.9, 3), (12.0, 4)]
@@ -118,7 +118,7 @@ def run_batched(engine, options, streams, piece_frames):
 
 @vllm
 def test_streaming_is_event_identical_and_hits_the_prefix_cache(asr32):
-    from harken.cloud.vllm_decoder import VllmEngine
+    from harken.cloud.inference.vllm_decoder import VllmEngine
 
     options = SessionOptions()
     # a 12-s segment completes an 8-s window: its blocks are a prefix of every later update

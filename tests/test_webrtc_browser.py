@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from harken.cloud.commit import CommitPolicy
+from harken.cloud.inference.commit import CommitPolicy
 from harken.cloud.server import ServerOptions, start_server
 from signals import concat, silence, speech, write_wav
 

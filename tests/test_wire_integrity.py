@@ -14,10 +14,10 @@ import grpc
 import numpy as np
 import pytest
 
-from harken.cloud.audio_front_end import check_seeded_front_end
+from harken.cloud.hosting.audio_front_end import check_seeded_front_end
 
 from harken.shared import wire
-from harken.cloud.grpc_service import status_of
+from harken.cloud.adapters.grpc_service import status_of
 from harken.cloud.server import ServerOptions, start_server
 from harken.edge.pipeline import FeatureStream
 from harken.shared.wire import features_to_proto

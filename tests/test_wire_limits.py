@@ -8,10 +8,10 @@ import grpc
 import numpy as np
 import pytest
 
-from harken.cloud.audio_front_end import check_seeded_front_end
+from harken.cloud.hosting.audio_front_end import check_seeded_front_end
 
 from harken.shared import wire
-from harken.cloud.grpc_service import status_of
+from harken.cloud.adapters.grpc_service import status_of
 from harken.proto import harken_pb2 as pb
 from harken.shared.codec import MAX_FRAMES_PER_PAYLOAD_BYTE, MAX_PACKET_FRAMES, encode_frames
 from harken.shared.protocol import Features

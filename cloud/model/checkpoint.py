@@ -86,7 +86,7 @@ def resolve_model_dir(model: str) -> Path:
 
         return ensure_tiny_model(head="untied")
     if model == SYNTH_EN:
-        from harken.cloud.synth.weights import ensure_synth_en
+        from harken.cloud.model.shipped import ensure_synth_en
 
         return ensure_synth_en()
     path = Path(os.path.expanduser(model))

@@ -5,7 +5,7 @@
 //   session rules of the Python client (resume, replay): edge/web/ (`harken.connect`).
 // - audio (Opus): microphone -> Opus track -> harken serve, which runs the edge work itself; the
 //   protobuf messages of proto/harken.proto over a data channel "harken" (the same stream as gRPC,
-//   see cloud/webrtc.py).
+//   see cloud/adapters/webrtc.py).
 "use strict";
 
 // ---- the few protobuf messages the page needs, encoded and decoded by hand ----

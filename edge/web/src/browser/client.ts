@@ -6,7 +6,7 @@
 //   s.on("transcript", (event, { speaker }) => ...);   // every track's events
 //   await t.stop();                                    // End: the last finals, then "end"
 //
-// The data channel carries the gRPC stream's messages (cloud/webrtc.py): binary frames are
+// The data channel carries the gRPC stream's messages (cloud/adapters/webrtc.py): binary frames are
 // serialized ClientMessage/ServerMessage, text frames the call's framing (half-close, status).
 // ClientSession (../session.ts) decides what to send, resend and show: a channel that closes
 // without a status is a dropped call, resumed on a new peer connection; a server that lost the

@@ -233,8 +233,8 @@ class TranscriptionAPI:
     def _events(self, req: Request) -> Iterator:
         """The file through the edge pipeline and a one-session engine on the served weights (in the lane)."""
         from harken.cloud.embedded import stream_audio
-        from harken.cloud.engine import Engine, EngineConfig
-        from harken.cloud.stream_session import SessionOptions
+        from harken.cloud.inference.engine import Engine, EngineConfig
+        from harken.cloud.inference.stream_session import SessionOptions
 
         options = SessionOptions(language=req.language, context=req.prompt)
         engine = Engine(self.asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))

@@ -9,15 +9,15 @@ proto/harken.proto).
            returns) or `StreamFailed(code, message)`, after an Error message carrying the same
 
 `StreamHandler.run` is the one implementation; every transport is an adapter around it: gRPC
-(cloud/grpc_service.py: a StreamFailed becomes `context.abort`), the Ray replica (cloud/ray_app.py:
-the status goes on Serve's context), the WebRTC data channel (cloud/webrtc.py: a status frame),
-the Realtime WebSocket (cloud/realtime_api.py) and the fuzzer (bench/fuzz_targets.py). Those that
+(cloud/adapters/grpc_service.py: a StreamFailed becomes `context.abort`), the Ray replica (cloud/adapters/ray_app.py:
+the status goes on Serve's context), the WebRTC data channel (cloud/adapters/webrtc.py: a status frame),
+the Realtime WebSocket (cloud/adapters/realtime_api.py) and the fuzzer (bench/fuzz_targets.py). Those that
 carry serialized messages use `run_proto`: bytes in (parsed by `ClientMessages`), proto messages
 out (shared/wire.py); the ones that are no gRPC call queue what they receive in a `RequestQueue`.
 
 It only moves messages: it authenticates, attaches the stream to its session, then yields what
 the session has for it while a reader task applies what the client sends; every rule of the
-session itself is the session's (cloud/server_session.py). Errors become status codes in one
+session itself is the session's (cloud/hosting/server_session.py). Errors become status codes in one
 place (`STATUS_OF`). A stream's error ends that stream only.
 """
 
@@ -29,13 +29,13 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from harken.cloud.audio_front_end import check_seeded_front_end
+from harken.cloud.hosting.audio_front_end import check_seeded_front_end
 from harken.cloud.auth import OPEN_ACCESS, ApiKeys, Caller
 from harken.cloud.errors import IdleTimeout, MessageTooLarge, NotYourSession, ShuttingDown, Superseded, Unauthenticated
-from harken.cloud.hosted_session import HostedSession, woken
+from harken.cloud.hosting.hosted_session import HostedSession, woken
 from harken.cloud.metrics import ServerMetrics
-from harken.cloud.server_session import CLOSED_OK, Attachment
-from harken.cloud.session_table import SessionTable
+from harken.cloud.hosting.server_session import CLOSED_OK, Attachment
+from harken.cloud.hosting.session_table import SessionTable
 from harken.proto import harken_pb2 as pb
 from harken.shared import wire
 from harken.shared.errors import (CodecError, HarkenError, MalformedMessage, OutOfOrder, Overloaded, SessionNotFound,

@@ -1,4 +1,4 @@
-"""The asyncio owner of an `Engine` (cloud/engine.py): one task steps it in a worker thread.
+"""The asyncio owner of an `Engine` (cloud/inference/engine.py): one task steps it in a worker thread.
 
 API:
 
@@ -16,8 +16,8 @@ import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from harken.cloud.engine import Engine, TickFailed
-from harken.cloud.stream_session import SessionOptions
+from harken.cloud.inference.engine import Engine, TickFailed
+from harken.cloud.inference.stream_session import SessionOptions
 
 
 class Scheduler:

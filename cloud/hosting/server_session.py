@@ -3,7 +3,7 @@
 `ServerSession` is driven by method calls and answers with what to do; it runs no task, takes no
 lock, awaits nothing, reads no clock and calls no engine (the style of h11 and aioquic), so every
 rule of the session protocol can be tested with no network, no event loop and no model
-(tests/test_server_session.py). `HostedSession` (cloud/hosted_session.py) is its asyncio driver:
+(tests/test_server_session.py). `HostedSession` (cloud/hosting/hosted_session.py) is its asyncio driver:
 it decodes payloads and runs the thin clients' front end in the executor, hands frames to the
 engine, pumps the engine's events in, and wakes the attached stream.
 
@@ -46,7 +46,7 @@ from harken.shared.transcript import TranscriptEvent
 if TYPE_CHECKING:
     import asyncio
 
-    from harken.cloud.commit import CommitPolicy
+    from harken.cloud.inference.commit import CommitPolicy
 
 SHUTDOWN_MESSAGE = "the server is shutting down: open segments were finalised"
 ACK_EVERY = 5  # messages between Acks (plus one on every segment end and every final event)

@@ -1,6 +1,6 @@
 """One streaming session: segments in, transcript events out.
 
-API (driven by `harken.cloud.engine.Engine`, which owns the model and the KV cache):
+API (driven by `harken.cloud.inference.engine.Engine`, which owns the model and the KV cache):
 
     session = StreamSession(asr, SessionOptions(language=None, context="", policy=CommitPolicy()), slot)
     session.ingest(segment_id, first_frame, frames, segment_start, segment_end, running_max_log10)
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from harken.cloud.commit import (CommitPolicy, ItemText, compose_context, join_texts, stability)
+from harken.cloud.inference.commit import (CommitPolicy, ItemText, compose_context, join_texts, stability)
 from harken.cloud.model.encoder import IncrementalEncoder, WindowRequest
 from harken.cloud.model.prompt import forced_language, prompt_text_parts
 from harken.shared.errors import HarkenError, StreamInputError, OutOfOrder

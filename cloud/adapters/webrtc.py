@@ -24,7 +24,7 @@ server's leave. `harken serve --cors-origin ORIGIN` (repeatable; `*` for any) an
 (POST with `Authorization` and `Content-Type`) and marks every response to a request from such an
 origin; other origins get no CORS headers, so browsers keep them out (same-origin pages need none).
 
-Each data channel runs the stream handler (cloud/stream_handler.py) that gRPC runs: the session
+Each data channel runs the stream handler (cloud/hosting/stream_handler.py) that gRPC runs: the session
 table, the resume and replay rules, the error codes are one implementation. The channel's binary
 messages go to the stream's `RequestQueue`, its close is the stream's cancellation, and the
 handler's final status becomes the status frame.
@@ -44,7 +44,7 @@ import numpy as np
 
 from harken.cloud.auth import ApiKeys, check_http
 from harken.cloud.errors import Unauthenticated
-from harken.cloud.stream_handler import RequestQueue, StreamFailed, StreamHandler
+from harken.cloud.hosting.stream_handler import RequestQueue, StreamFailed, StreamHandler
 from harken.shared import wire
 from harken.shared.datachannel import send_when_drained
 from harken.shared.protocol import Audio
@@ -52,13 +52,13 @@ from harken.shared.protocol import Audio
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from harken.cloud.openai_api import ApiLimits, TranscriptionAPI
+    from harken.cloud.adapters.openai_api import ApiLimits, TranscriptionAPI
 
 log = logging.getLogger("harken.webrtc")
 
-WEB_DIR = Path(__file__).parent / "web"
+WEB_DIR = Path(__file__).resolve().parents[1] / "web"
 # the browser edge, built by `make web` (npm, esbuild) in a source tree; a wheel has no copy
-EDGE_WEB_DIR = Path(__file__).resolve().parents[1] / "edge" / "web" / "dist" / "browser"
+EDGE_WEB_DIR = Path(__file__).resolve().parents[2] / "edge" / "web" / "dist" / "browser"
 OFFER_PATH = "/v1/webrtc/offer"
 CONFIG_PATH = "/v1/config"
 MAX_OFFER_BYTES = 64 << 10
@@ -161,7 +161,7 @@ class WebRTCEndpoint:
         app.router.add_get("/", self._page)
         app.router.add_get(CONFIG_PATH, self._config)
         if self.api is not None:
-            from harken.cloud.realtime_api import RealtimeTranscription
+            from harken.cloud.adapters.realtime_api import RealtimeTranscription
 
             self.api.add_routes(app)
             RealtimeTranscription(self.handler, self.keys, self.api.model_id).add_routes(app)
@@ -358,10 +358,10 @@ async def _pump_track(track, feed: _TrackFeed) -> None:
 async def start_webrtc(handler: StreamHandler, keys: ApiKeys | None, host: str, port: int,
                        cors_origins: tuple[str, ...] = (), api_limits: ApiLimits | None = None) -> WebRTCEndpoint:
     """The HTTP port: WebRTC signaling, the page, and (with `api_limits`) the OpenAI-compatible file
-    API on the served model (cloud/openai_api.py) and its Realtime transcription (cloud/realtime_api.py)."""
+    API on the served model (cloud/adapters/openai_api.py) and its Realtime transcription (cloud/adapters/realtime_api.py)."""
     api = None
     if api_limits is not None:
-        from harken.cloud.openai_api import api_for
+        from harken.cloud.adapters.openai_api import api_for
 
         api = api_for(handler, keys, api_limits)
     endpoint = WebRTCEndpoint(handler, keys, cors_origins=cors_origins, api=api)

@@ -37,9 +37,9 @@ from pathlib import Path
 
 import torch
 
-from harken.cloud.engine import Engine, EngineConfig, EngineObserver, TickFailed, _Running, slot_tokens
+from harken.cloud.inference.engine import Engine, EngineConfig, EngineObserver, TickFailed, _Running, slot_tokens
 from harken.cloud.model.decode_limits import DecodeLimits
-from harken.cloud.stream_session import Job, StreamSession
+from harken.cloud.inference.stream_session import Job, StreamSession
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import FRAMES_PER_SECOND
 
@@ -245,9 +245,9 @@ class VllmDecoder:
 
 def offline_max_model_len(asr, seconds: float, max_new_tokens: int) -> int:
     """Positions a one-pass transcription of `seconds` of audio needs (prompt + answer)."""
-    from harken.cloud.engine import TEMPLATE_TOKENS
+    from harken.cloud.inference.engine import TEMPLATE_TOKENS
     from harken.cloud.model.encoder import num_audio_tokens
-    from harken.cloud.stream_session import MAX_CONTEXT_TOKENS
+    from harken.cloud.inference.stream_session import MAX_CONTEXT_TOKENS
 
     return MAX_CONTEXT_TOKENS + TEMPLATE_TOKENS + num_audio_tokens(int(seconds * FRAMES_PER_SECOND) + 1) \
         + max_new_tokens

@@ -16,7 +16,7 @@ request = one stream). Autoscaling follows harken's own load signal: every repli
 sessions and the sessions waiting for the model (`record_autoscaling_stats`), and
 `autoscaling_policy` sizes the deployment to keep sessions at `target_utilization` of the slots.
 
-`harken serve --ray` (`serve_ray_command`) starts it; `serve run harken.cloud.ray_app:app_builder
+`harken serve --ray` (`serve_ray_command`) starts it; `serve run harken.cloud.adapters.ray_app:app_builder
 model=tiny` runs it from Serve's own CLI or a config file (deploy/ray-serve.yaml).
 """
 
@@ -35,17 +35,17 @@ from typing import Any
 import grpc
 
 from harken.cloud.auth import ApiKeys
-from harken.cloud.logs import configure_logging
-from harken.cloud.grpc_service import service_handler
+from harken.cloud.adapters.logs import configure_logging
+from harken.cloud.adapters.grpc_service import service_handler
 from harken.cloud.server import ServerOptions, ServingCore, start_core
-from harken.cloud.stream_handler import StreamFailed, StreamHandler
+from harken.cloud.hosting.stream_handler import StreamFailed, StreamHandler
 from harken.shared.errors import HarkenError
 
 APP_NAME = "harken"
 DEPLOYMENT_NAME = "TranscriptionReplica"
 # The proxy's registration of harken's service (an import path: the proxy imports it itself).
-SERVICER_FUNCTIONS = ["harken.cloud.ray_app.add_transcription_servicer",
-                      "harken.cloud.ray_app.add_health_servicer"]
+SERVICER_FUNCTIONS = ["harken.cloud.adapters.ray_app.add_transcription_servicer",
+                      "harken.cloud.adapters.ray_app.add_health_servicer"]
 # Trailing metadata on every stream: which replica served it (for operators and the tests).
 REPLICA_METADATA = "harken-replica"
 LOCAL_OBJECT_STORE_BYTES = 256 << 20
@@ -289,7 +289,7 @@ def deployment(model: str, options: ServerOptions, scaling: Scaling, keys: ApiKe
 
 
 def app_builder(args: dict[str, str]):
-    """`serve run harken.cloud.ray_app:app_builder model=M [replicas=N | autoscale=MIN:MAX]
+    """`serve run harken.cloud.adapters.ray_app:app_builder model=M [replicas=N | autoscale=MIN:MAX]
     [max_sessions=N] [api_keys=FILE] [device=D] [dtype=T]`, or the same under `args:` in a Serve
     config file."""
     options = ServerOptions(max_sessions=int(args.get("max_sessions", 16)),

@@ -1,15 +1,15 @@
 """Sessions as the service hosts them: the asyncio driver of each session's sans-IO core.
 
     SessionTable    ids -> HostedSession; admission (max sessions, per key); grace expiry; idle
-                    streams; shutdown (cloud/session_table.py)
-    HostedSession   one session: drives its `ServerSession` (cloud/server_session.py: the order
+                    streams; shutdown (cloud/hosting/session_table.py)
+    HostedSession   one session: drives its `ServerSession` (cloud/hosting/server_session.py: the order
                     checks, the event log, the lifecycle, what each stream is owed), decodes
                     payloads and runs the thin clients' front end in the executor, hands frames to
                     the engine and pumps the engine's events in
-    Attachment      one client stream's view of its session (cloud/server_session.py)
+    Attachment      one client stream's view of its session (cloud/hosting/server_session.py)
 
 Owners: the table owns its reaper task and every session; a session owns its event pump task; a
-stream handler (cloud/stream_handler.py) owns its reader task and its attachment. Each cancels and awaits
+stream handler (cloud/hosting/stream_handler.py) owns its reader task and its attachment. Each cancels and awaits
 what it owns when it closes. One message is applied at a time (`_apply_lock`): what the session
 has applied changes only once a message is known good, and a newer stream attaches only between
 two messages.
@@ -44,15 +44,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from harken.shared import wire
-from harken.cloud.audio_front_end import ThinClientFrontEnd
+from harken.cloud.hosting.audio_front_end import ThinClientFrontEnd
 from harken.cloud.errors import ShuttingDown
 from harken.cloud.metrics import ServerMetrics
-from harken.cloud.server_session import Attachment, AudioPace, ServerLifecycle, ServerSession, SessionLimits
+from harken.cloud.hosting.server_session import Attachment, AudioPace, ServerLifecycle, ServerSession, SessionLimits
 from harken.shared.protocol import (Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive, Start,
                                     Transcript)
 
 if TYPE_CHECKING:
-    from harken.cloud.scheduler import Scheduler
+    from harken.cloud.inference.scheduler import Scheduler
 
 
 class HostedSession:
@@ -63,7 +63,7 @@ class HostedSession:
                  on_ended: Callable[["HostedSession"], None], clock: Callable[[], float] = time.monotonic):
         """Opens the engine's session (Overloaded / StreamInputError when it cannot).
         `clock` times the grace period and idleness (the table's; tests pass a fake one)."""
-        from harken.cloud.stream_session import SessionOptions
+        from harken.cloud.inference.stream_session import SessionOptions
 
         self.core = ServerSession(session_id, key_id, start, limits, clock())
         policy = {} if limits.policy is None else {"policy": limits.policy}

@@ -37,7 +37,7 @@ WEIGHTS_FILE = "synth-en.safetensors.zst"
 META_FILE = "synth-en.json"
 FORMAT_VERSION = 1
 ZSTD_LEVEL = 19
-SHIPPED_DIR = Path(__file__).parent
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "synth"  # the weights ship beside the recipe
 # keys synth-en.json adds to the checkpoint's config.json
 _FORMAT_KEY = "harken_format"
 _SHA_KEY = "harken_sha256"

@@ -12,8 +12,8 @@ from concurrent.futures import Executor
 
 from harken.cloud.errors import IdleTimeout, NotYourSession, Overloaded, SessionNotFound, ShuttingDown
 from harken.cloud.metrics import ServerMetrics
-from harken.cloud.hosted_session import HostedSession, short_id
-from harken.cloud.server_session import SessionLimits
+from harken.cloud.hosting.hosted_session import HostedSession, short_id
+from harken.cloud.hosting.server_session import SessionLimits
 from harken.shared.protocol import Start
 
 log = logging.getLogger("harken.server")

@@ -1,4 +1,4 @@
-"""The engine that serves every session with one model (its asyncio owner: cloud/scheduler.py).
+"""The engine that serves every session with one model (its asyncio owner: cloud/inference/scheduler.py).
 
 API:
 
@@ -26,7 +26,7 @@ One tick (`Engine.step`):
 Sessions only meet in the batch: each has its own slot, prompt and positions, so batched results
 are the one-at-a-time results (tests check it).
 
-Threads: `step` runs in one worker thread (the Scheduler's, cloud/scheduler.py); ingest/open/close come from the event
+Threads: `step` runs in one worker thread (the Scheduler's, cloud/inference/scheduler.py); ingest/open/close come from the event
 loop. One lock guards session bookkeeping; the model runs outside it, on state only the engine
 thread touches (the head item's encoder and decoder state).
 """
@@ -41,12 +41,12 @@ from dataclasses import dataclass
 
 import torch
 
-from harken.cloud.commit import CommitPolicy
+from harken.cloud.inference.commit import CommitPolicy
 from harken.cloud.model.decoder import decode_step, prefill
 from harken.cloud.model.encoder import num_audio_tokens
 from harken.cloud.model.kv_cache import KVCache
 from harken.cloud.model.static_decode import StaticDecodeStep
-from harken.cloud.stream_session import MAX_CONTEXT_TOKENS, Job, StreamSession, SessionOptions, EngineEvent
+from harken.cloud.inference.stream_session import MAX_CONTEXT_TOKENS, Job, StreamSession, SessionOptions, EngineEvent
 from harken.shared.errors import Overloaded, SessionNotFound, StreamInputError
 
 class TickFailed(RuntimeError):
@@ -152,7 +152,7 @@ class Engine:
         self.busy_s = 0.0  # wall time spent in `step` so far (all threads' work, e.g. vLLM's)
 
     def _new_cache(self):
-        """One KV slot per session, and one for the static decode step's padding rows (cloud/vllm_decoder.py's
+        """One KV slot per session, and one for the static decode step's padding rows (cloud/inference/vllm_decoder.py's
         engine keeps its KV in vLLM instead)."""
         extra = 0 if self.config.decode_step == "plain" else 1
         return KVCache.for_config(self.asr.config.text, max_slots=self.config.max_sessions + extra,

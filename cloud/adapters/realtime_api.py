@@ -41,7 +41,7 @@ from typing import Any
 
 from harken.cloud.auth import ApiKeys, check_http
 from harken.cloud.errors import Unauthenticated
-from harken.cloud.stream_handler import RequestQueue, StreamFailed, StreamHandler
+from harken.cloud.hosting.stream_handler import RequestQueue, StreamFailed, StreamHandler
 from harken.shared import wire
 from harken.shared.codec import CODEC_NAME
 from harken.shared.protocol import Audio, ClientMessage, End, Finalize, ServerError, Start, Transcript

@@ -1,6 +1,6 @@
 """The gRPC adapter of the service: `harken.v1.Transcription/Stream` runs the stream handler.
 
-    gRPC call (request bytes, metadata) -> StreamHandler.run_proto (cloud/stream_handler.py)
+    gRPC call (request bytes, metadata) -> StreamHandler.run_proto (cloud/hosting/stream_handler.py)
         -> ServerMessage protos -> the call; StreamFailed(code, message) -> context.abort
 
 Every rule of a stream (auth, attach, replay, acks, the half-close settle, the error drain, which
@@ -15,7 +15,7 @@ from contextlib import aclosing
 
 import grpc
 
-from harken.cloud.stream_handler import MAX_MESSAGE_BYTES, StreamFailed, StreamHandler, status_name
+from harken.cloud.hosting.stream_handler import MAX_MESSAGE_BYTES, StreamFailed, StreamHandler, status_name
 from harken.proto import harken_pb2, harken_pb2_grpc
 
 SERVICE_NAME = harken_pb2.DESCRIPTOR.services_by_name["Transcription"].full_name
