@@ -39,7 +39,9 @@ an earlier level failing, the KV cache's capacity).
 
 A hard time budget (`time_budget_s`) bounds the ladder: a level that would not finish inside it
 is not started (stated in `cut`). Writes `engine-load.json` and `engine-load.png` (streams vs p95
-update latency) into `out_dir` when given, and prints the JSON.
+update latency) into `out_dir` when given, and prints the JSON. The JSON is rewritten after every
+level and the plot drawn before the profile, so a run killed at its caller's cap (or a profile
+that fails: `profile_error`) keeps the levels that ran.
 """
 
 from __future__ import annotations
@@ -437,6 +439,26 @@ def _bench(opts: EngineLoadOptions) -> dict:
 
     levels: list[dict] = []
     cut: list[dict] = []
+
+    def save(result: dict, levels: list[dict], cut: list[dict], with_plot: bool = False) -> None:
+        """The top-level figures of the levels so far into `result`, and (with `out_dir`) the JSON
+        (and the plot) written now: a run killed later keeps them."""
+        ok_levels = [lv["streams"] for lv in levels if lv["ok"]]
+        best = max(ok_levels) if ok_levels else None
+        result.update({
+            "levels": levels, "cut": cut, "batching_gain_base_streams": min(wanted),
+            "max_streams_ok": best,
+            "gpu_s_per_stream_hour_at_max": round(3600 / best, 2) if best else None,
+            "bench_wall_s": round(time.perf_counter() - wall0, 1),
+        })
+        if opts.out_dir:
+            out = Path(opts.out_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            if with_plot:
+                result["plot"] = plot(result, out / "engine-load.png")
+            tmp = out / "engine-load.json.tmp"
+            tmp.write_text(json.dumps(result, indent=1) + "\n")
+            tmp.replace(out / "engine-load.json")  # whole or not at all, whenever the kill comes
     queue = [n for n in wanted if n <= sessions]
     cut += [{"streams": n, "why": f"over the KV cache's capacity ({capacity} streams)"} for n in wanted if n > sessions]
     base = None  # busy s per stream-second at the smallest level
@@ -486,8 +508,8 @@ def _bench(opts: EngineLoadOptions) -> dict:
             failed_at = failed_at or n
         elif opts.more and failed_at is None and not queue and n < sessions:
             queue.append(min(sessions, max(n + 1, int(n * GROW))))
-    ok_levels = [lv["streams"] for lv in levels if lv["ok"]]
-    best = max(ok_levels) if ok_levels else None
+        save(result, levels, cut)  # what ran so far survives a kill at the step's cap
+    save(result, levels, cut, with_plot=True)  # before the profile: neither its failure nor its overrun loses them
     # where the time goes at the largest level that ran: torch.profiler over a short paced run
     prof_n = max((lv["streams"] for lv in levels), default=None)
     if opts.profile_s > 0 and prof_n is not None:
@@ -495,18 +517,12 @@ def _bench(opts: EngineLoadOptions) -> dict:
             cut.append({"streams": prof_n, "why": f"the profile: the time budget ({opts.time_budget_s:.0f} s)"})
         else:
             packets = level_packets(raw, segments, prof_n, opts.profile_s, stagger_s=opts.update_interval_s)
-            result["profile"] = profile_level(engine, packets, prof_n, opts.profile_s, language)
-    result.update({
-        "levels": levels, "cut": cut, "batching_gain_base_streams": min(wanted),
-        "max_streams_ok": best,
-        "gpu_s_per_stream_hour_at_max": round(3600 / best, 2) if best else None,
-        "bench_wall_s": round(time.perf_counter() - wall0, 1),
-    })
-    if opts.out_dir:
-        out = Path(opts.out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "engine-load.json").write_text(json.dumps(result, indent=1) + "\n")
-        result["plot"] = plot(result, out / "engine-load.png")
+            try:
+                result["profile"] = profile_level(engine, packets, prof_n, opts.profile_s, language)
+            except Exception as e:  # noqa: BLE001 - a diagnostic: the levels stand without it
+                result["profile_error"] = f"{type(e).__name__}: {e}"
+                print(f"engine-load: the profile failed: {result['profile_error']}", flush=True)
+    save(result, levels, cut, with_plot=True)
     return result
 
 

@@ -84,3 +84,69 @@ def test_sample_features_without_soundfile(monkeypatch):
     monkeypatch.setitem(sys.modules, "soundfile", None)  # import soundfile -> ImportError
     raw2, segments2 = engine_load.sample_features()
     assert segments2 == segments and np.array_equal(raw2, raw)
+
+
+def _fake_python(tmp_path: Path) -> Path:
+    """A `PY` for bench.sh whose steps are stand-ins (no model runs): the tests and the model bench
+    pass at once; engine-load writes its JSON (indented, as bench/engine_load.py does after each
+    level) and a plot into --out, then hangs until the step's cap kills it. Anything else is the
+    real Python."""
+    level = {"streams": 1, "ok": True, "p50_update_ms": 10.0, "p95_update_ms": 20.0, "p95_first_partial_ms": 5.0,
+             "busy_fraction": 0.1, "batching_gain": 1.0, "mib_per_stream": None}
+    partial = {"bench": "engine-load", "levels": [level], "cut": [], "target_p95_update_ms": 300.0,
+               "max_streams_ok": 1, "gpu_s_per_stream_hour_at_max": 3600.0}
+    (tmp_path / "partial.json").write_text(json.dumps(partial, indent=1) + "\n")
+    script = tmp_path / "fake-python"
+    script.write_text(f"""#!/usr/bin/env bash
+case "$*" in
+  *"-m pytest"*) echo "PASSED tests/test_gpu.py::test_x"; echo "1 passed in 0.01s"; exit 0 ;;
+  *"bench model"*) echo '{{"models": {{}}}}'; exit 0 ;;
+  *"bench engine-load"*)
+    out=; prev=
+    for a in "$@"; do [ "$prev" = --out ] && out=$a; prev=$a; done
+    mkdir -p "$out" && cp {tmp_path / "partial.json"} "$out/engine-load.json"
+    printf '\\x89PNG\\r\\n\\x1a\\n' > "$out/engine-load.png"
+    echo "engine-load: N = 1: p95 update 20.0 ms, busy 0.1, ok"
+    exec sleep 60 ;;
+  *) exec {sys.executable} "$@" ;;
+esac
+""")
+    script.chmod(0o755)
+    return script
+
+
+def test_an_engine_load_cut_at_its_cap_keeps_the_levels_it_wrote(tmp_path):
+    """engine-load killed at LOAD_S (a level or the profile running long) after it wrote its
+    levels: bench-device.json still carries them, and the plot comes back. bench.sh read the
+    indented engine-load.json line by line (`last_json`), which never parses, so only the JSON
+    printed at a clean end was ever seen."""
+    out = tmp_path / "out"
+    run = subprocess.run(["bash", "deploy/device/bench.sh"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PY": str(_fake_python(tmp_path)), "TOY": "1", "OUT": str(out),
+                              "PREFIX": str(tmp_path / "prefix"), "CARRY": str(tmp_path / "nothing-carried"),
+                              "LOAD_S": "3"})
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]  # a step was cut: not a clean run
+    result = json.loads((out / "bench-device.json").read_text())
+    assert result["steps"]["engine-load"]["exit"] == 124 and result["steps"]["engine-load"]["cut"]
+    assert result["engine_load"] is not None and [lv["streams"] for lv in result["engine_load"]["levels"]] == [1]
+    assert (out / "engine-load.png").exists()
+    assert "N=    1" in run.stdout  # the summary has the level
+
+
+def test_a_failed_profile_keeps_the_levels(tmp_path, monkeypatch):
+    """The profile (torch.profiler, after the levels) failing must not lose the levels: they are
+    returned and written, with the profile's error said."""
+    from harken.bench import engine_load
+
+    def broken(*a, **kw):
+        raise RuntimeError("CUPTI_ERROR_INSUFFICIENT_PRIVILEGES")
+
+    monkeypatch.setattr(engine_load, "profile_level", broken)
+    opts = engine_load.EngineLoadOptions(levels=(1,), more=False, seconds=1.0, model="tiny", device="cpu",
+                                         threads=1, drain_s=1.0, profile_s=1.0, out_dir=str(tmp_path))
+    result = engine_load.bench_engine_load(opts)
+    assert [lv["streams"] for lv in result["levels"]] == [1]
+    assert "CUPTI" in result["profile_error"]
+    written = json.loads((tmp_path / "engine-load.json").read_text())
+    assert [lv["streams"] for lv in written["levels"]] == [1] and "CUPTI" in written["profile_error"]
+    assert (tmp_path / "engine-load.png").exists()

@@ -162,6 +162,16 @@ def test_static_step_buckets():
     assert step.capture_all() == 0  # no graphs on a CPU
 
 
+def test_engine_static_step_has_no_bucket_past_its_sessions(asr):
+    """A tick batches each session at most once: with max_batch (the server's default 32) above
+    max_sessions (16), the static step's batch buckets stop at max_sessions. Before, `serve
+    --decode-step graphs` captured the 32-row graphs at start that no tick can replay, and their
+    intermediates, the largest, sized the shared graph pool."""
+    engine = Engine(asr, EngineConfig(max_sessions=3, max_batch=32, slot_policy=POLICY, decode_step="static"))
+    assert engine._static is not None
+    assert sorted({m for m, _ in engine._static.buckets()}) == [1, 2, 3]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_graph_replay_equals_eager_token_for_token(device):
     """At the decoder: bf16 greedy decoding through StaticDecodeStep with CUDA graphs replayed (on

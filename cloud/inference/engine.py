@@ -136,8 +136,10 @@ class Engine:
                 raise ValueError(f"decode_step {config.decode_step!r} is the own decoder's (this engine has no KV cache)")
             if config.decode_step == "graphs" and self.asr.device.type != "cuda":
                 raise ValueError("decode_step 'graphs' needs the model on a CUDA device")
-            # its scratch slot is the cache's extra one (`_new_cache`)
-            self._static = StaticDecodeStep(self.asr.decoder, self.cache, max_batch=config.max_batch,
+            # its scratch slot is the cache's extra one (`_new_cache`); a tick serves each session at
+            # most once, so no batch is larger than max_sessions: no bucket (graph) past it
+            self._static = StaticDecodeStep(self.asr.decoder, self.cache,
+                                            max_batch=min(config.max_batch, config.max_sessions),
                                             cuda_graphs=config.decode_step == "graphs")
         self.sessions: dict[str, StreamSession] = {}
         self._lock = threading.Lock()

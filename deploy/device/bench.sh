@@ -104,12 +104,20 @@ def last_json(path):
     except (OSError, ValueError):
         return None
 
+def whole_json(path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
 log = (out / "test-gpu.log").read_text() if (out / "test-gpu.log").exists() else ""
 summary = [l for l in log.splitlines() if " passed" in l or " failed" in l or " error" in l]
 tests = {"summary": summary[-1].strip("= ") if summary else None,
          "passed": [l.split(" ", 1)[1] for l in log.splitlines() if l.startswith("PASSED ")],
          "failed": [l.split(" ", 1)[1] for l in log.splitlines() if l.startswith(("FAILED ", "ERROR "))]}
-load = last_json(work / "load" / "engine-load.json") or last_json(work / "load.out")
+# the file (indented; rewritten after every level) keeps what ran when the cap cut the step; else
+# the JSON it printed at the end
+load = whole_json(work / "load" / "engine-load.json") or last_json(work / "load.out")
 png = work / "load" / "engine-load.png"
 if png.exists():
     shutil.copy(png, out / "engine-load.png")
@@ -127,6 +135,8 @@ if load:
     print(f"  largest N with p95 update <= {load['target_p95_update_ms']:.0f} ms: {load['max_streams_ok']} "
           f"({load['gpu_s_per_stream_hour_at_max']} GPU-s per stream-hour); cut: {load['cut']}")
     prof = load.get("profile")
+    if load.get("profile_error"):
+        print(f"  profile failed: {load['profile_error']}")
     if prof:
         print(f"  profile at N={prof['streams']}: device kernels {prof['device_share_of_busy']} of the engine's busy time; "
               + ", ".join(f"{k} {v['cpu_ms']} ms" for k, v in prof["phases"].items()))
