@@ -292,7 +292,9 @@ async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = t
                           max_queued_frames=options.max_queued_frames, slot_policy=options.policy,
                           decode_step=options.decode_step),
         _EngineMetrics(metrics, on_failure=lambda: loop.call_soon_threadsafe(engine_failed.set)))
-    engine.capture_decode_graphs()  # --decode-step graphs: every bucket now, not in a live tick
+    # --decode-step graphs: every bucket now, not in a live tick; off the event loop (a Ray replica's
+    # loop is already serving while it starts)
+    await asyncio.to_thread(engine.capture_decode_graphs)
     scheduler = Scheduler(engine)
     await scheduler.start()
     executor = ThreadPoolExecutor(max_workers=options.decode_threads, thread_name_prefix="harken-decode")
