@@ -111,3 +111,35 @@ def item_tokens(events) -> dict[int, list[tuple[int, ...]]]:
         if e.token_ids is not None:
             out.setdefault(e.segment_id, []).append(e.token_ids)
     return out
+
+
+def workloads(n: int, seed: int, english=lambda i: i % 3 == 2):
+    """n sessions with different segment layouts, packet sizes, languages (`english(i)`: forced
+    English, else detected) and contexts: (options, segments, packet sizes) each."""
+    from harken.cloud.inference.commit import CommitPolicy
+    from harken.cloud.inference.stream_session import SessionOptions
+
+    policy = CommitPolicy(max_item_tokens=10, max_new_tokens_per_update=4, rollback_tokens=2)
+    out = []
+    for i in range(n):
+        lengths = [1.5 + 1.3 * i, 0.8 + 0.5 * (i % 3)][: 1 + i % 2]
+        segments = make_segments(lengths, [0.1 * i, 0.5], seed=seed + i)
+        options = SessionOptions(language="English" if english(i) else None, context=f"talk {i}" * (i % 2),
+                                 policy=policy)
+        out.append((options, segments, [23 + 17 * i, 60, 7 + i]))
+    return out
+
+
+def run_batched(engine, work) -> list[list]:
+    """All sessions at once: each round every session gets its next packet, then the engine steps
+    until idle — so each session sees the same input/step schedule as when it runs alone."""
+    sids = [engine.open_session(options) for options, _, _ in work]
+    streams = [list(packets(segments, pieces)) for _, segments, pieces in work]
+    events: dict[str, list] = {sid: [] for sid in sids}
+    for r in range(max(len(s) for s in streams)):
+        for sid, s in zip(sids, streams):
+            if r < len(s):
+                engine.ingest(sid, *s[r])
+        for sid, e in engine.run_until_idle():
+            events[sid].append(e)
+    return [events[sid] for sid in sids]

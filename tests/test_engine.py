@@ -18,21 +18,14 @@ from harken.cloud.inference.stream_session import SessionOptions
 from harken.shared.errors import Overloaded
 from harken.shared.text import transcript_text as transcript_of
 from signals import concat, silence, speech, write_wav
-from streaming import item_tokens, make_segments, packets, run_alone, segment_texts
+from streaming import item_tokens, packets, run_alone, run_batched, segment_texts
+from streaming import workloads as _workloads
 
 POLICY = CommitPolicy(max_item_tokens=10, max_new_tokens_per_update=4, rollback_tokens=2)
 
 
 def workloads(n: int):
-    """n sessions: different segment layouts, packet sizes, languages and contexts."""
-    out = []
-    for i in range(n):
-        lengths = [1.5 + 1.3 * i, 0.8 + 0.5 * (i % 3)][: 1 + i % 2]
-        segments = make_segments(lengths, [0.1 * i, 0.5], seed=100 + i)
-        options = SessionOptions(language="English" if i % 3 == 2 else None, context=f"talk {i}" * (i % 2),
-                                 policy=POLICY)
-        out.append((options, segments, [23 + 17 * i, 60, 7 + i]))
-    return out
+    return _workloads(n, seed=100)
 
 
 _ALONE: dict[int, list] = {}
@@ -48,21 +41,6 @@ def alone_runs(asr, n: int) -> list[list]:
             _ALONE[i] = run_alone(Engine(asr, EngineConfig(max_sessions=1, slot_policy=POLICY)), options,
                                   segments, pieces)
     return [_ALONE[i] for i in range(n)]
-
-
-def run_batched(engine, work):
-    """All sessions at once: each round every session gets its next packet, then the engine steps
-    until idle — so each session sees the same input/step schedule as when it runs alone."""
-    sids = [engine.open_session(options) for options, _, _ in work]
-    streams = [list(packets(segments, pieces)) for _, segments, pieces in work]
-    events = {sid: [] for sid in sids}
-    for r in range(max(len(s) for s in streams)):
-        for sid, s in zip(sids, streams):
-            if r < len(s):
-                engine.ingest(sid, *s[r])
-        for sid, e in engine.run_until_idle():
-            events[sid].append(e)
-    return [events[sid] for sid in sids]
 
 
 @pytest.mark.parametrize("n, max_batch", [(6, 4)])

@@ -32,7 +32,8 @@ from harken.cloud.model.encoder import AudioEncoder, IncrementalEncoder
 from harken.cloud.model.kv_cache import KVCache
 from harken.cloud.model.static_decode import StaticDecodeStep
 from harken.cloud.inference.stream_session import SessionOptions
-from streaming import make_segments, packets, run_alone, talkative_tiny
+from streaming import make_segments, run_alone, run_batched, talkative_tiny
+from streaming import workloads as _workloads
 
 BF16_REL_TOL = 0.03  # ||bf16 - fp32|| / ||fp32|| of encoder outputs and logits (8-bit mantissa, a few layers)
 FP32_REL_TOL = 1e-4  # float32 on another device (other kernels, other summation orders)
@@ -71,31 +72,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def workloads(n: int):
-    """n sessions with different segment layouts, packet sizes, languages and contexts."""
-    out = []
-    for i in range(n):
-        lengths = [1.5 + 1.3 * i, 0.8 + 0.5 * (i % 3)][: 1 + i % 2]
-        segments = make_segments(lengths, [0.1 * i, 0.5], seed=300 + i)
-        options = SessionOptions(language="English" if i % 2 == 0 else None, context=f"talk {i}" * (i % 2),
-                                 policy=POLICY)
-        out.append((options, segments, [23 + 17 * i, 60, 7 + i]))
-    return out
-
-
-def run_batched(engine: Engine, work) -> list[list]:
-    """All sessions at once, one packet each per round, then steps until idle."""
-    sids = [engine.open_session(options) for options, _, _ in work]
-    streams = [list(packets(segments, pieces)) for _, segments, pieces in work]
-    events: dict[str, list] = {sid: [] for sid in sids}
-    for r in range(max(len(s) for s in streams)):
-        for sid, s in zip(sids, streams):
-            if r < len(s):
-                engine.ingest(sid, *s[r])
-        for sid, e in engine.run_until_idle():
-            events[sid].append(e)
-    for sid in sids:
-        engine.close_session(sid)
-    return [events[sid] for sid in sids]
+    return _workloads(n, seed=300, english=lambda i: i % 2 == 0)
 
 
 @pytest.fixture(scope="module")
