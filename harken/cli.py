@@ -56,6 +56,11 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                                   as_json=args.json, device=args.device, dtype=args.dtype,
                                   max_pass_s=args.max_pass_s, decode_limits=not args.no_decode_limits,
                                   decoder=args.decoder, output_format=_output_format(args))
+    if args.command == "align":
+        from harken.cloud.align import align_command
+
+        return align_command(args.input, text=args.text, text_file=args.text_file, model=args.model,
+                             language=args.language, as_json=args.json, device=args.device, dtype=args.dtype)
     if args.command == "stream" and args.server:
         from harken.edge.commands import stream_server_command
 

