@@ -137,9 +137,11 @@ def _train_parser(sub: Subparsers) -> None:
                                    "Qwen3-ASR synth-en on it. Both steps resume where they stopped; the "
                                    "official-layout checkpoint is OUTDIR/checkpoint, the loss / held-out WER "
                                    "curve OUTDIR/curve.png.")
-    s.add_argument("recipe", choices=["synth-en"], help="what to train (synth-en)")
+    s.add_argument("recipe", choices=["synth-en", "synth-align"],
+                   help="what to train: synth-en (the recogniser) or synth-align (a Qwen3-ForcedAligner for it, on espeak-ng's word times; docs/word-timings.md)")
     s.add_argument("out", metavar="OUTDIR", help="output directory (corpus, state, checkpoint, log)")
-    s.add_argument("--utterances", type=int, default=16000, help="corpus size (default 16000, ~25 h)")
+    s.add_argument("--utterances", type=int, default=None,
+                   help="corpus size (default 16000, ~25 h; synth-align: 1000 espeak-ng utterances)")
     s.add_argument("--phrases", type=int, default=20000,
                    help="short phrases (1-6 words of a training text) beside the utterances: where the "
                         "decoder first learns to find words in the audio (default 20000, ~8 h)")
@@ -147,9 +149,11 @@ def _train_parser(sub: Subparsers) -> None:
                    help="training texts without audio, as espeak-ng phonemes: the decoder reads them from "
                         "phoneme-embedding rows and learns words no utterance has spoken (default 40000)")
     s.add_argument("--corpus", help="corpus directory (default OUTDIR/corpus)")
-    s.add_argument("--steps", type=int, default=20000, help="optimiser steps (default 20000)")
-    s.add_argument("--batch-frames", type=int, default=4000, help="feature frames per step (default 4000 = 40 s)")
-    s.add_argument("--eval-every", type=int, default=400, help="held-out WER every N steps (default 400)")
+    s.add_argument("--steps", type=int, default=None, help="optimiser steps (default 20000; synth-align 2000)")
+    s.add_argument("--batch-frames", type=int, default=None,
+                   help="feature frames per step (default 4000 = 40 s; synth-align 3000)")
+    s.add_argument("--eval-every", type=int, default=None,
+                   help="held-out WER (synth-align: word-boundary error) every N steps (default 400; synth-align 200)")
     s.add_argument("--eval-n", type=int, default=40, help="held-out utterances in each evaluation (default 40)")
     s.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     s.add_argument("--workers", type=int, default=2, help="corpus synthesis processes (default 2)")
@@ -159,7 +163,7 @@ def _train_parser(sub: Subparsers) -> None:
     s.add_argument("--init-from", metavar="STATE",
                    help="a new run starts from another run's OUTDIR/state.pt: every weight whose shape fits, "
                         "embedding rows by token id (ignored once OUTDIR/state.pt exists)")
-    s.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    s.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3; synth-align 1e-3)")
     s.add_argument("--lr-hold", type=int, default=100,
                    help="steps the learning rate stays at its peak before it falls as 1/sqrt(step) (default "
                         "100); a resumed run whose --lr or --lr-hold changed warms up to the new schedule")

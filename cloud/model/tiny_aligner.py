@@ -63,13 +63,16 @@ def aligner_weights(cfg: Qwen3ASRConfig, classify_num: int, seed: int = 0) -> di
 
 
 def write_aligner_checkpoint(out: str | Path, weights: dict[str, np.ndarray], cfg: Qwen3ASRConfig,
-                             classify_num: int, vocab: str = "real", segment_ms: float = TIMESTAMP_SEGMENT_MS) -> Path:
-    """Write a complete aligner checkpoint directory from official-named weights."""
+                             classify_num: int, vocab: str | None = "real",
+                             segment_ms: float = TIMESTAMP_SEGMENT_MS) -> Path:
+    """Write a complete aligner checkpoint directory from official-named weights (vocab None: the
+    directory already holds an aligner's tokenizer files)."""
     from safetensors.numpy import save_file
 
     d = Path(out)
-    write_tokenizer_files(d, vocab)
-    add_timestamp_token(d)
+    if vocab is not None:
+        write_tokenizer_files(d, vocab)
+        add_timestamp_token(d)
     _write_json(d / "config.json", aligner_config_json(cfg, classify_num, segment_ms))
     _write_json(d / "generation_config.json", GENERATION_CONFIG)
     save_file({k: np.ascontiguousarray(v) for k, v in weights.items()}, str(d / "model.safetensors"),
