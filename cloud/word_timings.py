@@ -107,3 +107,54 @@ class SegmentAligner:
                             for w in words)
             out.append((p.key, SegmentWords(p.segment_id, shifted)))
         return out
+
+
+# --- the embedded path (`harken stream --json --word-timings`) --------------------------------------------
+
+class SegmentTap:
+    """Keeps each segment's normalised log-mel as the engine receives it (edge packets: the codec's
+    floored raw log10-mel, normalised (x + 4) / 4 as the engine does), until the segment is final."""
+
+    def __init__(self) -> None:
+        self._frames: dict[int, list[np.ndarray]] = {}
+
+    def add(self, packet) -> None:
+        from harken.shared.codec import decode_frames
+
+        frames = decode_frames(packet.payload)
+        self._frames.setdefault(packet.segment_id, []).append((frames + 4.0) / 4.0)
+
+    def take(self, segment_id: int) -> np.ndarray | None:
+        parts = self._frames.pop(segment_id, None)
+        return np.concatenate(parts, axis=1) if parts else None
+
+
+def stream_with_word_timings(pieces, engine, options, timings: SegmentAligner, codec_mode: str | None = None):
+    """`embedded.stream_pieces` that also yields a `SegmentWords` after each final event: the words of
+    that segment's committed text (never changed) with their times on the stream's timeline."""
+    from harken.cloud.embedded import stream_pieces
+    from harken.shared.codec import DEFAULT_MODE
+
+    tap = SegmentTap()
+    committed: dict[int, list[str]] = {}
+    key = "embedded"
+    for event in stream_pieces(pieces, engine, options, codec_mode or DEFAULT_MODE, on_packet=tap.add):
+        committed.setdefault(event.segment_id, []).append(event.committed_delta)
+        yield event
+        if event.is_final:
+            feats = tap.take(event.segment_id)
+            text = "".join(committed.pop(event.segment_id, []))
+            language = event.language or _canonical(options.language) or "English"
+            if feats is None or feats.shape[1] == 0 or language.lower() in ("japanese", "korean"):
+                yield SegmentWords(event.segment_id, ())
+                continue
+            timings.submit(key, event.segment_id, feats, text, event.start_s, language)
+            while timings.pending():
+                for _, words in timings.step():
+                    yield words
+
+
+def _canonical(language: str | None) -> str | None:
+    from harken.cloud.model.prompt import forced_language
+
+    return forced_language(language)

