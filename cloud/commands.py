@@ -144,7 +144,7 @@ def make_tiny_model_command(out_dir: str, seed: int = 0, vocab: str = "real", he
 def stream_command(input_path: str | None, model: str, language: str | None = None, context: str = "",
                    output_format: str = "text", mic: bool = False, server: str | None = None,
                    device: str | None = None, dtype: str | None = None, codec: str = "balanced",
-                   decoder: str = "own") -> int:
+                   decoder: str = "own", word_timings: bool = False, aligner: str | None = None) -> int:
     """`harken stream IN.wav --model M`: the edge pipeline (codec mode `codec`) and the streaming
     engine in-process, on audio time. Prints what `output_format` says (edge/commands.py
     `TranscriptPrinter`: live text, JSON events, SRT or WebVTT cues as segments finish)."""
@@ -156,6 +156,8 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     from harken.edge.commands import TranscriptPrinter
 
     printer = TranscriptPrinter(sys.stdout, output_format)  # a bad format fails before any work
+    if word_timings and output_format != "json":
+        raise HarkenError("--word-timings goes with --json (a JSON line per final segment)")
     if mic:
         source = _until_interrupted(microphone_chunks(block_ms=100))
     else:
@@ -179,9 +181,19 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)
     options = SessionOptions(language=language, context=context or "")
     engine = engine_class(decoder)(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
+    events = stream_pieces(source, engine, options, codec_mode=codec)
+    if word_timings:
+        from harken.cloud.model.aligner import DEFAULT_ALIGNER, Qwen3ForcedAligner
+        from harken.cloud.word_timings import SegmentAligner, SegmentWords, stream_with_word_timings
+
+        timings = SegmentAligner(Qwen3ForcedAligner.load(aligner or DEFAULT_ALIGNER, dtype=dtype, device=device))
+        events = stream_with_word_timings(source, engine, options, timings, codec_mode=codec)
     done = False
     try:
-        for event in stream_pieces(source, engine, options, codec_mode=codec):
+        for event in events:
+            if word_timings and isinstance(event, SegmentWords):
+                print(json.dumps({"word_timings": event.as_dict()}, ensure_ascii=False), flush=True)
+                continue
             printer.show(event)
         done = True
     finally:

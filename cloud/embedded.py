@@ -32,10 +32,11 @@ def stream_audio(audio: np.ndarray, engine: Engine, options: SessionOptions = Se
 
 
 def stream_pieces(pieces: Iterable[np.ndarray], engine: Engine, options: SessionOptions = SessionOptions(),
-                  codec_mode: str = DEFAULT_MODE) -> Iterator[EngineEvent]:
+                  codec_mode: str = DEFAULT_MODE, on_packet=None) -> Iterator[EngineEvent]:
     """Stream pieces of 16 kHz mono float32 audio as they come (a file cut up, a microphone)
     through the edge pipeline (codec mode `codec_mode`) and `engine`; after each piece the engine
-    catches up."""
+    catches up. `on_packet(packet)` sees each edge packet before the engine does (word timings keep
+    the segments' features with it)."""
     from harken.edge.pipeline import FeatureStream
 
     seed = options.resume.running_max_log10 if options.resume is not None else float("-inf")
@@ -44,9 +45,11 @@ def stream_pieces(pieces: Iterable[np.ndarray], engine: Engine, options: Session
     try:
         for piece in pieces:
             for packet in edge.push(piece):
+                on_packet is not None and on_packet(packet)
                 engine.ingest_packet(sid, packet)
             yield from _drain(engine, sid)
         for packet in edge.flush():
+            on_packet is not None and on_packet(packet)
             engine.ingest_packet(sid, packet)
         engine.finalize(sid)
         yield from _drain(engine, sid)

