@@ -184,7 +184,7 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     events = stream_pieces(source, engine, options, codec_mode=codec)
     if word_timings:
         from harken.cloud.model.aligner import DEFAULT_ALIGNER, Qwen3ForcedAligner
-        from harken.cloud.word_timings import SegmentAligner, SegmentWords, stream_with_word_timings
+        from harken.cloud.inference.word_timings import SegmentAligner, SegmentWords, stream_with_word_timings
 
         timings = SegmentAligner(Qwen3ForcedAligner.load(aligner or DEFAULT_ALIGNER, dtype=dtype, device=device))
         events = stream_with_word_timings(source, engine, options, timings, codec_mode=codec)

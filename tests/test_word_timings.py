@@ -1,4 +1,4 @@
-"""cloud/word_timings.py: committed segments aligned in bounded batches, times on the stream's timeline."""
+"""cloud/inference/word_timings.py: committed segments aligned in bounded batches, times on the stream's timeline."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from harken.cloud.model.aligner import AlignedWord, Qwen3ForcedAligner
 from harken.cloud.model.tiny_aligner import make_tiny_aligner
-from harken.cloud.word_timings import SegmentAligner
+from harken.cloud.inference.word_timings import SegmentAligner
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +68,11 @@ def test_embedded_stream_gets_word_timings_after_each_final_segment_and_the_same
     from signals import concat, silence, speech
 
     from harken.cloud.embedded import stream_pieces
-    from harken.cloud.engine import Engine, EngineConfig
+    from harken.cloud.inference.engine import Engine, EngineConfig
     from harken.cloud.model.aligner import split_words
     from harken.cloud.model.asr import Qwen3ASR
-    from harken.cloud.stream_session import SessionOptions
-    from harken.cloud.word_timings import SegmentWords, stream_with_word_timings
+    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.inference.word_timings import SegmentWords, stream_with_word_timings
 
     audio = concat(silence(0.5), speech("hello there, this is a test"), silence(1.0), speech("and a second one"),
                    silence(0.8))

@@ -124,7 +124,7 @@ def fix_timestamp(values: Sequence[float] | np.ndarray) -> list[int]:
         normal[idx] = True
         idx = int(parent[idx])
 
-    result = list(data)
+    result: list[float | None] = list(data)
     i = 0
     while i < n:
         if normal[i]:
@@ -149,7 +149,8 @@ def fix_timestamp(values: Sequence[float] | np.ndarray) -> list[int]:
             elif left is not None or right is not None:
                 result[k] = left if left is not None else right
         i = j
-    return [int(r) for r in result]
+    assert all(r is not None for r in result)  # every run has a kept neighbour
+    return [int(r) for r in result if r is not None]
 
 
 # --- results -----------------------------------------------------------------------------------------
@@ -368,7 +369,8 @@ class Qwen3ForcedAligner:
             size = max(256, 1 << (length - 1).bit_length(), c.max_len if c else 0)
             self._cache = KVCache.for_config(self.config.base.text, max_slots=max(slots, c.max_slots if c else 1),
                                              max_len=size, dtype=self.dtype, device=self.device)
-        return self._cache
+            c = self._cache
+        return c
 
 
 def describe_words(words: list[AlignedWord]) -> str:

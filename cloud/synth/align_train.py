@@ -136,7 +136,9 @@ def load_align_corpus(paths: list[Path]) -> list[AlignExample]:
 def batches(examples: list[AlignExample], rng: random.Random, batch_frames: int):
     """Endless batches of similar-length utterances, about `batch_frames` frames each."""
     order = sorted(range(len(examples)), key=lambda i: examples[i].feats.shape[1])
-    groups, cur, frames = [], [], 0
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    frames = 0
     for i in order:
         t = examples[i].feats.shape[1]
         if cur and frames + t > batch_frames:
@@ -257,7 +259,7 @@ def export_aligner(model: AlignTrainee, out: Path, tokenizer_dir: Path) -> Path:
 
 def held_out_items(n: int) -> list[tuple[np.ndarray, str, list[float]]]:
     """The first `n` espeak-ng utterances of the held-out set: (features, text, 2 times per unit)."""
-    out = []
+    out: list[tuple[np.ndarray, str, list[float]]] = []
     for u in corpus.read_held_out():
         if len(out) >= n:
             break
