@@ -108,7 +108,8 @@ train: $(STAMP) sysdeps
 	@echo "training in the background: tail -f $(TRAIN_DIR)/train.log"
 
 pack-state: $(STAMP)
-	-pkill -TERM -f "harken train synth-en $(TRAIN_DIR)" && while pgrep -f "harken train synth-en $(TRAIN_DIR) " >/dev/null; do sleep 2; done
+	@# [h]: the pattern must not match this recipe's own shell, whose command line holds it too
+	-pkill -TERM -f "[h]arken train synth-en $(TRAIN_DIR) " && while pgrep -f "[h]arken train synth-en $(TRAIN_DIR) " >/dev/null; do sleep 2; done
 	$(VENV)/bin/harken train synth-en $(TRAIN_DIR) --pack
 
 # A lent GPU (the device tool): `make device-carry` here gathers what the device image lacks into
