@@ -36,7 +36,7 @@ from torch import nn
 from harken.cloud.model.checkpoint import Checkpoint, resolve_device, resolve_dtype
 from harken.cloud.model.config import Qwen3ASRConfig
 from harken.cloud.model.decoder import Qwen3Decoder
-from harken.cloud.model.encoder import AudioEncoder
+from harken.cloud.model.encoder import AudioEncoder, as_features
 from harken.cloud.model.kv_cache import KVCache, plan_batch
 from harken.cloud.model.tokenizer import AUDIO_END, AUDIO_PAD, AUDIO_START, Tokenizer
 from harken.shared.errors import ModelError
@@ -301,11 +301,7 @@ class Qwen3ForcedAligner:
         return self.decoder.dtype
 
     def _features(self, features: np.ndarray | torch.Tensor) -> torch.Tensor:
-        x = torch.as_tensor(np.asarray(features)) if isinstance(features, np.ndarray) else features
-        mel = self.config.base.audio.num_mel_bins
-        if x.dim() != 2 or x.shape[0] != mel or x.shape[1] == 0:
-            raise ModelError(f"features must be [{mel}, T] with T > 0, got {list(x.shape)}")
-        return x.to(device=self.device, dtype=self.dtype)
+        return as_features(features, self.config.base.audio.num_mel_bins, self.device, self.dtype)
 
     @torch.no_grad()
     def align(self, features: np.ndarray | torch.Tensor, text: str, language: str = "English") -> list[AlignedWord]:

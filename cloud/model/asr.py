@@ -20,7 +20,7 @@ from harken.cloud.model.checkpoint import (DEFAULT_MODEL, SYNTH_EN, TINY, TINY_U
 from harken.cloud.model.config import Qwen3ASRConfig
 from harken.cloud.model.decode_limits import DecodeLimits
 from harken.cloud.model.decoder import Qwen3Decoder, greedy_decode, prefill
-from harken.cloud.model.encoder import AudioEncoder
+from harken.cloud.model.encoder import AudioEncoder, as_features
 from harken.cloud.model.kv_cache import KVCache
 from harken.cloud.model.prompt import Prompt, build_prompt, forced_language, parse_transcript
 from harken.cloud.model.tokenizer import ENDOFTEXT, IM_END, Tokenizer
@@ -108,11 +108,7 @@ class Qwen3ASR:
 
     def as_features(self, features: np.ndarray | torch.Tensor) -> torch.Tensor:
         """[128, T] normalised log-mel (numpy or torch) -> a tensor in the model's dtype/device."""
-        x = torch.as_tensor(np.asarray(features)) if isinstance(features, np.ndarray) else features
-        mel = self.config.audio.num_mel_bins
-        if x.dim() != 2 or x.shape[0] != mel or x.shape[1] == 0:
-            raise ModelError(f"features must be [{mel}, T] with T > 0, got {list(x.shape)}")
-        return x.to(device=self.device, dtype=self.dtype)
+        return as_features(features, self.config.audio.num_mel_bins, self.device, self.dtype)
 
     @torch.no_grad()
     def prompt_embeddings(self, features: np.ndarray | torch.Tensor, language: str | None = None,

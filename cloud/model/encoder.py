@@ -17,11 +17,22 @@ from itertools import accumulate
 from dataclasses import dataclass
 from typing import Callable, Literal, Sequence, overload
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from harken.cloud.model.config import AudioEncoderConfig
+from harken.shared.errors import ModelError
+
+def as_features(features: np.ndarray | Tensor, mel: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """[mel, T] normalised log-mel (numpy or torch) -> a tensor on `device` in `dtype`; anything
+    else is a ModelError."""
+    x = torch.as_tensor(np.asarray(features)) if isinstance(features, np.ndarray) else features
+    if x.dim() != 2 or x.shape[0] != mel or x.shape[1] == 0:
+        raise ModelError(f"features must be [{mel}, T] with T > 0, got {list(x.shape)}")
+    return x.to(device=device, dtype=dtype)
+
 
 # --- token counts and window bookkeeping (pure, host-side ints) ---------------------------------
 
