@@ -315,7 +315,7 @@ def _part(name: bytes, value: bytes, *headers: bytes) -> bytes:
 
 
 def _wav(corpus, rate: int = 16_000) -> bytes:
-    from harken.bench.fuzz_http import wav_bytes
+    from harken.bench.fuzz_http_inputs import wav_bytes
 
     return wav_bytes(b"".join(corpus.pcm_pieces[:10]), rate=rate)
 

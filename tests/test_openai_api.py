@@ -121,6 +121,10 @@ def test_errors_are_openais(server, tmp_path):
     with SAMPLE.open("rb") as f, pytest.raises(openai.BadRequestError) as bad:
         _client(server).audio.transcriptions.create(model=MODEL, file=f, language="xx-nonsense")
     assert bad.value.body["param"] == "language" and "unsupported language" in bad.value.body["message"]
+    for stream in (False, True):  # a streamed reply must refuse before its 200, not after
+        with SAMPLE.open("rb") as f, pytest.raises(openai.BadRequestError) as long_prompt:
+            _client(server).audio.transcriptions.create(model=MODEL, file=f, prompt="word " * 400, stream=stream)
+        assert long_prompt.value.body["param"] == "prompt" and "too long" in long_prompt.value.body["message"]
     big = tmp_path / "long.wav"
     with wave.open(str(big), "wb") as w:  # 40 s of 16-bit noise: 1.3 MB, over the server's 1 MiB
         w.setnchannels(1)

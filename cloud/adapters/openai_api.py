@@ -140,6 +140,7 @@ class TranscriptionAPI:
         from aiohttp import ClientPayloadError
         from aiohttp.http_exceptions import HttpProcessingError
 
+        from harken.cloud.inference.stream_session import check_context
         from harken.cloud.model.prompt import forced_language
         from harken.edge.audio import load_audio, peak_normalize
         from harken.shared.features_spec import SAMPLE_RATE
@@ -182,8 +183,13 @@ class TranscriptionAPI:
             language = forced_language(fields.get("language") or None)
         except HarkenError as e:
             raise ApiError(400, str(e), param="language") from e
+        prompt = fields.get("prompt", "")
+        try:
+            check_context(self.asr.tokenizer, prompt)  # before any event: a streamed reply starts with 200
+        except HarkenError as e:
+            raise ApiError(400, str(e).replace("context", "the prompt"), param="prompt") from e
         stream = fields.get("stream", "false").strip().lower() in ("true", "1")
-        return Request(audio, language, fields.get("prompt", ""), response_format, stream)
+        return Request(audio, language, prompt, response_format, stream)
 
     async def _parts(self, request, file_path: Path, fields: dict[str, str]) -> Path | None:
         """The form's parts: the file (to `file_path`, at most the upload limit) and the fields (as

@@ -57,6 +57,12 @@ from harken.shared.transcript import TranscriptEvent
 MAX_CONTEXT_TOKENS = 256  # system turn incl. carried text; the KV slot is sized for it
 
 
+def check_context(tokenizer, context: str) -> None:
+    """A caller's context (prompt) may fill half the system turn; the rest is carried text."""
+    if len(tokenizer.encode(prompt_text_parts(context, None)[0])) > MAX_CONTEXT_TOKENS // 2:
+        raise StreamInputError(f"context is too long (more than {MAX_CONTEXT_TOKENS // 2} tokens)")
+
+
 @dataclass(frozen=True)
 class SessionOptions:
     """Per-stream options: forced language (None = detect), user context (at most 128 tokens: it
@@ -180,8 +186,7 @@ class StreamSession:
         self.cut_frames = self.policy.cut_frames(self.window_frames)
         self.limit_frames = self.policy.limit_frames()
         self.state = SessionState(options=options, forced_language=forced, slot=slot)
-        if len(asr.tokenizer.encode(prompt_text_parts(options.context, None)[0])) > MAX_CONTEXT_TOKENS // 2:
-            raise StreamInputError(f"context is too long (more than {MAX_CONTEXT_TOKENS // 2} tokens)")
+        check_context(asr.tokenizer, options.context)
         if options.resume is not None:
             r = options.resume
             self.state.context_tail = r.context_tail[-self.policy.context_tail_chars:] \
