@@ -337,6 +337,9 @@ class _TickCounter:
     def truncated(self, reason: str) -> None:
         pass
 
+    def deferred(self) -> None:
+        pass
+
     def failed(self, error: BaseException) -> None:
         pass
 

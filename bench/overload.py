@@ -65,11 +65,15 @@ class OverloadBenchOptions:
     knock_interval_s: float = 0.25  # between one knocking user's tries
     model: str = "tiny"
     language: str = "English"  # the tiny checkpoint's random weights write text only when forced
+    max_audio_speed: float = 4.0  # the servers' pace of a live stream (harken serve's flags)
+    audio_burst_s: float = 30.0
+    rounds: int = 1  # alone, overload, attacked, then again: p95s pooled over the rounds
 
     def __post_init__(self):
-        if self.sessions < 1 or self.seconds <= 0 or self.attacker_share < 2 or self.knock_interval_s < 0:
+        if (self.sessions < 1 or self.seconds <= 0 or self.attacker_share < 2 or self.knock_interval_s < 0
+                or self.rounds < 1):
             raise HarkenError("--sessions >= 1, --seconds > 0, --attacker-share >= 2 (flood and idle), "
-                              "--knock-interval-s >= 0")
+                              "--knock-interval-s >= 0, --rounds >= 1")
 
 
 @dataclass
@@ -186,6 +190,7 @@ async def run_users(target: str, keys: list[str], options: OverloadBenchOptions,
             errors[r.error] = errors.get(r.error, 0) + 1
     update = percentiles([ms for r in records for ms in r.update_ms])
     return {"p50_update_ms": update["p50"], "p95_update_ms": update["p95"], "errors": errors,
+            "_update_ms": [ms for r in records for ms in r.update_ms],  # pooled over rounds, then dropped
             "events": sum(r.events for r in records), "segments": sum(r.finals for r in records),
             "max_send_lag_ms": round(1000 * max(r.max_lag_s for r in records), 1),
             "wall_s": round(time.monotonic() - t0, 2)}
@@ -326,7 +331,8 @@ async def run(options: OverloadBenchOptions, asr, kind: str, keys: Keys, sample:
     m, p = options.sessions, options.attacker_share
     server = await start_server(asr, ServerOptions(
         host="127.0.0.1", port=0, api_keys=keys.path, max_sessions=m + (p if kind == "attacked" else 0),
-        max_sessions_per_key=p, shutdown_grace_s=2.0))
+        max_sessions_per_key=p, shutdown_grace_s=2.0, max_audio_speed=options.max_audio_speed,
+        audio_burst_s=options.audio_burst_s))
     target = server.address
     out: dict = {}
     try:
@@ -350,8 +356,39 @@ async def run(options: OverloadBenchOptions, asr, kind: str, keys: Keys, sample:
             out["_knocks"] = knocks  # for the summary over both runs
         if attacker is not None:
             out["attacker"] = await attacker.finish()
+        # ticks in which a ready session ahead of real time (the flood) waited for live ones
+        out["passes_deferred"] = server.engine.deferrals
     finally:
         await server.stop(grace_s=2.0)
+    return out
+
+
+def _pooled(results: list[dict]) -> dict:
+    """One kind's runs as one: latencies pooled, counts summed, the attacker's figures those of the
+    last round (each round's flood is in `rounds`)."""
+    if len(results) == 1:
+        out = dict(results[0])
+        out.pop("_update_ms")
+        return out
+    update = percentiles([ms for r in results for ms in r["_update_ms"]])
+    errors: dict[str, int] = {}
+    for r in results:
+        for code, n in r["errors"].items():
+            errors[code] = errors.get(code, 0) + n
+    out = {"p50_update_ms": update["p50"], "p95_update_ms": update["p95"], "errors": errors,
+           "events": sum(r["events"] for r in results), "segments": sum(r["segments"] for r in results),
+           "max_send_lag_ms": max(r["max_send_lag_ms"] for r in results),
+           "wall_s": round(sum(r["wall_s"] for r in results), 2),
+           "passes_deferred": sum(r["passes_deferred"] for r in results)}
+    if "_knocks" in results[0]:
+        knocks = Knocks()
+        for r in results:
+            for code, n in r["_knocks"].codes.items():
+                knocks.codes[code] = knocks.codes.get(code, 0) + n
+            knocks.ms += r["_knocks"].ms
+        out["rejections"], out["_knocks"] = knocks.summary(), knocks
+    if "attacker" in results[0]:
+        out["attacker"] = results[-1]["attacker"]
     return out
 
 
@@ -360,7 +397,11 @@ async def bench_overload(options: OverloadBenchOptions, asr) -> dict:
     sample = sample_audio()
     with tempfile.TemporaryDirectory() as folder:
         keys = Keys.write(Path(folder), 2 * options.sessions)
-        runs = {kind: await run(options, asr, kind, keys, sample) for kind in ("alone", "overload", "attacked")}
+        rounds: list[dict] = []
+        for _ in range(options.rounds):  # interleaved: a neighbour's load falls on every kind alike
+            rounds.append({kind: await run(options, asr, kind, keys, sample)
+                           for kind in ("alone", "overload", "attacked")})
+    runs = {kind: _pooled([r[kind] for r in rounds]) for kind in ("alone", "overload", "attacked")}
     alone_p95 = runs["alone"]["p95_update_ms"]
 
     def ratio(kind: str) -> float | None:
@@ -382,11 +423,16 @@ async def bench_overload(options: OverloadBenchOptions, asr) -> dict:
         "attacked": {k: v for k, v in runs["attacked"].items() if k != "attacker"},
         "p95_ratio_overload": ratio("overload"),
         "p95_ratio_attacked": ratio("attacked"),
+        "rounds": [{**{f"p95_{k}_ms": r[k]["p95_update_ms"] for k in r},
+                    "flood_frames_applied": r["attacked"]["attacker"]["flood_frames_applied"],
+                    "passes_deferred": r["attacked"]["passes_deferred"]} for r in rounds],
         "pushed_out": sum(sum(runs[k]["errors"].values()) for k in ("overload", "attacked")),
         "rejections": rejections.summary(),
         "attacker": runs["attacked"]["attacker"],
         "rejection_goal_ms": REJECTION_GOAL_MS,
         "model": options.model,
+        "max_audio_speed": options.max_audio_speed,
+        "audio_burst_s": options.audio_burst_s,
         "wall_s": round(time.monotonic() - t0, 1),
     }
 

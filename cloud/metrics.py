@@ -57,6 +57,9 @@ class ServerMetrics:
         self.decode_truncated = Counter("harken_decode_truncated_total",
                                         "Decodes ended by a limit, not by the model: the audio-proportional "
                                         "token budget or the hallucination-loop guard", ["reason"], registry=r)
+        self.passes_deferred = Counter("harken_passes_deferred_total",
+                                       "Ticks in which a ready stream running ahead of real time (a file, a "
+                                       "replay, a flood) waited for live streams", registry=r)
         self.errors = Counter("harken_errors", "Streams ended with an error, by gRPC status code (a message "
                               "over the size limit: RESOURCE_EXHAUSTED; an idle stream: DEADLINE_EXCEEDED)",
                               ["code"], registry=r)

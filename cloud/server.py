@@ -343,6 +343,9 @@ class _EngineMetrics:
     def truncated(self, reason: str) -> None:
         self.metrics.decode_truncated.labels(reason).inc()
 
+    def deferred(self) -> None:
+        self.metrics.passes_deferred.inc()
+
     def failed(self, error: BaseException) -> None:
         log.error("engine step failed", exc_info=error, extra={"fields": {}})
         self.on_failure()

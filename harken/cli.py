@@ -211,7 +211,9 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         from harken.bench.overload import OverloadBenchOptions, bench_overload_command
 
         return bench_overload_command(OverloadBenchOptions(sessions=args.sessions, seconds=args.seconds,
-                                                           attacker_share=args.attacker_share, model=args.model))
+                                                           attacker_share=args.attacker_share, model=args.model,
+                                                           max_audio_speed=args.max_audio_speed,
+                                                           audio_burst_s=args.audio_burst_s, rounds=args.rounds))
     if args.command == "bench" and args.bench == "edge":
         from harken.bench.edge import bench_edge_command
 

@@ -498,6 +498,13 @@ def _bench_overload_parser(bsub: Subparsers) -> None:
                    help="the per-key session limit, which the attacker fills with its flood and idle streams "
                         "(default 2)")
     b.add_argument("--model", default="tiny", help="model of the in-process servers (default tiny)")
+    b.add_argument("--max-audio-speed", type=float, default=4.0,
+                   help="the servers' pace of a live stream, x real time (harken serve's flag; default %(default)s)")
+    b.add_argument("--audio-burst-s", type=float, default=30.0,
+                   help="... and the audio a stream may send ahead of it (default %(default)s)")
+    b.add_argument("--rounds", type=int, default=1,
+                   help="run alone, overload and attacked this many times, interleaved, and pool each kind's "
+                        "latencies (a shared machine's load then falls on every kind alike; default 1)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
 
 

@@ -26,12 +26,14 @@ def test_knocks_summary():
 
 
 def test_overload_refuses_the_second_m_and_the_attacker_pushes_no_one_out(capsys):
-    assert main(["bench", "overload", "--sessions", "2", "--seconds", "3", "--json"]) == 0
+    assert main(["bench", "overload", "--sessions", "2", "--seconds", "3", "--rounds", "2", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     for kind in ("alone", "overload", "attacked"):
         assert set(RUN) <= set(r[kind]), kind
-        assert r[kind]["errors"] == {} and r[kind]["segments"] >= 2, kind  # every user admitted, to its finals
+        assert r[kind]["errors"] == {} and r[kind]["segments"] >= 2 * 2, kind  # every user admitted, to its finals, twice
     assert "rejections" not in r["alone"]
+    assert len(r["rounds"]) == 2  # interleaved rounds, each kind's latencies pooled over them
+    assert all(rnd[f"p95_{kind}_ms"] > 0 for rnd in r["rounds"] for kind in ("alone", "overload", "attacked"))
     assert r["pushed_out"] == 0
     for key in ("p95_ratio_overload", "p95_ratio_attacked", "rejection_goal_ms"):
         assert key in r

@@ -18,7 +18,7 @@ from harken.cloud.inference.stream_session import SessionOptions
 from harken.shared.errors import Overloaded
 from harken.shared.text import transcript_text as transcript_of
 from signals import concat, silence, speech, write_wav
-from streaming import item_tokens, packets, run_alone, run_batched, segment_texts
+from streaming import item_tokens, make_segments, packets, run_alone, run_batched, segment_texts
 from streaming import workloads as _workloads
 
 POLICY = CommitPolicy(max_item_tokens=10, max_new_tokens_per_update=4, rollback_tokens=2)
@@ -67,6 +67,40 @@ def test_every_ready_session_is_served_each_tick(talkative_asr):
     served = {sid for sid, _ in events}
     assert all(engine.session(s).state.items[0].boundary == 100 for s in sids)
     assert served <= set(sids)
+
+
+def test_live_sessions_go_before_sessions_ahead_of_real_time(talkative_asr):
+    """A session that sent 20 s of audio at once waits while a live one (1 s of audio per wall
+    second) is ready, at most MAX_DEFER_TICKS ticks in a row, and is served whenever no live one is."""
+    from harken.cloud.inference.priority import MAX_DEFER_TICKS
+
+    now = [0.0]
+    engine = Engine(talkative_asr, EngineConfig(max_sessions=2, max_batch=2, slot_policy=POLICY), clock=lambda: now[0])
+    flood, live = engine.open_session(SessionOptions(policy=POLICY)), engine.open_session(SessionOptions(policy=POLICY))
+    (fseg,), (lseg,) = make_segments([20.0], [0.0], seed=7), make_segments([12.0], [0.0], seed=8)
+    engine.ingest(flood, 0, 0, fseg.frames, True)
+
+    def passes(sid: str) -> int:  # the head item's boundary moves 1 s (100 frames) per pass here
+        return engine.session(sid).state.items[0].boundary // 100
+
+    def second(k: int) -> None:  # wall second k: the live session's k-th second of audio arrives
+        now[0] = float(k)
+        engine.ingest(live, 0, 100 * k, lseg.frames[:, 100 * k:100 * (k + 1)], k == 0)
+        engine.step()
+
+    for k in range(MAX_DEFER_TICKS):
+        second(k)
+        assert passes(live) == k + 1 and passes(flood) == 0  # the live one each tick, the flood waits
+    second(MAX_DEFER_TICKS)  # deferred MAX_DEFER_TICKS ticks in a row: served beside the live one
+    assert passes(live) == MAX_DEFER_TICKS + 1 and passes(flood) == 1
+    assert engine.deferrals == MAX_DEFER_TICKS
+    engine.step()  # nothing live is ready: the flood is served
+    assert passes(flood) == 2
+    # the flood stays behind the live one until its lead (20 s sent at t=0) is within the slack
+    now[0] = 17.5
+    engine.ingest(live, 0, 100 * (MAX_DEFER_TICKS + 1), lseg.frames[:, 100 * (MAX_DEFER_TICKS + 1):100 * (MAX_DEFER_TICKS + 2)])
+    engine.step()
+    assert passes(flood) == 3 and passes(live) == MAX_DEFER_TICKS + 2  # lead 2.5 s: live now
 
 
 def test_admission_control(talkative_asr):
