@@ -96,7 +96,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                                 grace_s=args.grace_s, idle_timeout_s=args.idle_timeout_s, decoder=args.decoder,
                                 max_upload_bytes=int(args.max_upload_mb * (1 << 20)), max_file_s=args.max_file_s,
                                 file_lanes=args.file_lanes, max_audio_speed=args.max_audio_speed,
-                                audio_burst_s=args.audio_burst_s, decode_step=args.decode_step)
+                                audio_burst_s=args.audio_burst_s, decode_step=args.decode_step,
+                                aligner=args.aligner)
         if args.ray:
             from harken.cloud.adapters.ray_app import Scaling, serve_ray_command
 

@@ -297,6 +297,11 @@ def _serve_parser(sub: Subparsers) -> None:
                    help="the own decoder's batched decode step: plain (default), static (batch and key "
                         "length padded to buckets) or graphs (the same, each bucket a CUDA graph captured "
                         "on first use and replayed; CUDA only). The tokens are the same")
+    s.add_argument("--aligner", metavar="MODEL",
+                   help="word timings: a Qwen3-ForcedAligner (checkpoint dir, Hugging Face id, e.g. "
+                        f"{DEFAULT_ALIGNER}, or 'tiny') aligns every final segment of the sessions that ask "
+                        "(Start.word_timings) and sends its words' times (docs/word-timings.md); "
+                        "default: none (such sessions are told so in Ready)")
     s.add_argument("--ray", action="store_true",
                    help="serve on Ray Serve (the cluster of $RAY_ADDRESS, else a local one): replicas of one "
                         "engine each behind Serve's gRPC proxy on --port, sessions sticky to their replica "
