@@ -64,11 +64,6 @@ def _dispatch(args: argparse.Namespace) -> int | None:
     if args.command == "stream" and args.server:
         from harken.edge.commands import stream_server_command
 
-        if args.word_timings:
-            from harken.shared.errors import HarkenError
-
-            raise HarkenError("--word-timings runs with the in-process engine only, for now (not with --server)")
-
         if args.decoder != "own":
             from harken.shared.errors import HarkenError
 
@@ -77,7 +72,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return stream_server_command(args.input, args.server, mic=args.mic, output_format=_output_format(args),
                                      api_key=args.api_key, tls_ca=args.tls_ca, language=args.language,
                                      context=args.context, max_offline_s=args.max_offline_s,
-                                     transport=args.transport, codec=args.codec)
+                                     transport=args.transport, codec=args.codec, word_timings=args.word_timings,
+                                     word_cues=args.word_cues)
     if args.command == "stream":
         from harken.cloud.commands import stream_command
 
@@ -85,7 +81,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                               output_format=_output_format(args), mic=args.mic, server=args.server,
                               device=args.device,
                               dtype=args.dtype, codec=args.codec, decoder=args.decoder,
-                              word_timings=args.word_timings, aligner=args.aligner)
+                              word_timings=args.word_timings, aligner=args.aligner, word_cues=args.word_cues)
     if args.command == "serve":
         from harken.cloud.server import ServerOptions, serve_command
 

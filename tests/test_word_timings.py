@@ -103,8 +103,8 @@ def test_embedded_stream_gets_word_timings_after_each_final_segment_and_the_same
     assert [e.segment_id for e in mixed if isinstance(e, SegmentWords)] == [e.segment_id for e in finals]
 
 
-@pytest.mark.parametrize("extra,message", [([], "goes with --json"), (["--json", "--server", "localhost:1"],
-                                                                       "in-process engine only")])
+@pytest.mark.parametrize("extra,message", [([], "goes with --json"), (["--json", "--word-cues"],
+                                                                       "goes with --format srt or vtt")])
 def test_stream_word_timings_option_errors(tmp_path, extra, message):
     import subprocess
     import sys
