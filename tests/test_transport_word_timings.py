@@ -1,5 +1,5 @@
 """Word timings in the clients: the SDK (`TranscriptionClient.stream(..., word_timings=True)`, feature
-and thin clients) and `harken stream --server ... --json --word-timings` / `--format vtt --word-cues`,
+and thin clients, gRPC and the WebRTC data channel) and `harken stream --server ... --json --word-timings` / `--format vtt --word-cues`,
 against `harken serve --aligner tiny` (tiny random model and aligner: the plumbing is tested, not the
 times). A server without an aligner says so (`stats.word_timings` False, one line on the CLI's stderr)
 and the transcript goes on.
@@ -56,6 +56,20 @@ def test_the_sdk_yields_each_final_segments_timings_after_it(asr, audio, options
     assert not any(isinstance(e, SegmentTimings) for e in plain)
     finals = [(e.segment_id, e.start_s, e.end_s) for e in plain if e.is_final]
     assert [(e.segment_id, e.start_s, e.end_s) for e in timed if isinstance(e, TranscriptEvent) and e.is_final] == finals
+
+
+def test_the_webrtc_client_gets_them_over_the_data_channel(asr, audio):
+    from harken.edge.webrtc_transport import WebRTCTranscriptionClient
+
+    async def main():
+        async with serving(asr, aligner="tiny", http_port=0) as server:
+            client = WebRTCTranscriptionClient(f"http://127.0.0.1:{server.http_port}", language=LANGUAGE)
+            items = [e async for e in client.stream(audio_pieces(audio), word_timings=True)]
+            return items, client.stats
+
+    items, stats = asyncio.run(main())
+    check(items)
+    assert stats.word_timings is True
 
 
 def test_the_sdk_says_when_the_server_has_no_aligner(asr, audio):
