@@ -144,7 +144,8 @@ def make_tiny_model_command(out_dir: str, seed: int = 0, vocab: str = "real", he
 def stream_command(input_path: str | None, model: str, language: str | None = None, context: str = "",
                    output_format: str = "text", mic: bool = False, server: str | None = None,
                    device: str | None = None, dtype: str | None = None, codec: str = "balanced",
-                   decoder: str = "own", word_timings: bool = False, aligner: str | None = None) -> int:
+                   decoder: str = "own", word_timings: bool = False, aligner: str | None = None,
+                   word_cues: bool = False) -> int:
     """`harken stream IN.wav --model M`: the edge pipeline (codec mode `codec`) and the streaming
     engine in-process, on audio time. Prints what `output_format` says (edge/commands.py
     `TranscriptPrinter`: live text, JSON events, SRT or WebVTT cues as segments finish)."""
@@ -155,9 +156,8 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     from harken.edge.audio import load_audio, microphone_chunks, peak_normalize
     from harken.edge.commands import TranscriptPrinter
 
-    printer = TranscriptPrinter(sys.stdout, output_format)  # a bad format fails before any work
-    if word_timings and output_format != "json":
-        raise HarkenError("--word-timings goes with --json (a JSON line per final segment)")
+    printer = TranscriptPrinter(sys.stdout, output_format, word_timings, word_cues)  # bad options: before any work
+    word_timings = printer.asks_timings
     if mic:
         source = _until_interrupted(microphone_chunks(block_ms=100))
     else:
@@ -191,10 +191,7 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     done = False
     try:
         for event in events:
-            if word_timings and isinstance(event, SegmentWords):
-                print(json.dumps({"word_timings": event.as_dict()}, ensure_ascii=False), flush=True)
-                continue
-            printer.show(event)
+            printer.show(event.shared() if word_timings and isinstance(event, SegmentWords) else event)
         done = True
     finally:
         printer.close(done)

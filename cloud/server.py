@@ -81,6 +81,10 @@ class ServerOptions:
     audio_burst_s: float = 30.0  # ... and this much audio ahead of it
     max_file_s: float = 3 * 3600.0
     file_lanes: int = 1
+    # word timings (`harken serve --aligner`): a Qwen3-ForcedAligner (checkpoint dir, Hugging Face id or
+    # "tiny") aligns every final segment of the sessions that ask (`Start.word_timings`); None: no
+    # aligner, and such sessions are told so in their Ready (cloud/inference/word_timings.py)
+    aligner: str | None = None
 
     def __post_init__(self):
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -171,10 +175,11 @@ class RunningServer:
 
 
 async def start_server(model, options: ServerOptions = ServerOptions(),
-                       clock: Callable[[], float] = time.monotonic) -> RunningServer:
+                       clock: Callable[[], float] = time.monotonic, aligner=None) -> RunningServer:
     """Start the service on the running event loop. `model`: a loaded `Qwen3ASR`, or a name for
     `Qwen3ASR.load` ("tiny", "synth-en", a Hugging Face id, a local dir). `clock` times grace
-    periods and idle streams (tests pass a fake one)."""
+    periods and idle streams (tests pass a fake one). `aligner`: a loaded `Qwen3ForcedAligner` for
+    word timings (else `options.aligner`, loaded here, or none)."""
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
@@ -208,7 +213,7 @@ async def start_server(model, options: ServerOptions = ServerOptions(),
         raise HarkenError(f"cannot listen on {address} ({e})") from e
 
     loop = asyncio.get_running_loop()
-    core = await start_core(asr, options, clock)
+    core = await start_core(asr, options, clock, aligner)
     metrics, engine_failed, scheduler, executor, table = (core.metrics, core.engine_failed, core.scheduler,
                                                           core.executor, core.table)
     handler = StreamHandler(table, keys, metrics, options.max_message_bytes)
@@ -277,9 +282,11 @@ class ServingCore:
         self.executor.shutdown(wait=True)
 
 
-async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = time.monotonic) -> ServingCore:
+async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = time.monotonic,
+                     aligner=None) -> ServingCore:
     """The engine (`asr`: a loaded `Qwen3ASR`) with its scheduler started, and an empty session
-    table (timing grace periods and idle streams on `clock`), on the running event loop."""
+    table (timing grace periods and idle streams on `clock`), on the running event loop. With an
+    aligner (`aligner` loaded, or `options.aligner` by name) the scheduler also times final words."""
     from harken.cloud.inference.engine import EngineConfig
     from harken.cloud.inference.scheduler import Scheduler
     from harken.cloud.inference.vllm_decoder import engine_class
@@ -295,7 +302,7 @@ async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = t
     # --decode-step graphs: every bucket now, not in a live tick; off the event loop (a Ray replica's
     # loop is already serving while it starts)
     await asyncio.to_thread(engine.capture_decode_graphs)
-    scheduler = Scheduler(engine)
+    scheduler = Scheduler(engine, await _segment_aligner(asr, options, aligner))
     await scheduler.start()
     executor = ThreadPoolExecutor(max_workers=options.decode_threads, thread_name_prefix="harken-decode")
     limits = SessionLimits(max_sessions=options.max_sessions,
@@ -308,6 +315,21 @@ async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = t
     table = SessionTable(scheduler, limits, metrics, executor, clock)
     metrics.read_at_scrape(attached_streams=table.attached_streams, ready_sessions=engine.ready_sessions)
     return ServingCore(metrics, scheduler, executor, table, engine_failed)
+
+
+async def _segment_aligner(asr, options: ServerOptions, aligner):
+    """The scheduler's `SegmentAligner` (word timings), or None when the server has no aligner."""
+    if aligner is None and options.aligner is None:
+        return None
+    from harken.cloud.inference.word_timings import SegmentAligner
+    from harken.cloud.model.aligner import Qwen3ForcedAligner
+
+    if aligner is None:
+        name = options.aligner
+        assert name is not None  # (checked above)
+        aligner = await asyncio.to_thread(Qwen3ForcedAligner.load, name, device=getattr(asr, "device", None))
+    log.info("word timings on", extra={"fields": {"aligner": aligner.source or options.aligner}})
+    return SegmentAligner(aligner)
 
 
 def _tls_credentials(options: ServerOptions):
@@ -370,11 +392,18 @@ def serve_command(model: str, options: ServerOptions, device: str | None = None,
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)
     if model == "tiny":
         log.warning("the tiny model has random weights: its transcripts are meaningless", extra={"fields": {}})
-    return asyncio.run(_serve(asr, options))
+    aligner = None
+    if options.aligner is not None:
+        from harken.cloud.model.aligner import TINY_ALIGNER, Qwen3ForcedAligner
+
+        aligner = Qwen3ForcedAligner.load(options.aligner, dtype=dtype, device=device)
+        if options.aligner == TINY_ALIGNER:
+            log.warning("the tiny aligner has random weights: its word times are meaningless", extra={"fields": {}})
+    return asyncio.run(_serve(asr, options, aligner))
 
 
-async def _serve(asr, options: ServerOptions) -> int:
-    running = await start_server(asr, options)
+async def _serve(asr, options: ServerOptions, aligner=None) -> int:
+    running = await start_server(asr, options, aligner=aligner)
     scheme = "grpcs" if running.tls else "grpc"
     print(f"harken: listening on {scheme}://{_bracketed(options.host)}:{running.port}", flush=True)
     if running.http_port is not None:

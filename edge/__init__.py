@@ -28,15 +28,20 @@ if TYPE_CHECKING:
     from harken.edge.transport import TransportStats as TransportStats
     from harken.edge.transport import audio_pieces as audio_pieces
     from harken.edge.transport import file_pieces as file_pieces
+    from harken.shared.transcript import SegmentTimings as SegmentTimings
+    from harken.shared.transcript import TimedWord as TimedWord
     from harken.shared.transcript import TranscriptEvent as TranscriptEvent
 
 _HOME = {"Meeting": "harken.edge.meeting", "MeetingLine": "harken.edge.meeting",
-         "TranscriptEvent": "harken.shared.transcript"}
+         "TranscriptEvent": "harken.shared.transcript", "SegmentTimings": "harken.shared.transcript",
+         "TimedWord": "harken.shared.transcript"}
 
 __all__ = [
     "TranscriptionClient",
     "ClientOptions",
     "TranscriptEvent",
+    "SegmentTimings",
+    "TimedWord",
     "TransportStats",
     "TransportError",
     "ServerUnavailableError",

@@ -8,7 +8,8 @@ network and this object, which says what to send and what the user sees:
     session.on_packets(packets, bound_s) / session.on_audio(pcm16)   # from a front end (edge/front_end.py)
     session.end_input()                                             # the source is exhausted
     call: write(session.start_message())
-          session.on_server_message(msg, now) -> [TranscriptEvent | StreamProgress]   (Ready first)
+          session.on_server_message(msg, now) -> [TranscriptEvent | SegmentTimings | StreamProgress]
+                                                                                   (Ready first)
           while (msg := session.next_message()) is not None: write(msg); session.sent(msg)
           session.check_silence(now) -> reason to give the call up, or None
           session.on_call_closed() -> True when the stream is done
@@ -30,6 +31,10 @@ The session semantics (those of `proto/harken.proto`):
   finals, the end) is taken for dead (a network dropping packets without a reset) and resumed.
 - A final that comes before the segment's end (a server shutting down finalises open segments)
   does not lose the rest: it continues as a new segment, and later segment ids move up by one.
+- Word timings (`ClientOptions(word_timings=True)`): the Start asks for them; the Ready says whether
+  the server sends them (`stats.word_timings`); each final segment's `SegmentTimings` then follows
+  its final event, de-duplicated by event_seq like the transcript (a resume replays those missed).
+  A server that lost the session loses the timings of segments it had finalised but not yet timed.
 - The buffer is bounded (`max_buffer_bytes`) and so is the time without a server
   (`max_offline_s`): past either the stream fails with a `TransportError` saying so.
 
@@ -58,8 +63,8 @@ from harken.edge.replay import AudioBuffer, FeatureBuffer, PendingMessage, Repla
 from harken.shared.codec import DEFAULT_MODE
 from harken.shared.features_spec import SAMPLE_RATE
 from harken.shared.protocol import (Ack, ClientMessage, End, FeaturePacket, KeepAlive, Ready, ServerMessage,
-                                    SessionSeed, Start, Transcript)
-from harken.shared.transcript import TranscriptEvent
+                                    SessionSeed, Start, Transcript, WordTimings)
+from harken.shared.transcript import SegmentTimings, TimedWord, TranscriptEvent
 
 log = logging.getLogger("harken.transport")
 
@@ -96,6 +101,10 @@ class ClientOptions:
     # the stream's session-affinity key (`ClientSession.route_key`); "" = a random one per stream.
     # Streams given the same key share a server behind a session-affine router.
     route_key: str = ""
+    # ask for each final segment's word timings (`SegmentTimings`, after its final event); a server
+    # without an aligner says no in its Ready (`TransportStats.word_timings`). The SDK sets it per
+    # stream: `TranscriptionClient.stream(source, word_timings=True)`
+    word_timings: bool = False
 
     def __post_init__(self):
         if self.max_offline_s <= 0 or self.max_buffer_bytes <= 0:
@@ -123,6 +132,10 @@ class TransportStats:
     replayed_text_chars: int = 0  # committed text re-sent by a replacement session and dropped
     replay_mismatches: int = 0  # a replacement session's committed text disagreed with ours
     route_key: str = ""  # the stream's session-affinity key (`ClientSession.route_key`)
+    # the server's answer to `ClientOptions.word_timings` (its latest Ready): True: timings come;
+    # False: this server has no aligner (none come); None: not asked, or no Ready yet
+    word_timings: bool | None = None
+    word_timings_received: int = 0  # SegmentTimings passed on (after de-duplication)
 
 
 @dataclass(frozen=True)
@@ -153,6 +166,10 @@ class InputState(enum.Enum):
     FINISHED = "finished"  # every message is buffered; End not yet sent in this session
     END_SENT = "end_sent"  # End went out in this session (on this call or an earlier one)
     END_HELD = "end_held"  # the server refused a repeated End: it holds ours, only the finals are due
+
+
+# what the user sees of a stream, in order: transcript events, word timings (when asked for), progress
+SessionOutput = TranscriptEvent | SegmentTimings | StreamProgress
 
 
 @dataclass(frozen=True)
@@ -254,9 +271,9 @@ class ClientSession:
         o = self.options
         return Start(language=o.language, context=o.context, codec=self.buffer.codec, session_id=self.session_id,
                      last_event_seq=self.last_event_seq if self.session_id else 0,
-                     seed=None if self.session_id else self.seed)
+                     seed=None if self.session_id else self.seed, word_timings=o.word_timings)
 
-    def on_server_message(self, msg: ServerMessage | None, now: float) -> list[TranscriptEvent | StreamProgress]:
+    def on_server_message(self, msg: ServerMessage | None, now: float) -> list[SessionOutput]:
         """A message from the server (None: an empty one) at clock time `now`; returns what the
         user sees, in order. The first message of a call must be `Ready`."""
         self.last_heard = now
@@ -268,6 +285,8 @@ class ClientSession:
             return []
         if isinstance(msg, Transcript):
             return self._on_transcript(msg)
+        if isinstance(msg, WordTimings):
+            return self._on_word_timings(msg)
         if isinstance(msg, Ack):
             return self._on_ack(msg)
         return []  # an Error: the call's status follows with the same code, and is handled there
@@ -401,6 +420,11 @@ class ClientSession:
                                                               f"but only {self.buffer.next_seq - 1} were sent"))
         self.sent_through = self.acked_seq = ready.resume_after_seq
         self._keep_alive_ok = ready.keep_alive
+        if self.options.word_timings:
+            if not ready.word_timings and self.stats.word_timings is not False:
+                log.warning("the server at %s sends no word timings (it has no aligner: harken serve --aligner "
+                            "MODEL)", self.target)
+            self.stats.word_timings = ready.word_timings
         self._last_written = self._now = self.last_heard
         self._connected_this_call = True
         self.lifecycle = ClientLifecycle.STREAMING
@@ -411,12 +435,12 @@ class ClientSession:
         if self.input is InputState.END_HELD and self.buffer.after(self.sent_through) is None:
             self.lifecycle = ClientLifecycle.DRAINING
 
-    def _on_transcript(self, t: Transcript) -> list[TranscriptEvent | StreamProgress]:
+    def _on_transcript(self, t: Transcript) -> list[SessionOutput]:
         if t.event_seq and t.event_seq <= self.last_event_seq:
             self.stats.duplicate_events += 1
             return []
         self.last_event_seq = max(self.last_event_seq, t.event_seq)
-        out: list[TranscriptEvent | StreamProgress] = []
+        out: list[SessionOutput] = []
         event = self._visible(t.event)
         if event is not None:
             out.append(event)
@@ -428,7 +452,21 @@ class ClientSession:
             out.append(StreamProgress(self.bound_s()))
         return out
 
-    def _on_ack(self, ack: Ack) -> list[TranscriptEvent | StreamProgress]:
+    def _on_word_timings(self, w: WordTimings) -> list[SessionOutput]:
+        """A final segment's word times: once (event_seq), on the user's timeline (as `_visible`)."""
+        if w.event_seq and w.event_seq <= self.last_event_seq:
+            self.stats.duplicate_events += 1
+            return []
+        self.last_event_seq = max(self.last_event_seq, w.event_seq)
+        self.stats.word_timings_received += 1
+        offset = self.buffer.time_offset_s
+        t = w.timings
+        if not offset:
+            return [t]
+        return [SegmentTimings(t.segment_id, tuple(TimedWord(x.text, x.start_s + offset, x.end_s + offset)
+                                                    for x in t.words))]
+
+    def _on_ack(self, ack: Ack) -> list[SessionOutput]:
         self.acked_seq = max(self.acked_seq, ack.seq)
         final_through = self.buffer.on_ack(self.acked_seq, ack.last_final_segment)
         if final_through is not None and final_through > self.last_final_segment:

@@ -92,16 +92,19 @@ def _print_segment(segment_id: int, packets: list) -> None:
 def stream_server_command(input_path: str | None, server: str, mic: bool = False, output_format: str = "text",
                           api_key: str | None = None, tls_ca: str | None = None, language: str | None = None,
                           context: str = "", max_offline_s: float = 120.0, transport: str = "grpc",
-                          codec: str = "balanced") -> int:
+                          codec: str = "balanced", word_timings: bool = False, word_cues: bool = False) -> int:
     """`harken stream IN.wav|--mic --server HOST:PORT`: the edge pipeline here, the transcript from
     a harken server, printed as the embedded path prints it (`TranscriptPrinter`: live text, JSON
-    events, or SRT / WebVTT cues as segments finish). The API key comes from `api_key` or $HARKEN_API_KEY."""
+    events, or SRT / WebVTT cues as segments finish). The API key comes from `api_key` or $HARKEN_API_KEY.
+    `word_timings` / `word_cues`: the server's word timings (`harken serve --aligner`) as JSON lines / a
+    subtitle cue per word; a server without an aligner says so (one line on stderr), the rest goes on."""
     import asyncio
     import os
 
     from harken.edge.audio import peak_normalize
     from harken.edge.transport import ClientOptions, TranscriptionClient, audio_pieces
 
+    printer = TranscriptPrinter(sys.stdout, output_format, word_timings, word_cues)  # bad options: before any work
     if mic:
         source = None  # opened on the event loop, so that Ctrl-C can end it cleanly
     elif input_path:
@@ -119,7 +122,7 @@ def stream_server_command(input_path: str | None, server: str, mic: bool = False
                                  tls=tls_ca, options=ClientOptions(language=language or "", context=context,
                                                                    max_offline_s=max_offline_s,
                                                                    codec_mode=codec))
-    return asyncio.run(_print_stream(client, source, output_format))
+    return asyncio.run(_print_stream(client, source, printer))
 
 
 async def _microphone_until_interrupted():
@@ -148,13 +151,18 @@ async def _microphone_until_interrupted():
         loop.remove_signal_handler(signal.SIGINT)
 
 
-async def _print_stream(client, source, output_format: str) -> int:
+async def _print_stream(client, source, printer: TranscriptPrinter) -> int:
     if source is None:
         source = _microphone_until_interrupted()
-    printer = TranscriptPrinter(sys.stdout, output_format)
     done = False
+    told = False  # said that no timings come
     try:
-        async for event in client.stream(source):
+        async for event in client.stream(source, word_timings=printer.asks_timings):
+            if printer.asks_timings and client.stats.word_timings is False and not told:
+                told = True
+                print("harken stream: the server sends no word timings (it has no aligner: harken serve "
+                      "--aligner MODEL); the transcript goes on without them", file=sys.stderr, flush=True)
+                printer.no_timings()
             printer.show(event)
         done = True
     finally:
@@ -169,44 +177,80 @@ class TranscriptPrinter:
     """What `harken stream` prints as events arrive, in one of `FORMATS`:
 
     text  committed text solid, partial text dimmed (`LiveView`)
-    json  one object per event (`TranscriptEvent.as_dict`), then `{"final": true, "text": ...}`
-    srt   one SubRip cue per segment, written when the segment is final (shared/subtitles.py)
+    json  one object per event (`TranscriptEvent.as_dict`), then `{"final": true, "text": ...}`;
+          with word timings, after each final segment `{"word_timings": SegmentTimings.as_dict()}`
+    srt   one SubRip cue per segment, written when the segment is final (shared/subtitles.py);
+          `word_cues`: one cue per word, once the segment's word timings are in (`WordCues`)
     vtt   the same as WebVTT (its header first)
+
+    `word_timings`: the stream asks for them (`--word-timings`, JSON lines); `word_cues` implies it.
     """
 
-    def __init__(self, out, output_format: str = "text"):
-        from harken.shared.subtitles import SubtitleCues, vtt_header
+    def __init__(self, out, output_format: str = "text", word_timings: bool = False, word_cues: bool = False):
+        from harken.shared.subtitles import SubtitleCues, WordCues, vtt_header
         from harken.shared.text import TranscriptText
 
         if output_format not in FORMATS:
             raise HarkenError(f"--format: one of {', '.join(FORMATS)}, got {output_format!r}")
+        if word_cues and output_format not in ("srt", "vtt"):
+            raise HarkenError("--word-cues goes with --format srt or vtt (a cue per word)")
+        if word_timings and not word_cues and output_format != "json":
+            raise HarkenError("--word-timings goes with --json (a JSON line per final segment); for subtitles "
+                              "with a cue per word: --format srt|vtt --word-cues")
         self.out, self.format = out, output_format
         self.view = LiveView(out) if output_format == "text" else None
         self.text = TranscriptText()
         self.cues = SubtitleCues()
+        self.word_cues = WordCues() if word_cues else None
+        self.asks_timings = word_timings or word_cues  # the stream should ask for word timings
         if output_format == "vtt":
             out.write(vtt_header())
             out.flush()
 
     def show(self, event) -> None:
-        from harken.shared.subtitles import srt_cue, vtt_cue
+        """A `TranscriptEvent`, or a final segment's `SegmentTimings`."""
+        from harken.shared.transcript import SegmentTimings
 
         if self.view is not None:
-            self.view.show(event)
+            if not isinstance(event, SegmentTimings):
+                self.view.show(event)
             return
         if self.format == "json":
+            if isinstance(event, SegmentTimings):
+                print(json.dumps({"word_timings": event.as_dict()}, ensure_ascii=False), file=self.out, flush=True)
+                return
             self.text.add(event)
             print(json.dumps(event.as_dict(), ensure_ascii=False), file=self.out, flush=True)
             return
+        if self.word_cues is not None:
+            self._write(self.word_cues.add(event))
+            return
+        if isinstance(event, SegmentTimings):
+            return
         cue = self.cues.add(event)
         if cue is not None:
+            self._write([cue])
+
+    def no_timings(self) -> None:
+        """None will come (a server without an aligner): held segment cues go out, later ones at once."""
+        if self.word_cues is not None:
+            self._write(self.word_cues.flush())
+            self.cues = self.word_cues.segments
+            self.word_cues = None
+
+    def _write(self, cues) -> None:
+        from harken.shared.subtitles import srt_cue, vtt_cue
+
+        for cue in cues:
             self.out.write(srt_cue(cue) if self.format == "srt" else vtt_cue(cue))
-            self.out.flush()
+        self.out.flush()
 
     def close(self, finished: bool = True) -> None:
         """After the last event (`finished`: the stream ended normally, not by an error)."""
         if self.view is not None:
             self.view.close()
+        elif self.word_cues is not None:
+            self._write(self.word_cues.flush())
         elif self.format == "json" and finished:
             print(json.dumps({"final": True, "text": self.text.text}, ensure_ascii=False), file=self.out, flush=True)
 

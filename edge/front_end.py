@@ -19,16 +19,15 @@ from pathlib import Path
 import numpy as np
 
 from harken.edge.audio import load_audio, peak_normalize
-from harken.edge.client_session import ClientOptions, ClientSession, StreamProgress
+from harken.edge.client_session import ClientOptions, ClientSession, SessionOutput
 from harken.edge.pipeline import FeatureStream
 from harken.shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
-from harken.shared.transcript import TranscriptEvent
 
 AudioSource = Iterable[np.ndarray] | AsyncIterable[np.ndarray] | np.ndarray | str | Path
 """What `TranscriptionClient.stream` takes: 16 kHz mono float32 pieces (sync or async), an array
 or an audio file's path."""
 
-Notify = Callable[[Sequence[TranscriptEvent | StreamProgress]], None]
+Notify = Callable[[Sequence[SessionOutput]], None]
 """Takes items for the user; called whenever the session may have something new to send."""
 
 

@@ -28,20 +28,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from harken.edge.call import EOF, Call, CallFailed, status_error
-from harken.edge.client_session import (ClientOptions, ClientSession, Disconnect, ClientLifecycle, StreamProgress,
-                                        TransportStats)
+from harken.edge.client_session import (ClientOptions, ClientSession, Disconnect, ClientLifecycle, SessionOutput,
+                                        StreamProgress, TransportStats)
 from harken.edge.errors import (BufferOverflowError, ServerRejectedError, ServerUnavailableError, TransportError,
                                 TransportSecurityError)
 from harken.edge.grpc_faults import GrpcCall, closed_at_once, speaks_tls, tls_mismatch
 from harken.edge.front_end import AudioSource, Notify, as_async_pieces, audio_pieces, file_pieces, front_end
 from harken.shared.protocol import ServerError
 from harken.shared.text import TranscriptText
-from harken.shared.transcript import TranscriptEvent
+from harken.shared.transcript import SegmentTimings, TimedWord, TranscriptEvent
 
 if TYPE_CHECKING:
     import grpc
 
 __all__ = ["TranscriptionClient", "ClientOptions", "TransportStats", "StreamProgress", "TranscriptEvent",
+           "SegmentTimings", "TimedWord",
            "TransportError", "ServerUnavailableError", "BufferOverflowError", "TransportSecurityError",
            "ServerRejectedError", "AudioSource", "file_pieces", "audio_pieces"]
 
@@ -83,24 +84,31 @@ class TranscriptionClient:
         self.stats = TransportStats()
 
     @overload
-    def stream(self, source: AudioSource,
-               progress: Literal[False] = False) -> AsyncGenerator[TranscriptEvent, None]: ...
+    def stream(self, source: AudioSource, progress: Literal[False] = False,
+               word_timings: Literal[False] = False) -> AsyncGenerator[TranscriptEvent, None]: ...
 
     @overload
-    def stream(self, source: AudioSource,
-               progress: bool) -> AsyncGenerator[TranscriptEvent | StreamProgress, None]: ...
+    def stream(self, source: AudioSource, progress: bool,
+               word_timings: Literal[False] = False) -> AsyncGenerator[TranscriptEvent | StreamProgress, None]: ...
 
-    async def stream(self, source: AudioSource,
-                     progress: bool = False) -> AsyncGenerator[TranscriptEvent | StreamProgress, None]:
+    @overload
+    def stream(self, source: AudioSource, progress: bool = False, *,
+               word_timings: bool) -> AsyncGenerator[SessionOutput, None]: ...
+
+    async def stream(self, source: AudioSource, progress: bool = False,
+                     word_timings: bool = False) -> AsyncGenerator[SessionOutput, None]:
         """Transcribe `source` (16 kHz mono float32 pieces, sync or async; an array; a file path):
         yield every transcript event, return once the server has sent the last final. With
         `progress`, `StreamProgress` items come in between, each after the events it accounts for.
+        With `word_timings`, the stream asks the server for each final segment's word times: a
+        `SegmentTimings` follows the segment's final event (a server without an aligner sends none
+        and says so: `stats.word_timings` is then False, and a warning is logged).
 
         Leaving the loop early stops the stream once the generator is closed: use
         `contextlib.aclosing(client.stream(...))` to have that happen at once."""
-        async with aclosing(self._run(source)) as items:
+        async with aclosing(self._run(source, word_timings)) as items:
             async for item in items:
-                if progress or isinstance(item, TranscriptEvent):
+                if progress or not isinstance(item, StreamProgress):
                     yield item
 
     async def transcribe(self, source) -> str:
@@ -113,13 +121,13 @@ class TranscriptionClient:
 
     # ---- the owner of one stream: a producer task, a connection task, items out via a queue ----
 
-    async def _run(self, source: AudioSource) -> AsyncGenerator[TranscriptEvent | StreamProgress, None]:
-        session = ClientSession(self.options, self.target, self._rng)
+    async def _run(self, source: AudioSource, word_timings: bool = False) -> AsyncGenerator[SessionOutput, None]:
+        session = ClientSession(replace(self.options, word_timings=word_timings), self.target, self._rng)
         self.stats = session.stats
         out: asyncio.Queue = asyncio.Queue()
         wake = asyncio.Event()  # the session may have something new to send
 
-        def notify(items: Sequence[TranscriptEvent | StreamProgress]) -> None:
+        def notify(items: Sequence[SessionOutput]) -> None:
             for item in items:
                 out.put_nowait(item)
             wake.set()

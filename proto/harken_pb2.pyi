@@ -1,6 +1,7 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -26,20 +27,22 @@ class KeepAlive(_message.Message):
     def __init__(self) -> None: ...
 
 class Start(_message.Message):
-    __slots__ = ("language", "context", "codec", "session_id", "seed", "last_event_seq")
+    __slots__ = ("language", "context", "codec", "session_id", "seed", "last_event_seq", "word_timings")
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     LAST_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    WORD_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     language: str
     context: str
     codec: str
     session_id: str
     seed: SessionSeed
     last_event_seq: int
-    def __init__(self, language: _Optional[str] = ..., context: _Optional[str] = ..., codec: _Optional[str] = ..., session_id: _Optional[str] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., last_event_seq: _Optional[int] = ...) -> None: ...
+    word_timings: bool
+    def __init__(self, language: _Optional[str] = ..., context: _Optional[str] = ..., codec: _Optional[str] = ..., session_id: _Optional[str] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., last_event_seq: _Optional[int] = ..., word_timings: _Optional[bool] = ...) -> None: ...
 
 class SessionSeed(_message.Message):
     __slots__ = ("present", "running_max_log10", "context_tail", "next_segment_id", "front_end_state", "audio_sample")
@@ -98,28 +101,32 @@ class End(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("ready", "transcript", "ack", "error")
+    __slots__ = ("ready", "transcript", "ack", "error", "word_timings")
     READY_FIELD_NUMBER: _ClassVar[int]
     TRANSCRIPT_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    WORD_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     ready: Ready
     transcript: Transcript
     ack: Ack
     error: Error
-    def __init__(self, ready: _Optional[_Union[Ready, _Mapping]] = ..., transcript: _Optional[_Union[Transcript, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+    word_timings: WordTimings
+    def __init__(self, ready: _Optional[_Union[Ready, _Mapping]] = ..., transcript: _Optional[_Union[Transcript, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., word_timings: _Optional[_Union[WordTimings, _Mapping]] = ...) -> None: ...
 
 class Ready(_message.Message):
-    __slots__ = ("session_id", "resume_after_seq", "last_final_segment", "keep_alive")
+    __slots__ = ("session_id", "resume_after_seq", "last_final_segment", "keep_alive", "word_timings")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESUME_AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_FINAL_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
+    WORD_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     resume_after_seq: int
     last_final_segment: int
     keep_alive: bool
-    def __init__(self, session_id: _Optional[str] = ..., resume_after_seq: _Optional[int] = ..., last_final_segment: _Optional[int] = ..., keep_alive: _Optional[bool] = ...) -> None: ...
+    word_timings: bool
+    def __init__(self, session_id: _Optional[str] = ..., resume_after_seq: _Optional[int] = ..., last_final_segment: _Optional[int] = ..., keep_alive: _Optional[bool] = ..., word_timings: _Optional[bool] = ...) -> None: ...
 
 class Transcript(_message.Message):
     __slots__ = ("segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final", "seed", "event_seq")
@@ -144,6 +151,26 @@ class Transcript(_message.Message):
     seed: SessionSeed
     event_seq: int
     def __init__(self, segment_id: _Optional[int] = ..., committed_delta: _Optional[str] = ..., partial: _Optional[str] = ..., stability: _Optional[float] = ..., start_s: _Optional[float] = ..., end_s: _Optional[float] = ..., language: _Optional[str] = ..., is_final: _Optional[bool] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., event_seq: _Optional[int] = ...) -> None: ...
+
+class WordTimings(_message.Message):
+    __slots__ = ("segment_id", "words", "event_seq")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    WORDS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    words: _containers.RepeatedCompositeFieldContainer[Word]
+    event_seq: int
+    def __init__(self, segment_id: _Optional[int] = ..., words: _Optional[_Iterable[_Union[Word, _Mapping]]] = ..., event_seq: _Optional[int] = ...) -> None: ...
+
+class Word(_message.Message):
+    __slots__ = ("text", "start_s", "end_s")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    START_S_FIELD_NUMBER: _ClassVar[int]
+    END_S_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    start_s: float
+    end_s: float
+    def __init__(self, text: _Optional[str] = ..., start_s: _Optional[float] = ..., end_s: _Optional[float] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("seq", "last_final_segment")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harken.shared.transcript import TranscriptEvent
+from harken.shared.transcript import SegmentTimings, TranscriptEvent
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ class Start:
     session_id: str = ""  # "" = a new session
     last_event_seq: int = 0  # on resume: the highest event_seq received
     seed: SessionSeed | None = None
+    word_timings: bool = False  # send each final segment's word times (`WordTimings`)
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class Ready:
     resume_after_seq: int  # the highest seq applied: the client resends everything after it
     last_final_segment: int = -1
     keep_alive: bool = False  # the server takes KeepAlive: the client writes them only then
+    word_timings: bool = False  # the session asked for word timings and this server sends them
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,22 @@ class Transcript:
     event: TranscriptEvent
     event_seq: int  # per session from 1, for replay after a resume
     seed: SessionSeed | None = None  # on final events
+
+    @property
+    def segment_id(self) -> int:
+        return self.event.segment_id
+
+
+@dataclass(frozen=True)
+class WordTimings:
+    """A final segment's word times (sessions that asked): in the event log with the Transcripts."""
+
+    timings: SegmentTimings
+    event_seq: int  # counts on with the Transcripts' event_seq
+
+    @property
+    def segment_id(self) -> int:
+        return self.timings.segment_id
 
 
 @dataclass(frozen=True)
@@ -128,4 +146,6 @@ class ServerError:
     message: str
 
 
-ServerMessage = Ready | Transcript | Ack | ServerError
+ServerMessage = Ready | Transcript | WordTimings | Ack | ServerError
+# what a session's event log holds (and replays after a resume), in event_seq order
+LoggedEvent = Transcript | WordTimings

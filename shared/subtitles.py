@@ -7,10 +7,14 @@
             out.write(srt_cue(cue))            # or vtt_cue(cue), after vtt_header()
 
 A cue's times are its segment's: from the segment's start to the end of the audio its final
-covers, on the stream's timeline. harken claims no word timings, so a long segment is one cue (its
-text wrapped into lines of at most `LINE_CHARS`), never split at guessed times. Segments that end
-with no words make no cue. Cues are numbered 1, 2, ... in the order segments finish (segments of one
-stream finish in order).
+covers, on the stream's timeline. A long segment is one cue (its text wrapped into lines of at most
+`LINE_CHARS`), never split at guessed times. Segments that end with no words make no cue. Cues are
+numbered 1, 2, ... in the order segments finish (segments of one stream finish in order).
+
+Word-level cues (`WordCues`, `harken stream --format srt|vtt --word-cues`): with word timings (the
+forced aligner's `SegmentTimings`, which follow each final), one cue per word instead: the word as the
+aligner splits it (punctuation dropped), from its start to its end. A segment whose timings have no
+words, or never come (`flush`: a server without an aligner), keeps its segment cue.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import textwrap
 from dataclasses import dataclass
 
 from harken.shared.text import TranscriptText
+from harken.shared.transcript import SegmentTimings
 
 LINE_CHARS = 42  # the usual broadcast limit per subtitle line
 
@@ -45,6 +50,40 @@ class SubtitleCues:
             return None
         self.count += 1
         return Cue(self.count, max(0.0, event.start_s), max(event.start_s, event.end_s), words)
+
+
+class WordCues:
+    """Final segments and their word timings -> word-level cues, in order, numbered 1, 2, ... Each
+    segment's cue is held until its timings come (they follow its final event)."""
+
+    def __init__(self) -> None:
+        self.segments = SubtitleCues()
+        self.held: dict[int, Cue] = {}  # segment id -> its segment cue, waiting for its timings
+        self.count = 0
+
+    def add(self, item) -> list[Cue]:
+        """A transcript event or a `SegmentTimings` -> the cues now complete."""
+        if not isinstance(item, SegmentTimings):
+            cue = self.segments.add(item)
+            if cue is not None:
+                self.held[item.segment_id] = cue
+            return []
+        # segments before this one whose timings never came keep their segment cues
+        out = [self._number(self.held.pop(k)) for k in sorted(self.held) if k < item.segment_id]
+        cue = self.held.pop(item.segment_id, None)
+        if item.words:
+            out += [self._number(Cue(0, max(0.0, w.start_s), max(w.start_s, w.end_s), w.text)) for w in item.words]
+        elif cue is not None:
+            out.append(self._number(cue))
+        return out
+
+    def flush(self) -> list[Cue]:
+        """The held segment cues (no timings came for them), in order."""
+        return [self._number(self.held.pop(k)) for k in sorted(self.held)]
+
+    def _number(self, cue: Cue) -> Cue:
+        self.count += 1
+        return Cue(self.count, cue.start_s, cue.end_s, cue.text)
 
 
 def cues_of(events) -> list[Cue]:

@@ -7,7 +7,7 @@ name says its direction:
     client sends      client_message_to_proto, features_to_proto, seed_to_proto
     server reads      client_message_from_bytes, client_message_from_proto, require_start,
                       decode_features, front_end_checkpoint
-    server sends      server_message_to_proto, transcript_to_proto, seed_to_proto
+    server sends      server_message_to_proto, transcript_to_proto, word_timings_to_proto, seed_to_proto
     client reads      server_message_from_proto, seed_from_proto
 
 On the way in, everything a message can get wrong on its own (sizes, counts, values, a payload's
@@ -33,8 +33,8 @@ from harken.shared.front_end_checkpoint import SIZE as FRONT_END_STATE_BYTES
 from harken.shared.front_end_checkpoint import FrontEndCheckpoint
 from harken.shared.integrity import payload_crc32c
 from harken.shared.protocol import (Ack, Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive,
-                                    Ready, ServerError, ServerMessage, SessionSeed, Start, Transcript)
-from harken.shared.transcript import TranscriptEvent
+                                    Ready, ServerError, ServerMessage, SessionSeed, Start, Transcript, WordTimings)
+from harken.shared.transcript import SegmentTimings, TimedWord, TranscriptEvent
 
 # Checks a thin client's seeded front-end state against the server's own front end (ValueError if not)
 FrontEndCheck = Callable[[FrontEndCheckpoint], None]
@@ -62,7 +62,7 @@ def client_message_to_proto(msg: ClientMessage) -> pb.ClientMessage:
         return pb.ClientMessage(audio=pb.Audio(seq=msg.seq, pcm16=msg.pcm16, sample_rate=msg.sample_rate))
     if isinstance(msg, Start):
         start = pb.Start(language=msg.language, context=msg.context, codec=msg.codec, session_id=msg.session_id,
-                         last_event_seq=msg.last_event_seq)
+                         last_event_seq=msg.last_event_seq, word_timings=msg.word_timings)
         if msg.seed is not None:
             start.seed.CopyFrom(seed_to_proto(msg.seed))
         return pb.ClientMessage(start=start)
@@ -143,7 +143,7 @@ def _parse_start(s: pb.Start, front_end: FrontEndCheck | None) -> Start:
     if s.session_id and seed is not None:
         raise MalformedMessage("start: a resume (session_id) takes no seed; a seed starts a new session")
     return Start(language=s.language, context=s.context, codec=s.codec, session_id=s.session_id,
-                 last_event_seq=int(s.last_event_seq), seed=seed)
+                 last_event_seq=int(s.last_event_seq), seed=seed, word_timings=bool(s.word_timings))
 
 
 def _check_front_end(seed: pb.SessionSeed, front_end: FrontEndCheck | None) -> None:
@@ -238,12 +238,14 @@ def server_message_to_proto(msg: ServerMessage) -> pb.ServerMessage:
     """A message the server sends, as proto."""
     if isinstance(msg, Transcript):
         return transcript_to_proto(msg)
+    if isinstance(msg, WordTimings):
+        return word_timings_to_proto(msg)
     if isinstance(msg, Ack):
         return pb.ServerMessage(ack=pb.Ack(seq=msg.seq, last_final_segment=msg.last_final_segment))
     if isinstance(msg, Ready):
         return pb.ServerMessage(ready=pb.Ready(session_id=msg.session_id, resume_after_seq=msg.resume_after_seq,
                                                last_final_segment=msg.last_final_segment,
-                                               keep_alive=msg.keep_alive))
+                                               keep_alive=msg.keep_alive, word_timings=msg.word_timings))
     return pb.ServerMessage(error=pb.Error(code=msg.code, message=msg.message))
 
 
@@ -257,6 +259,13 @@ def transcript_to_proto(t: Transcript) -> pb.ServerMessage:
     return pb.ServerMessage(transcript=out)
 
 
+def word_timings_to_proto(w: WordTimings) -> pb.ServerMessage:
+    t = w.timings
+    return pb.ServerMessage(word_timings=pb.WordTimings(
+        segment_id=t.segment_id, event_seq=w.event_seq,
+        words=[pb.Word(text=x.text, start_s=x.start_s, end_s=x.end_s) for x in t.words]))
+
+
 # ---- the client reads ------------------------------------------------------------------------
 
 def server_message_from_proto(msg: pb.ServerMessage) -> ServerMessage | None:
@@ -268,12 +277,17 @@ def server_message_from_proto(msg: pb.ServerMessage) -> ServerMessage | None:
                                 stability=t.stability, start_s=t.start_s, end_s=t.end_s, language=t.language,
                                 is_final=t.is_final)
         return Transcript(event, event_seq=t.event_seq, seed=seed_from_proto(t.seed))
+    if kind == "word_timings":
+        w = msg.word_timings
+        words = tuple(TimedWord(x.text, x.start_s, x.end_s) for x in w.words)
+        return WordTimings(SegmentTimings(w.segment_id, words), event_seq=w.event_seq)
     if kind == "ack":
         return Ack(seq=msg.ack.seq, last_final_segment=msg.ack.last_final_segment)
     if kind == "ready":
         r = msg.ready
         return Ready(session_id=r.session_id, resume_after_seq=r.resume_after_seq,
-                     last_final_segment=r.last_final_segment, keep_alive=r.keep_alive)
+                     last_final_segment=r.last_final_segment, keep_alive=r.keep_alive,
+                     word_timings=r.word_timings)
     if kind == "error":
         return ServerError(code=msg.error.code, message=msg.error.message)
     return None

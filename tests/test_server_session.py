@@ -260,3 +260,26 @@ def test_a_seed_with_a_front_end_state_goes_on_with_16_khz_audio_only():
     with pytest.raises(MalformedMessage, match="16 kHz"):
         s.admit(Audio(1, b"\0\0", 48_000))
     assert s.admit(Audio(1, b"\0\0", 16_000)) is not None
+
+
+def test_word_timings_follow_their_final_in_the_log_and_the_session_ends_once_they_are_in():
+    from harken.shared.protocol import WordTimings
+    from harken.shared.transcript import SegmentTimings, TimedWord
+
+    s = ServerSession("sid", "key", Start(word_timings=True), SessionLimits(), now=0.0, word_timings=True)
+    a = s.attach(0, 0.0, Wake())
+    assert feed(s, 1, packet(0, 0, 10, start=True, end=True))
+    s.record(event(0, 0.1, final=True, delta="hi there"), SessionSeed(0.0, "hi there", 1), now=1.0)
+    s.drain(by_client=True)
+    assert s.lifecycle is ServerLifecycle.DRAINING and a.end is None, "the timings of segment 0 are still due"
+    words = SegmentTimings(0, (TimedWord("hi", 0.0, 0.05), TimedWord("there", 0.05, 0.1)))
+    out = s.record_timings(words)
+    assert out == WordTimings(words, event_seq=2) and out.segment_id == 0
+    assert s.lifecycle is ServerLifecycle.ENDED and a.end == CLOSED_OK
+    assert [e.event_seq for e in s.events_after(0)] == [1, 2] and s.events_after(1) == [out]
+    # a session that did not ask ends with its last final
+    plain = session()
+    assert feed(plain, 1, packet(0, 0, 10, start=True, end=True))
+    plain.record(event(0, 0.1, final=True, delta="hi"), SessionSeed(0.0, "hi", 1), now=1.0)
+    plain.drain(by_client=True)
+    assert plain.lifecycle is ServerLifecycle.ENDED

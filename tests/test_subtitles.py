@@ -13,8 +13,8 @@ from datetime import timedelta
 import srt
 import webvtt
 
-from harken.shared.subtitles import SubtitleCues, cues_of, srt as to_srt, timestamp, vtt as to_vtt
-from harken.shared.transcript import TranscriptEvent
+from harken.shared.subtitles import SubtitleCues, WordCues, cues_of, srt as to_srt, timestamp, vtt as to_vtt
+from harken.shared.transcript import SegmentTimings, TimedWord, TranscriptEvent
 
 
 def _ev(seg: int, delta: str, start: float, end: float, final: bool, partial: str = "") -> TranscriptEvent:
@@ -57,6 +57,27 @@ def test_vtt_reads_back_in_an_independent_parser():
     assert [c.start for c in parsed] == ["00:00:00.540", "01:01:01.000"]
     assert [c.end for c in parsed] == ["00:00:03.250", "01:01:06.500"]
     assert [" ".join(c.text.split()) for c in parsed] == [c.text.replace("-->", "->") for c in cues]
+
+
+def test_word_cues_are_a_cue_per_timed_word_and_segment_cues_where_no_timings_come():
+    words = SegmentTimings(0, (TimedWord("Good", 0.6, 0.9), TimedWord("morning", 0.9, 1.4),
+                               TimedWord("everyone", 1.5, 3.2)))
+    acc = WordCues()
+    out = []
+    for item in EVENTS[:2] + [words] + EVENTS[2:]:
+        out += acc.add(item)
+    assert [(c.index, c.start_s, c.end_s, c.text) for c in out] == [
+        (1, 0.6, 0.9, "Good"), (2, 0.9, 1.4, "morning"), (3, 1.5, 3.2, "everyone")]
+    # segment 2's timings never came (a server without an aligner): its segment cue, numbered on
+    rest = acc.flush()
+    assert [(c.index, c.start_s, c.text[:10]) for c in rest] == [(4, 3661.0, "Let's revi")]
+    parsed = list(srt.parse(to_srt(out + rest)))
+    assert [p.content for p in parsed[:3]] == ["Good", "morning", "everyone"]
+    # timings without words keep the segment's cue; a later segment's timings release earlier held cues
+    acc = WordCues()
+    assert acc.add(EVENTS[1]) == [] and acc.add(EVENTS[3]) == [] and acc.add(EVENTS[4]) == []
+    got = acc.add(SegmentTimings(2, ()))
+    assert [(c.index, c.text[:4]) for c in got] == [(1, "ever"), (2, "Let'")]
 
 
 def _harken(*args: str) -> str:

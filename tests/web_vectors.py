@@ -192,14 +192,15 @@ def wire_cases() -> dict:
     seed = SessionSeed(running_max_log10=1.25, context_tail="hello wörld", next_segment_id=3)
     starts = [Start(codec="harken-mel/1"), Start(language="English", context="names", codec="harken-mel/1"),
               Start(codec="harken-mel/1", session_id="abc123", last_event_seq=7),
-              Start(codec="harken-mel/1", seed=seed)]
+              Start(codec="harken-mel/1", seed=seed), Start(codec="harken-mel/1", word_timings=True)]
 
     def seed_json(x: SessionSeed | None) -> dict | None:
         return None if x is None else {"running_max_log10": x.running_max_log10, "context_tail": x.context_tail,
                                        "next_segment_id": x.next_segment_id}
 
     client = [{"start": {"language": m.language, "context": m.context, "codec": m.codec, "session_id": m.session_id,
-                         "last_event_seq": m.last_event_seq, "seed": seed_json(m.seed)},
+                         "last_event_seq": m.last_event_seq, "seed": seed_json(m.seed),
+                         **({"word_timings": True} if m.word_timings else {})},
                "bytes": wire.client_message_to_proto(m).SerializeToString().hex()} for m in starts]
     client.append({"end": {}, "bytes": wire.client_message_to_proto(End()).SerializeToString().hex()})
     client.append({"keep_alive": {}, "bytes": wire.client_message_to_proto(KeepAlive()).SerializeToString().hex()})
@@ -216,6 +217,10 @@ def wire_cases() -> dict:
                                                                       context_tail="hello", next_segment_id=3))),
         pb.ServerMessage(error=pb.Error(code="INVALID_ARGUMENT", message="bad payload")),
         pb.ServerMessage(ready=pb.Ready(session_id="sid-2", resume_after_seq=0, last_final_segment=3, keep_alive=True)),
+        pb.ServerMessage(ready=pb.Ready(session_id="sid-3", keep_alive=True, word_timings=True)),
+        pb.ServerMessage(word_timings=pb.WordTimings(segment_id=2, event_seq=11, words=[
+            pb.Word(text="héllo", start_s=1.25, end_s=1.5), pb.Word(text="world", start_s=1.625, end_s=2.75)])),
+        pb.ServerMessage(word_timings=pb.WordTimings(segment_id=3, event_seq=12)),
     ]
     return {"client": client, "server": [{"bytes": m.SerializeToString().hex(),
                                           "kind": m.WhichOneof("kind")} for m in server]}

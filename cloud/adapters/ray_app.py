@@ -290,10 +290,11 @@ def deployment(model: str, options: ServerOptions, scaling: Scaling, keys: ApiKe
 
 def app_builder(args: dict[str, str]):
     """`serve run harken.cloud.adapters.ray_app:app_builder model=M [replicas=N | autoscale=MIN:MAX]
-    [max_sessions=N] [api_keys=FILE] [device=D] [dtype=T]`, or the same under `args:` in a Serve
-    config file."""
+    [max_sessions=N] [api_keys=FILE] [device=D] [dtype=T] [aligner=M]`, or the same under `args:` in a
+    Serve config file (`aligner`: word timings, each replica loads it as `harken serve --aligner`)."""
     options = ServerOptions(max_sessions=int(args.get("max_sessions", 16)),
-                            max_sessions_per_key=int(args.get("max_sessions_per_key", args.get("max_sessions", 16))))
+                            max_sessions_per_key=int(args.get("max_sessions_per_key", args.get("max_sessions", 16))),
+                            aligner=args.get("aligner") or None)
     replicas = args.get("replicas")
     scaling = Scaling.parse(int(replicas) if replicas else None, args.get("autoscale"),
                             replica_cpus=float(args.get("replica_cpus", 1)),

@@ -27,6 +27,11 @@ An ended session (End, shutdown) frees its engine slot at once but stays in the 
 stream has sent its last event and closed OK, or its grace period ends, so a client that loses the
 connection just before the end can still resume for the finals.
 
+Word timings (a session that asked, `Start.word_timings`, on a server with an aligner): the session
+keeps each segment's frames as the engine got them and its committed text (`SegmentTap`) until the
+segment's final event, then hands them to the scheduler's aligner (`Scheduler.align`); the words'
+times come back on the engine's event queue and go into the event log after that final.
+
 Thin clients (16 kHz Audio): the front end's checkpoints (shared/front_end_checkpoint.py) ride on the seeds of
 final events, each the latest taken before the next segment began; a session seeded with one
 resumes the front end there, so a replacement segments the client's replayed audio exactly as the
@@ -48,8 +53,8 @@ from harken.cloud.hosting.audio_front_end import ThinClientFrontEnd
 from harken.cloud.errors import ShuttingDown
 from harken.cloud.metrics import ServerMetrics
 from harken.cloud.hosting.server_session import Attachment, AudioPace, ServerLifecycle, ServerSession, SessionLimits
-from harken.shared.protocol import (Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive, Start,
-                                    Transcript)
+from harken.shared.protocol import (Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive,
+                                    LoggedEvent, Start)
 
 if TYPE_CHECKING:
     from harken.cloud.inference.scheduler import Scheduler
@@ -64,8 +69,12 @@ class HostedSession:
         """Opens the engine's session (Overloaded / StreamInputError when it cannot).
         `clock` times the grace period and idleness (the table's; tests pass a fake one)."""
         from harken.cloud.inference.stream_session import SessionOptions
+        from harken.cloud.inference.word_timings import SegmentTap
 
-        self.core = ServerSession(session_id, key_id, start, limits, clock())
+        timings = start.word_timings and scheduler.aligner is not None
+        self.core = ServerSession(session_id, key_id, start, limits, clock(), word_timings=timings)
+        # each segment's frames and text until its final, for the aligner (sessions that asked only)
+        self._tap: SegmentTap | None = SegmentTap() if timings else None
         policy = {} if limits.policy is None else {"policy": limits.policy}
         options = SessionOptions(language=start.language or None, context=start.context, resume=start.seed,
                                  **policy)
@@ -148,7 +157,12 @@ class HostedSession:
             return 0
         return self.scheduler.engine.queued_frames(self.session_id)
 
-    def events_after(self, event_seq: int) -> list[Transcript]:
+    @property
+    def word_timings(self) -> bool:
+        """This session gets word timings (it asked, and the server has an aligner)."""
+        return self.core.word_timings
+
+    def events_after(self, event_seq: int) -> list[LoggedEvent]:
         return self.core.events_after(event_seq)
 
     def undelivered(self) -> bool:
@@ -211,6 +225,8 @@ class HostedSession:
         if p.frame_count or p.segment_start or p.segment_end:
             self.scheduler.ingest(self.session_id, p.segment_id, p.first_frame, frames, p.segment_start,
                                   p.segment_end, p.running_max_log10)
+            if self._tap is not None:
+                self._tap.add_frames(p.segment_id, frames)
         self.core.fed(p, time.monotonic())
 
     def _finalize(self) -> None:
@@ -239,7 +255,10 @@ class HostedSession:
         """The engine's events -> the core's event log (with event_seq) -> the attached stream. An
         exception instead of an event: the engine took this session out (its own processing
         raised; the other sessions go on), and the session fails with it: the attached stream,
-        and any stream that attaches later, gets it; the engine slot is freed."""
+        and any stream that attaches later, gets it; the engine slot is freed. With word timings,
+        a final event sends its segment to the aligner, whose `SegmentWords` come on the same queue."""
+        from harken.cloud.inference.word_timings import SegmentWords, segment_language
+
         while not self.core.lifecycle.done:
             item = await self._engine_events.get()
             if isinstance(item, BaseException):
@@ -247,7 +266,16 @@ class HostedSession:
                 await self.release_engine()
                 self._on_ended(self)
                 return
+            if isinstance(item, SegmentWords):
+                self.core.record_timings(item.shared())
+                self.metrics.events_out.inc()
+                self._report_if_ended()
+                continue
             _, latency = self.core.record(item, item.resume, time.monotonic())
+            if self._tap is not None and (final := self._tap.on_event(item)) is not None:
+                features, text = final
+                self.scheduler.align(self.session_id, item.segment_id, features, text, item.start_s,
+                                     segment_language(item.language, self.core.start.language))
             self.metrics.events_out.inc()
             if latency.first_partial_s is not None:
                 self.metrics.first_partial.observe(latency.first_partial_s)

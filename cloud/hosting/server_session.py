@@ -14,12 +14,14 @@ engine, pumps the engine's events in, and wakes the attached stream.
              finalize(now)         -> the open segment to finalise, if any
              drain(status)         -> no more input; ENDED once every final is in
     output   record(event, now)    -> the `Transcript` with its event_seq (and seed on finals)
+             record_timings(words) -> the `WordTimings` of a final segment, its event_seq next in line
              fail(error)           -> FAILED: the attached stream and any later one get `error`
     streams  attach / supersede / detach / heard / idle_for / events_after / sent
 
 The lifecycle (see `ServerLifecycle`) replaces a set of flags: input is applied only while ACTIVE;
 DRAINING and STOPPING differ only in why the input ended (the client's End, the server's
-shutdown), which decides how the stream ends once every final is in.
+shutdown), which decides how the stream ends once every final is in (and, for a session that gets
+word timings, every final segment's timings).
 
 The event log keeps every event of a segment that is not final yet (a resumed client may not have
 them) and, of final segments, a tail of `replay_tail` events behind the last one sent (those may
@@ -40,8 +42,8 @@ from harken.shared.wire import MAX_SEGMENT_ID
 from harken.shared.front_end_checkpoint import FrontEndCheckpoint
 from harken.shared.features_spec import SAMPLE_RATE
 from harken.shared.protocol import (Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive,
-                                    SessionSeed, Start, Transcript)
-from harken.shared.transcript import TranscriptEvent
+                                    LoggedEvent, SessionSeed, Start, Transcript, WordTimings)
+from harken.shared.transcript import SegmentTimings, TranscriptEvent
 
 if TYPE_CHECKING:
     import asyncio
@@ -228,10 +230,15 @@ class _Timing:
 class ServerSession:
     """One session's protocol state on the server (see the module docstring)."""
 
-    def __init__(self, session_id: str, key_id: str, start: Start, limits: SessionLimits, now: float):
+    def __init__(self, session_id: str, key_id: str, start: Start, limits: SessionLimits, now: float,
+                 word_timings: bool = False):
+        """`word_timings`: the session asked for them and the server has an aligner: each final
+        segment's timings follow its final, and the session ends only once they are all in."""
         self.session_id = session_id  # also the engine's id for it
         self.key_id = key_id
         self.start = start
+        self.word_timings = word_timings
+        self._awaiting_timings: set[int] = set()  # final segments whose word timings have not come
         self.limits = limits
         self.applied_seq = 0
         self.last_final_segment = (start.seed.next_segment_id - 1) if start.seed else -1
@@ -240,7 +247,7 @@ class ServerSession:
         # thin clients: the front end's latest checkpoint per next segment id, for the seeds
         self._checkpoints: dict[int, FrontEndCheckpoint] = {}
         self._cut_by_end: set[int] = set()  # segments the front end's flush ended (End, shutdown)
-        self.events: deque[Transcript] = deque()
+        self.events: deque[LoggedEvent] = deque()
         self.next_event_seq = 1
         self.delivered_event_seq = 0  # highest event_seq handed to some stream
         self.attachment: Attachment | None = None
@@ -308,7 +315,7 @@ class ServerSession:
             return None
         return max(0.0, now - a.quiet_since)
 
-    def events_after(self, event_seq: int) -> list[Transcript]:
+    def events_after(self, event_seq: int) -> list[LoggedEvent]:
         """Held events with a higher event_seq, in order (what a stream sends next)."""
         if not self.events or self.events[-1].event_seq <= event_seq:
             return []
@@ -458,6 +465,8 @@ class ServerSession:
                 first = now - t0
         if ev.is_final:
             self._awaiting_final.discard(ev.segment_id)
+            if self.word_timings:
+                self._awaiting_timings.add(ev.segment_id)
             self.last_final_segment = max(self.last_final_segment, ev.segment_id)
             if (t_end := t.ended_at.pop(ev.segment_id, None)) is not None:
                 final = now - t_end
@@ -471,6 +480,18 @@ class ServerSession:
         self._check_ended()
         return out, Latency(first, final, update)
 
+    def record_timings(self, timings: SegmentTimings) -> WordTimings:
+        """The word timings of a final segment -> the event log (the next event_seq). Wakes the stream."""
+        out = WordTimings(timings, event_seq=self.next_event_seq)
+        self.next_event_seq += 1
+        self.events.append(out)
+        self._awaiting_timings.discard(timings.segment_id)
+        self._trim_events()
+        if self.attachment is not None:
+            self.attachment.notify()
+        self._check_ended()
+        return out
+
     def fail(self, error: BaseException) -> None:
         """The engine took the session out with `error`: the attached stream, and any stream that
         attaches later, gets it."""
@@ -482,7 +503,8 @@ class ServerSession:
             self.attachment.notify(end=error, overrule=True)
 
     def _check_ended(self) -> None:
-        if self.lifecycle not in (ServerLifecycle.DRAINING, ServerLifecycle.STOPPING) or self._awaiting_final:
+        if (self.lifecycle not in (ServerLifecycle.DRAINING, ServerLifecycle.STOPPING) or self._awaiting_final
+                or self._awaiting_timings):
             return
         self.lifecycle = ServerLifecycle.ENDED
         if self.attachment is not None:
@@ -508,6 +530,6 @@ class ServerSession:
     def _trim_events(self) -> None:
         keep_after = self.delivered_event_seq - self.limits.replay_tail
         while self.events and (
-                (self.events[0].event_seq <= keep_after and self.events[0].event.segment_id <= self.last_final_segment)
+                (self.events[0].event_seq <= keep_after and self.events[0].segment_id <= self.last_final_segment)
                 or len(self.events) > self.limits.max_events_held):
             self.events.popleft()

@@ -144,7 +144,8 @@ class StreamHandler:
                 "resume_after_seq": session.applied_seq}})
             attachment.reader = asyncio.get_running_loop().create_task(
                 _read(requests, self.table, session, attachment), name=f"reader-{session.session_id[:6]}")
-            yield Ready(session.session_id, session.applied_seq, session.last_final_segment, keep_alive=True)
+            yield Ready(session.session_id, session.applied_seq, session.last_final_segment, keep_alive=True,
+                        word_timings=session.word_timings)
             async for message in _outgoing(session, attachment):
                 yield message
             # every event of the ended session went out on this stream: nothing left to resume
@@ -312,8 +313,9 @@ def _audio_seconds(item: ClientMessage) -> float:
 
 
 async def _outgoing(session: HostedSession, a: Attachment) -> AsyncGenerator[ServerMessage, None]:
-    """What the stream sends after Ready: events after `a.sent_event_seq` (replay first), Acks,
-    and at the end the remaining events, a last Ack, then OK or the stream's error."""
+    """What the stream sends after Ready: events (Transcripts, WordTimings) after `a.sent_event_seq`
+    (replay first), Acks, and at the end the remaining events, a last Ack, then OK or the stream's
+    error."""
     while True:
         await woken(a)
         end = a.end

@@ -6,8 +6,14 @@ API:
     sid, events = scheduler.open_session(options)       # asyncio.Queue of EngineEvent; an
                                                         # Exception instead = the session failed
     scheduler.ingest(sid, ...) / ingest_packet / finalize / close_session(sid)
+    scheduler.align(sid, segment_id, features, text, start_s, language)   # with an aligner: word
+                                                        # timings (a SegmentWords on the queue later)
     await scheduler.next_tick()                         # until the next tick has ended
     await scheduler.stop()
+
+With a `SegmentAligner` (`harken serve --aligner`), each tick also runs one bounded aligner pass when
+segments wait for their word timings, in the same worker thread after the engine's passes: the model
+work of a tick stays on one thread, off the event loop, and timings wait at most one tick behind.
 """
 
 from __future__ import annotations
@@ -16,8 +22,15 @@ import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
+from typing import TYPE_CHECKING
+
+import numpy as np
+
 from harken.cloud.inference.engine import Engine, TickFailed
 from harken.cloud.inference.stream_session import SessionOptions
+
+if TYPE_CHECKING:
+    from harken.cloud.inference.word_timings import SegmentAligner
 
 
 class Scheduler:
@@ -32,8 +45,9 @@ class Scheduler:
 
     MAX_TICK_FAILURES = 3
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, aligner: SegmentAligner | None = None):
         self.engine = engine
+        self.aligner = aligner  # word timings of final segments (None: this server has no aligner)
         self.queues: dict[str, asyncio.Queue] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -73,6 +87,8 @@ class Scheduler:
     def close_session(self, sid: str) -> None:
         self.queues.pop(sid, None)
         self._reported.discard(sid)
+        if self.aligner is not None:
+            self.aligner.drop(sid)
         self.engine.close_session(sid)
 
     def ingest(self, sid: str, *args, **kwargs) -> int:
@@ -88,6 +104,25 @@ class Scheduler:
     def finalize(self, sid: str) -> None:
         self.engine.finalize(sid)
         self._wake.set()
+
+    def align(self, sid: str, segment_id: int, features: np.ndarray | None, text: str, start_s: float,
+              language: str) -> None:
+        """Queue a final segment for its word timings (`SegmentAligner.submit`): a later tick puts a
+        `SegmentWords` on the session's queue. Only with an aligner."""
+        if self.aligner is None:
+            raise RuntimeError("this scheduler has no aligner")
+        self.aligner.submit(sid, segment_id, features, text, start_s, language)
+        self._wake.set()
+
+    def _has_work(self) -> bool:
+        return self.engine.has_work() or (self.aligner is not None and self.aligner.pending() > 0)
+
+    def _tick(self) -> list:
+        """One tick, in the worker thread: the engine's passes, then one aligner pass if segments wait."""
+        events: list = self.engine.step() if self.engine.has_work() else []
+        if self.aligner is not None and self.aligner.pending():
+            events += self.aligner.step()
+        return events
 
     async def next_tick(self) -> None:
         """Wait until the next tick has ended (queued frames may have gone down by then)."""
@@ -107,9 +142,9 @@ class Scheduler:
         while not self._stopping:
             await self._wake.wait()
             self._wake.clear()
-            while not self._stopping and self.engine.has_work():
+            while not self._stopping and self._has_work():
                 try:
-                    events = await loop.run_in_executor(self._executor, self.engine.step)
+                    events = await loop.run_in_executor(self._executor, self._tick)
                 except TickFailed as e:
                     self._deliver(e.events)
                     self._ticked()

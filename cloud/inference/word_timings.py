@@ -19,6 +19,7 @@ Sessions that never submit pay nothing.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -26,6 +27,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harken.cloud.model.aligner import AlignedWord, AlignRequest, Qwen3ForcedAligner
+from harken.shared.transcript import SegmentTimings, TimedWord
+
+log = logging.getLogger("harken.server")
+_UNSPLIT_LANGUAGES = ("japanese", "korean")  # their word splitting needs dictionaries harken does not ship
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,10 @@ class SegmentWords:
 
     def as_dict(self) -> dict:
         return {"segment_id": self.segment_id, "words": [w.as_dict() for w in self.words]}
+
+    def shared(self) -> SegmentTimings:
+        """As the wire's `WordTimings` carry it (shared/transcript.py)."""
+        return SegmentTimings(self.segment_id, tuple(TimedWord(w.text, w.start, w.end) for w in self.words))
 
 
 @dataclass
@@ -60,14 +69,22 @@ class SegmentAligner:
         self.aligner = aligner
         self.max_batch = max_batch
         self.max_frames = max_frames
+        # the longest segment the aligner's time bins reach (longer ones get no words)
+        self.reach_frames = int(aligner.config.classify_num * aligner.config.timestamp_segment_time / 10)
         self._queue: deque[_Pending] = deque()
         self._lock = threading.Lock()  # submit/drop from the event loop, step from the engine thread
 
-    def submit(self, key: str, segment_id: int, features: np.ndarray, text: str, start_s: float,
+    def submit(self, key: str, segment_id: int, features: np.ndarray | None, text: str, start_s: float,
                language: str = "English") -> None:
         """Queue one committed segment: its normalised log-mel [128, T] as the recogniser saw it, its
-        committed text, and where it starts on the stream (seconds)."""
-        item = _Pending(key, segment_id, np.asarray(features), text, float(start_s), language or "English")
+        committed text, and where it starts on the stream (seconds). A segment the aligner cannot time
+        (no frames, longer than its bins reach, Japanese or Korean) is queued with no text: `step`
+        gives it an empty `SegmentWords` at no model cost, in its turn."""
+        language = language or "English"
+        if (features is None or features.shape[-1] == 0 or features.shape[-1] > self.reach_frames
+                or language.strip().lower() in _UNSPLIT_LANGUAGES):
+            features, text = np.zeros((128, 0), np.float32), ""
+        item = _Pending(key, segment_id, np.asarray(features), text, float(start_s), language)
         with self._lock:
             self._queue.append(item)
 
@@ -96,37 +113,63 @@ class SegmentAligner:
             return batch
 
     def step(self) -> list[tuple[str, SegmentWords]]:
-        """One bounded aligner pass over the oldest waiting segments -> (key, SegmentWords) each."""
+        """One bounded aligner pass over the oldest waiting segments -> (key, SegmentWords) each. If
+        the pass raises, its segments get no words (logged): a session waiting for them goes on."""
         batch = self._take()
         if not batch:
             return []
-        results = self.aligner.align_batch([AlignRequest(p.features, p.text, p.language) for p in batch])
-        out = []
-        for p, words in zip(batch, results):
-            shifted = tuple(AlignedWord(w.text, round(p.start_s + w.start, 3), round(p.start_s + w.end, 3))
-                            for w in words)
-            out.append((p.key, SegmentWords(p.segment_id, shifted)))
-        return out
+        try:
+            results = self.aligner.align_batch([AlignRequest(p.features, p.text, p.language) for p in batch])
+        except Exception:  # noqa: BLE001 - timings are an addition: their failure must not stop a stream
+            log.exception("aligner pass over %d segments failed: they get no word timings", len(batch))
+            results = [[] for _ in batch]
+        return [(p.key, SegmentWords(p.segment_id, on_stream(words, p.start_s, p.frames / 100)))
+                for p, words in zip(batch, results)]
 
 
-# --- the embedded path (`harken stream --json --word-timings`) --------------------------------------------
+def on_stream(words: list[AlignedWord], start_s: float, duration_s: float) -> tuple[AlignedWord, ...]:
+    """A segment's word times (from its start) -> times on the stream: each kept within the segment's
+    audio (the aligner's bins reach far past a short segment; a word said in it ends in it), then
+    shifted by its start. Clamping keeps the order, so times stay non-decreasing."""
+    def at(t: float) -> float:
+        return round(start_s + min(max(t, 0.0), duration_s), 3)
+
+    return tuple(AlignedWord(w.text, at(w.start), at(w.end)) for w in words)
+
+
+# --- each session's side: frames and text of its segments until their finals ---------------------------
 
 class SegmentTap:
-    """Keeps each segment's normalised log-mel as the engine receives it (edge packets: the codec's
-    floored raw log10-mel, normalised (x + 4) / 4 as the engine does), until the segment is final."""
+    """Keeps each segment's normalised log-mel as the engine receives it (the codec's floored raw
+    log10-mel, normalised (x + 4) / 4 as the engine does) and its committed text, until the segment's
+    final event: then `on_event` hands both over, for `SegmentAligner.submit`."""
 
     def __init__(self) -> None:
         self._frames: dict[int, list[np.ndarray]] = {}
+        self._text: dict[int, list[str]] = {}
 
     def add(self, packet) -> None:
+        """An edge packet (its payload decoded here)."""
         from harken.shared.codec import decode_frames
 
-        frames = decode_frames(packet.payload)
-        self._frames.setdefault(packet.segment_id, []).append((frames + 4.0) / 4.0)
+        self.add_frames(packet.segment_id, decode_frames(packet.payload))
+
+    def add_frames(self, segment_id: int, frames: np.ndarray) -> None:
+        """A packet's decoded frames [128, k] (floored raw log10-mel), in order."""
+        if frames.shape[1]:
+            self._frames.setdefault(segment_id, []).append((frames + 4.0) / 4.0)
 
     def take(self, segment_id: int) -> np.ndarray | None:
         parts = self._frames.pop(segment_id, None)
         return np.concatenate(parts, axis=1) if parts else None
+
+    def on_event(self, event) -> tuple[np.ndarray | None, str] | None:
+        """A transcript event of the session: on a final, (the segment's features, its committed
+        text), and the segment is forgotten; else None."""
+        self._text.setdefault(event.segment_id, []).append(event.committed_delta)
+        if not event.is_final:
+            return None
+        return self.take(event.segment_id), "".join(self._text.pop(event.segment_id, []))
 
 
 def stream_with_word_timings(pieces, engine, options, timings: SegmentAligner, codec_mode: str | None = None):
@@ -136,25 +179,22 @@ def stream_with_word_timings(pieces, engine, options, timings: SegmentAligner, c
     from harken.shared.codec import DEFAULT_MODE
 
     tap = SegmentTap()
-    committed: dict[int, list[str]] = {}
     key = "embedded"
     for event in stream_pieces(pieces, engine, options, codec_mode or DEFAULT_MODE, on_packet=tap.add):
-        committed.setdefault(event.segment_id, []).append(event.committed_delta)
+        final = tap.on_event(event)
         yield event
-        if event.is_final:
-            feats = tap.take(event.segment_id)
-            text = "".join(committed.pop(event.segment_id, []))
-            language = event.language or _canonical(options.language) or "English"
-            if feats is None or feats.shape[1] == 0 or language.lower() in ("japanese", "korean"):
-                yield SegmentWords(event.segment_id, ())
-                continue
-            timings.submit(key, event.segment_id, feats, text, event.start_s, language)
+        if final is not None:
+            feats, text = final
+            timings.submit(key, event.segment_id, feats, text, event.start_s,
+                           segment_language(event.language, options.language))
             while timings.pending():
                 for _, words in timings.step():
                     yield words
 
 
-def _canonical(language: str | None) -> str | None:
+def segment_language(detected: str, requested: str | None) -> str:
+    """The language to split a segment's words in: the one its final event names, else the one the
+    session forced (canonical name), else English."""
     from harken.cloud.model.prompt import forced_language
 
-    return forced_language(language)
+    return detected or forced_language(requested or None) or "English"

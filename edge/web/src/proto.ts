@@ -4,7 +4,7 @@
 // protobuf runtime writes: the same message gives the same bytes (tests compare them).
 
 import { crc32c } from "./crc32c.js";
-import type { ClientMessage, FeaturePacket, ServerMessage, SessionSeed } from "./protocol.js";
+import type { ClientMessage, FeaturePacket, ServerMessage, SessionSeed, TimedWord } from "./protocol.js";
 
 const utf8 = new TextEncoder();
 const utf8d = new TextDecoder();
@@ -100,6 +100,7 @@ export function encodeClientMessage(msg: ClientMessage): Uint8Array {
     s.string(4, msg.sessionId);
     if (msg.seed) s.bytesField(5, seedBytes(msg.seed), true);
     s.uint(6, msg.lastEventSeq);
+    s.bool(7, msg.wordTimings ?? false);
     w.bytesField(1, s.finish(), true);
   } else if (msg.kind === "features") {
     w.bytesField(2, featuresBytes(msg.seq, msg.packet), true);
@@ -164,7 +165,10 @@ export function decodeServerMessage(buf: Uint8Array): ServerMessage | null {
   const m = fields(buf);
   let f: Map<number, Field[]> | null;
   if ((f = sub(m, 1))) {
-    return { kind: "ready", sessionId: str(f, 1), resumeAfterSeq: uint(f, 2), lastFinalSegment: int64(f, 3), keepAlive: uint(f, 4) !== 0 };
+    return {
+      kind: "ready", sessionId: str(f, 1), resumeAfterSeq: uint(f, 2), lastFinalSegment: int64(f, 3), keepAlive: uint(f, 4) !== 0,
+      wordTimings: uint(f, 5) !== 0,
+    };
   }
   if ((f = sub(m, 2))) {
     return {
@@ -172,6 +176,13 @@ export function decodeServerMessage(buf: Uint8Array): ServerMessage | null {
       event: { segmentId: uint(f, 1), committedDelta: str(f, 2), partial: str(f, 3), stability: real(f, 4),
                startS: real(f, 5), endS: real(f, 6), language: str(f, 7), isFinal: !!uint(f, 8) },
     };
+  }
+  if ((f = sub(m, 5))) {
+    const words: TimedWord[] = (f.get(2) ?? []).filter((v): v is Uint8Array => v instanceof Uint8Array).map((b) => {
+      const w = fields(b);
+      return { text: str(w, 1), startS: real(w, 2), endS: real(w, 3) };
+    });
+    return { kind: "word_timings", segmentId: uint(f, 1), words, eventSeq: uint(f, 3) };
   }
   if ((f = sub(m, 3))) return { kind: "ack", seq: uint(f, 1), lastFinalSegment: int64(f, 2) };
   if ((f = sub(m, 4))) return { kind: "error", code: str(f, 1), message: str(f, 2) };

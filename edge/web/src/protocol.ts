@@ -34,6 +34,13 @@ export interface TranscriptEvent {
   isFinal: boolean;
 }
 
+/** One word of committed text and when it was said, on the stream's timeline (seconds). */
+export interface TimedWord { text: string; startS: number; endS: number }
+
+/** A final segment's words with their times (the server's forced aligner), after its final event;
+ * the words of its committed text as the aligner splits them. Empty words: nothing to time. */
+export interface SegmentTimings { kind: "word_timings"; segmentId: number; words: TimedWord[] }
+
 export interface Start {
   kind: "start";
   language: string;
@@ -42,6 +49,8 @@ export interface Start {
   sessionId: string;
   lastEventSeq: number;
   seed: SessionSeed | null;
+  /** Ask for each final segment's word timings (`harken serve --aligner`). */
+  wordTimings?: boolean;
 }
 export interface Features { kind: "features"; seq: number; packet: FeaturePacket }
 export interface End { kind: "end" }
@@ -49,9 +58,14 @@ export interface End { kind: "end" }
 export interface KeepAlive { kind: "keep_alive" }
 export type ClientMessage = Start | Features | End | KeepAlive;
 
-/** keepAlive: the server takes KeepAlive (a client writes them only then: an older server ends the stream over one). */
-export interface Ready { kind: "ready"; sessionId: string; resumeAfterSeq: number; lastFinalSegment: number; keepAlive: boolean }
+/** keepAlive: the server takes KeepAlive (a client writes them only then: an older server ends the stream over one).
+ * wordTimings: the session asked for word timings and this server sends them. */
+export interface Ready {
+  kind: "ready"; sessionId: string; resumeAfterSeq: number; lastFinalSegment: number; keepAlive: boolean; wordTimings: boolean;
+}
 export interface Transcript { kind: "transcript"; event: TranscriptEvent; eventSeq: number; seed: SessionSeed | null }
+/** A final segment's word timings as the wire carries them: in the event log, eventSeq counting on with the Transcripts'. */
+export interface WordTimings { kind: "word_timings"; eventSeq: number; segmentId: number; words: TimedWord[] }
 export interface Ack { kind: "ack"; seq: number; lastFinalSegment: number }
 export interface ServerError { kind: "error"; code: string; message: string }
-export type ServerMessage = Ready | Transcript | Ack | ServerError;
+export type ServerMessage = Ready | Transcript | WordTimings | Ack | ServerError;

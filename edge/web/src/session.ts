@@ -18,7 +18,9 @@
 // user sees no committed text twice (ReplayFilter); a final before a segment's end splits it.
 
 import { CODEC_NAME } from "./protocol.js";
-import type { ClientMessage, FeaturePacket, ServerMessage, SessionSeed, Start, Transcript, TranscriptEvent } from "./protocol.js";
+import type {
+  ClientMessage, FeaturePacket, SegmentTimings, ServerMessage, SessionSeed, Start, Transcript, TranscriptEvent, WordTimings,
+} from "./protocol.js";
 
 const FRAMES_PER_SECOND = 100;
 export const RETRYABLE_STATUS = new Set(["UNAVAILABLE", "INTERNAL", "UNKNOWN", "CANCELLED", "DEADLINE_EXCEEDED", "ABORTED"]);
@@ -36,6 +38,9 @@ export interface ClientOptions {
   backoffInitialS: number;
   backoffMaxS: number;
   backoffMultiplier: number;
+  /** Ask for each final segment's word timings: a SegmentTimings follows its final event (a server
+   * without an aligner says no in its Ready: `stats.wordTimings` false). */
+  wordTimings?: boolean;
 }
 
 export const DEFAULT_CLIENT_OPTIONS: ClientOptions = {
@@ -207,9 +212,11 @@ export interface TransportStats {
   payloadBytesProduced: number;
   duplicateEvents: number;
   keepalivesSent: number;
+  /** The server's answer to `wordTimings` (its latest Ready); null: not asked, or no Ready yet. */
+  wordTimings: boolean | null;
 }
 
-export type SessionOutput = TranscriptEvent | StreamProgress;
+export type SessionOutput = TranscriptEvent | StreamProgress | SegmentTimings;
 
 /** One stream's state, from the first Start to the last final (see the top of this file). */
 export class ClientSession {
@@ -231,7 +238,7 @@ export class ClientSession {
   readonly texts = new ReplayFilter();
   readonly stats: TransportStats = {
     sessionsOpened: 0, resumes: 0, failedAttempts: 0, lastFailure: "", messagesSent: 0, messagesResent: 0,
-    framesSent: 0, framesProduced: 0, payloadBytesProduced: 0, duplicateEvents: 0, keepalivesSent: 0,
+    framesSent: 0, framesProduced: 0, payloadBytesProduced: 0, duplicateEvents: 0, keepalivesSent: 0, wordTimings: null,
   };
   private offlineSince: number | null = null;
   private failures = 0;
@@ -276,6 +283,7 @@ export class ClientSession {
     return {
       kind: "start", language: this.options.language, context: this.options.context, codec: this.buffer.codec,
       sessionId: this.sessionId, lastEventSeq: this.sessionId ? this.lastEventSeq : 0, seed: this.sessionId ? null : this.seed,
+      wordTimings: this.options.wordTimings ?? false,
     };
   }
 
@@ -284,9 +292,11 @@ export class ClientSession {
     if (this.lifecycle === "connecting") {
       if (msg?.kind !== "ready") throw this.fail(new StreamError("PROTOCOL", `expected Ready, got ${msg?.kind ?? null}`));
       this.onReady(msg.sessionId, msg.resumeAfterSeq, msg.keepAlive);
+      if (this.options.wordTimings) this.stats.wordTimings = msg.wordTimings;
       return [];
     }
     if (msg?.kind === "transcript") return this.onTranscript(msg);
+    if (msg?.kind === "word_timings") return this.onWordTimings(msg);
     if (msg?.kind === "ack") return this.onAck(msg.seq, msg.lastFinalSegment);
     return [];
   }
@@ -426,6 +436,15 @@ export class ClientSession {
       out.push({ kind: "progress", boundS: this.boundS() });
     }
     return out;
+  }
+
+  private onWordTimings(w: WordTimings): SessionOutput[] {
+    if (w.eventSeq && w.eventSeq <= this.lastEventSeq) {
+      this.stats.duplicateEvents += 1;
+      return [];
+    }
+    this.lastEventSeq = Math.max(this.lastEventSeq, w.eventSeq);
+    return [{ kind: "word_timings", segmentId: w.segmentId, words: w.words }];
   }
 
   private onAck(seq: number, lastFinalSegment: number): SessionOutput[] {

@@ -16,7 +16,7 @@ function packet(segmentId, firstFrame, { frames = 10, start = false, end = false
 function transcript(segmentId, eventSeq, delta = "", partial = "", { final = false, startS = 0, endS = 1, seed = null } = {}) {
   return { kind: "transcript", eventSeq, seed, event: { segmentId, committedDelta: delta, partial, stability: 0.5, startS, endS, language: "English", isFinal: final } };
 }
-const ready = (sessionId, resumeAfterSeq, keepAlive = false) => ({ kind: "ready", sessionId, resumeAfterSeq, lastFinalSegment: -1, keepAlive });
+const ready = (sessionId, resumeAfterSeq, keepAlive = false) => ({ kind: "ready", sessionId, resumeAfterSeq, lastFinalSegment: -1, keepAlive, wordTimings: false });
 const ack = (seq, lastFinalSegment) => ({ kind: "ack", seq, lastFinalSegment });
 
 function writeAll(s) {
@@ -40,7 +40,8 @@ test("a whole stream", () => {
   const p = [packet(0, 10, { start: true }), packet(0, 20), packet(0, 30, { end: true })];
   assert.deepEqual(s.onPackets(p.slice(0, 2), 0.05), { kind: "progress", boundS: 0.05 });
   const start = connect(s, ready("sid", 0), 1.0);
-  assert.deepEqual(start, { kind: "start", language: "English", context: "names", codec: CODEC, sessionId: "", lastEventSeq: 0, seed: null });
+  assert.deepEqual(start, { kind: "start", language: "English", context: "names", codec: CODEC, sessionId: "", lastEventSeq: 0, seed: null,
+                            wordTimings: false });
   assert.deepEqual(writeAll(s).map((m) => [m.kind, m.seq]), [["features", 1], ["features", 2]]);
   assert.equal(s.nextMessage(), null);
   assert.deepEqual(shown(s.onServerMessage(transcript(0, 1, "Hel", "lo"), 1.1)), [["Hel", "lo"]]);
@@ -59,6 +60,26 @@ test("a whole stream", () => {
   assert.equal(s.lifecycle, "done");
   assert.equal(s.stats.messagesSent, 3);
   assert.equal(s.stats.framesProduced, 30);
+});
+
+test("word timings: asked in Start, the server's answer in stats, each segment's once after its final", () => {
+  const s = new ClientSession({ language: "English", wordTimings: true });
+  s.onPackets([packet(0, 10, { start: true, end: true })], Infinity);
+  s.endInput();
+  const start = connect(s, { ...ready("sid", 0), wordTimings: true });
+  assert.equal(start.wordTimings, true);
+  assert.equal(s.stats.wordTimings, true);
+  writeAll(s);
+  s.onServerMessage(transcript(0, 1, "Hello there.", "", { final: true, startS: 0.1, endS: 1.2, seed: SEED }), 1);
+  const words = [{ text: "Hello", startS: 0.2, endS: 0.6 }, { text: "there", startS: 0.6, endS: 1.1 }];
+  const timings = { kind: "word_timings", eventSeq: 2, segmentId: 0, words };
+  assert.deepEqual(s.onServerMessage(timings, 1.1), [{ kind: "word_timings", segmentId: 0, words }]);
+  assert.deepEqual(s.onServerMessage(timings, 1.2), []); // replayed after a resume: once only
+  assert.equal(s.stats.duplicateEvents, 1);
+  const plain = new ClientSession({ language: "English", wordTimings: true });
+  connect(plain, ready("sid2", 0)); // a server without an aligner (or older than the field)
+  assert.equal(plain.stats.wordTimings, false);
+  assert.equal(new ClientSession().stats.wordTimings, null);
 });
 
 test("a dropped call resumes with exactly what the server had not applied", () => {

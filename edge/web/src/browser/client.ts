@@ -4,6 +4,7 @@
 //   const s = await harken.connect("https://asr.example.com", { apiKey });
 //   const t = s.addTrack(mediaStreamTrack, { speaker: "Alice", language: "English" });
 //   s.on("transcript", (event, { speaker }) => ...);   // every track's events
+//   s.on("word_timings", (timings, { speaker }) => ...); // with { wordTimings: true } in the track's options
 //   await t.stop();                                    // End: the last finals, then "end"
 //
 // The data channel carries the gRPC stream's messages (cloud/adapters/webrtc.py): binary frames are
@@ -154,6 +155,12 @@ export class TrackStream extends Emitter {
 
   private deliver(items: SessionOutput[]): void {
     for (const item of items) {
+      if ("kind" in item && item.kind === "word_timings") {
+        const info: TrackInfo = { speaker: this.speaker, track: this };
+        this.emit("word_timings", item, info);
+        this.conn.emitFromTrack("word_timings", item, info);
+        continue;
+      }
       if ("kind" in item) {
         this.emit("progress", item.boundS);
         continue;
