@@ -150,6 +150,25 @@ async def run_stream(target: str, messages, metadata=(), credentials=None, stop_
     return out
 
 
+async def resume_to_end(target: str, session_id: str, last_event_seq: int, msgs: list[pb.ClientMessage],
+                        end: pb.ClientMessage) -> Outcome:
+    """Resume a session on a new call: Start with its id, resend what Ready says the server has
+    not applied, End, half-close; every message until the call ends (Ready first)."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        call = harken_pb2_grpc.TranscriptionStub(channel).Stream()
+        await call.write(start_msg(session_id=session_id, last_event_seq=last_event_seq))
+        ready = (await call.read()).ready
+        for m in msgs[ready.resume_after_seq:]:
+            await call.write(m)
+        await call.write(end)
+        await call.done_writing()
+        out = Outcome(messages=[pb.ServerMessage(ready=ready)])
+        while (m := await call.read()) != grpc.aio.EOF:
+            out.messages.append(m)
+        out.code = await call.code()
+    return out
+
+
 @contextlib.asynccontextmanager
 async def serving(asr, clock=None, **kw):
     kw.setdefault("port", 0)

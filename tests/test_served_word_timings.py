@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import asyncio
 
-import grpc
 import numpy as np
 import pytest
 
 from harken.cloud.model.aligner import split_words
 from harken.proto import harken_pb2 as pb
-from harken.proto import harken_pb2_grpc
 from harken.shared.codec import CODEC_NAME
-from server_helpers import END, OK, Outcome, _wire_event, features_msgs, run_stream, serving, start_msg, transcript_of
+from server_helpers import (END, OK, Outcome, _wire_event, features_msgs, resume_to_end, run_stream, serving, start_msg,
+                            transcript_of)
 
 
 @pytest.fixture(scope="module")
@@ -103,19 +102,7 @@ def test_a_resumed_stream_gets_the_timings_it_missed(asr, packets):
             first = await run_stream(server.address, [start_msg(codec=CODEC_NAME, word_timings=True)] + msgs + [END],
                                      stop_after=first_final)
             seen = event_seq(logged(first)[-1])
-            async with grpc.aio.insecure_channel(server.address) as channel:
-                call = harken_pb2_grpc.TranscriptionStub(channel).Stream()
-                await call.write(start_msg(session_id=first.ready.session_id, last_event_seq=seen))
-                ready = (await call.read()).ready
-                for m in msgs[ready.resume_after_seq:]:
-                    await call.write(m)
-                await call.write(END)
-                await call.done_writing()
-                second = Outcome(messages=[pb.ServerMessage(ready=ready)])
-                while (m := await call.read()) != grpc.aio.EOF:
-                    second.messages.append(m)
-                second.code = await call.code()
-            return first, second
+            return first, await resume_to_end(server.address, first.ready.session_id, seen, msgs, END)
 
     first, second = asyncio.run(main())
     assert second.code == OK, second.details

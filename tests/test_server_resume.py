@@ -19,8 +19,8 @@ import pytest
 from harken.shared.codec import CODEC_NAME
 from harken.proto import harken_pb2 as pb
 from harken.proto import harken_pb2_grpc
-from server_helpers import (END, INVALID, OK, Outcome, _wire_event, audio_msgs, features_msgs, run_stream, serving,
-                            start_msg, transcript_of)
+from server_helpers import (END, INVALID, OK, Outcome, _wire_event, audio_msgs, features_msgs, resume_to_end, run_stream,
+                            serving, start_msg, transcript_of)
 from server_helpers import audio, reference  # module fixtures: pytest finds them here
 
 
@@ -75,19 +75,7 @@ def test_end_repeated_after_a_resume_is_a_replay_not_an_error(asr, packets, refe
             first = await run_stream(server.address, [start_msg(codec=CODEC_NAME)] + msgs + [END],
                                      stop_after=lambda out: bool(out.transcripts))
             seen = first.transcripts[-1].event_seq
-            async with grpc.aio.insecure_channel(server.address) as channel:
-                call = harken_pb2_grpc.TranscriptionStub(channel).Stream()
-                await call.write(start_msg(session_id=first.ready.session_id, last_event_seq=seen))
-                ready = (await call.read()).ready
-                for m in msgs[ready.resume_after_seq:]:
-                    await call.write(m)
-                await call.write(END)
-                await call.done_writing()
-                second = Outcome(messages=[pb.ServerMessage(ready=ready)])
-                while (m := await call.read()) != grpc.aio.EOF:
-                    second.messages.append(m)
-                second.code = await call.code()
-            return first, second
+            return first, await resume_to_end(server.address, first.ready.session_id, seen, msgs, END)
 
     first, second = asyncio.run(main())
     assert second.code == OK, second.details
