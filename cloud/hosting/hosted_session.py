@@ -223,10 +223,10 @@ class HostedSession:
 
     def _feed(self, p: FeaturePacket, frames: np.ndarray) -> None:
         if p.frame_count or p.segment_start or p.segment_end:
-            self.scheduler.ingest(self.session_id, p.segment_id, p.first_frame, frames, p.segment_start,
-                                  p.segment_end, p.running_max_log10)
-            if self._tap is not None:
-                self._tap.add_frames(p.segment_id, frames)
+            n = self.scheduler.ingest(self.session_id, p.segment_id, p.first_frame, frames, p.segment_start,
+                                      p.segment_end, p.running_max_log10)
+            if self._tap is not None and n:  # what the engine applied: a resent overlap is not kept twice
+                self._tap.add_frames(p.segment_id, frames[:, frames.shape[1] - n:])
         self.core.fed(p, time.monotonic())
 
     def _finalize(self) -> None:
