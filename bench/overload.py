@@ -12,9 +12,13 @@ streaming the bundled sample like a microphone, as in `harken bench load` (bench
              the users come, an attacker key sends a Features payload claiming more frames than its
              bytes may carry; then opens a flooding stream (Features of 72 frames in 9 bytes, the
              most audio per byte the wire accepts, as fast as the server reads: at most
-             `FLOOD_AHEAD` messages past what it applied) and an idle stream (Start, then nothing),
+             `FLOOD_AHEAD` messages past its last Ack) and an idle stream (Start, then nothing),
              and tries more sessions than its share. Then M users stream and M more knock, as in
              `overload`.
+
+The knocking users and the attacker run in a process of their own at a lower priority
+(bench/overload_clients.py): their own CPU would be spent on their own machines; what the users
+here feel is the server's work for them.
 
 Figures (times in ms):
   <run>.p50_update_ms / p95_update_ms   the admitted users' update latency (bench load's definition:
@@ -35,26 +39,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import tempfile
 import time
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from harken.bench import overload_clients
 from harken.bench.load import PIECE_MS, StreamRecord, paced, percentiles, sample_audio, tiled
+from harken.bench.overload_clients import FLOOD_FRAMES, Knocks
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import SAMPLE_RATE
 
 REJECTION_GOAL_MS = 100.0
-FLOOD_FRAMES = 72  # frames per flooding message: 9 bytes, the most the wire accepts (8 frames per byte)
-# The flood writes at most this many messages past what the server has applied: 18,432 frames, 3x
-# the server's per-session limit, so the server never waits for it. It runs in this process; unbounded
-# it spent the process's CPU filling gRPC's buffers (120,000 messages in 20 s, 300 of them read),
-# which a real attacker spends on its own machine.
-FLOOD_AHEAD = 256
-ATTACKER_EXTRA_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -91,70 +91,6 @@ class Keys:
         path = folder / "keys"
         path.write_text("".join(f"{k} user{i}\n" for i, k in enumerate(keys)) + f"{attacker} attacker\n")
         return cls(str(path), keys, attacker)
-
-
-@dataclass
-class Knocks:
-    codes: dict[str, int] = field(default_factory=dict)
-    ms: list[float] = field(default_factory=list)
-
-    def add(self, code: str, ms: float) -> None:
-        self.codes[code] = self.codes.get(code, 0) + 1
-        self.ms.append(ms)
-
-    def summary(self) -> dict:
-        p = percentiles(self.ms)
-        return {"tries": len(self.ms), "codes": dict(sorted(self.codes.items())), "p50_ms": p["p50"],
-                "p95_ms": p["p95"], "max_ms": round(max(self.ms), 1) if self.ms else None}
-
-
-def _bearer(key: str) -> tuple:
-    return (("authorization", f"Bearer {key}"),)
-
-
-def _start(language: str):
-    from harken.proto import harken_pb2 as pb
-    from harken.shared.codec import CODEC_NAME
-
-    return pb.ClientMessage(start=pb.Start(language=language, codec=CODEC_NAME))
-
-
-async def knock(target: str, key: str, language: str) -> tuple[str, float]:
-    """One try to open a stream, from a new connection: (the code of the first answer — "ADMITTED"
-    for a Ready — and the ms from opening the connection to that answer)."""
-    import grpc
-
-    from harken.proto import harken_pb2_grpc
-
-    t0 = time.monotonic()
-    async with grpc.aio.insecure_channel(target) as channel:
-        call = harken_pb2_grpc.TranscriptionStub(channel).Stream(metadata=_bearer(key), timeout=30)
-        try:
-            await call.write(_start(language))
-            await call.done_writing()
-            first = await call.read()
-            ms = 1000 * (time.monotonic() - t0)
-            if first is grpc.aio.EOF:
-                return (await call.code()).name, ms
-            kind = first.WhichOneof("kind")
-            return (first.error.code if kind == "error" else "ADMITTED" if kind == "ready" else kind or "EMPTY"), ms
-        except grpc.aio.AioRpcError as e:
-            return e.code().name, 1000 * (time.monotonic() - t0)
-        finally:
-            call.cancel()
-
-
-async def knocking(target: str, keys: list[str], options: OverloadBenchOptions, stop: asyncio.Event,
-                   knocks: Knocks) -> None:
-    async def one(key: str) -> None:
-        while not stop.is_set():
-            knocks.add(*await knock(target, key, options.language))
-            try:
-                await asyncio.wait_for(stop.wait(), options.knock_interval_s)
-            except TimeoutError:
-                pass
-
-    await asyncio.gather(*(one(k) for k in keys))
 
 
 async def run_users(target: str, keys: list[str], options: OverloadBenchOptions, sample: np.ndarray,
@@ -196,136 +132,62 @@ async def run_users(target: str, keys: list[str], options: OverloadBenchOptions,
             "wall_s": round(time.monotonic() - t0, 2)}
 
 
-class Attacker:
-    """The attacker key's clients: an over-claiming payload, a flood, an idle stream, extra tries."""
+class Outside:
+    """The knocking users and the attacker key in their own process (bench/overload_clients.py),
+    driven one run at a time; the attacker's flood watched from here, on the server's table."""
 
-    def __init__(self, target: str, key: str, language: str, server):
-        self.target, self.key, self.language, self.server = target, key, language, server
-        self.stop = asyncio.Event()
-        self.result: dict = {"flood_messages_written": 0, "flood_frames_applied": 0, "flood_max_queued_frames": 0}
-        self.tasks: list[asyncio.Task] = []
+    def __init__(self, keys: Keys, options: OverloadBenchOptions):
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process with grpc's and torch's threads
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=overload_clients.serve, daemon=True,
+                                   args=(child, keys.attacker, keys.users[options.sessions:2 * options.sessions],
+                                         options.language, options.knock_interval_s))
+        self.process.start()
+        child.close()
 
-    async def over_claim(self) -> None:
-        """A 10-byte payload claiming 6000 frames (a minute of audio)."""
-        import grpc
-
-        from harken.proto import harken_pb2 as pb
-        from harken.proto import harken_pb2_grpc
-        from harken.shared.codec import PacketHeader
-        from harken.shared.integrity import payload_crc32c
-
-        payload = PacketHeader("balanced", 6000, np.full(6000, -3.0, np.float32), at_floor=True).serialize()
-        features = pb.ClientMessage(features=pb.Features(seq=1, segment_id=0, first_frame=0, frame_count=6000,
-                                                         segment_start=True, payload=payload,
-                                                         payload_crc32c=payload_crc32c(payload)))
-        t0 = time.monotonic()
-        code = "OK"
-        async with grpc.aio.insecure_channel(self.target) as channel:
-            call = harken_pb2_grpc.TranscriptionStub(channel).Stream(
-                iter([_start(self.language), features]), metadata=_bearer(self.key), timeout=30)
-            try:
-                async for msg in call:
-                    if msg.WhichOneof("kind") == "error":
-                        code = msg.error.code
-                        break
-            except grpc.aio.AioRpcError as e:
-                code = e.code().name
-            finally:
-                call.cancel()
-        self.result["over_claim_code"] = code
-        self.result["over_claim_payload_bytes"] = len(payload)
-        self.result["over_claim_ms"] = round(1000 * (time.monotonic() - t0), 1)
-
-    async def hold(self, name: str, requests) -> None:
-        """A stream held open until `stop`; its state then ("held" while it still runs)."""
-        import grpc
-
-        from harken.proto import harken_pb2_grpc
-
-        async with grpc.aio.insecure_channel(self.target) as channel:
-            call = harken_pb2_grpc.TranscriptionStub(channel).Stream(requests, metadata=_bearer(self.key))
-            admitted = asyncio.Event()
-
-            async def read() -> str:
-                try:
-                    async for msg in call:
-                        if msg.WhichOneof("kind") == "ready":
-                            admitted.set()
-                    return "OK"
-                except grpc.aio.AioRpcError as e:
-                    return e.code().name
-
-            reader = asyncio.ensure_future(read())
-            waiting = asyncio.ensure_future(admitted.wait())
-            await asyncio.wait([reader, waiting], return_when=asyncio.FIRST_COMPLETED)
-            waiting.cancel()
-            self.result[f"{name}_admitted"] = admitted.is_set()
-            stopping = asyncio.ensure_future(self.stop.wait())
-            await asyncio.wait([reader, stopping], return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
-            self.result[f"{name}_state"] = reader.result() if reader.done() else "held"
-            call.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
-
-    async def flood_requests(self):
-        from harken.proto import harken_pb2 as pb
-        from harken.shared.codec import PacketHeader
-        from harken.shared.integrity import payload_crc32c
-
-        payload = PacketHeader("balanced", FLOOD_FRAMES, np.full(FLOOD_FRAMES, -3.0, np.float32),
-                               at_floor=True).serialize()
-        crc = payload_crc32c(payload)
-        yield _start(self.language)
-        seq = 0
-        while not self.stop.is_set():
-            if seq >= self._flood_applied() + FLOOD_AHEAD:
-                await asyncio.sleep(0.005)
-                continue
-            seq += 1
-            yield pb.ClientMessage(features=pb.Features(
-                seq=seq, segment_id=0, first_frame=(seq - 1) * FLOOD_FRAMES, frame_count=FLOOD_FRAMES,
-                segment_start=seq == 1, payload=payload, running_max_log10=5.0,  # floor -3 = max - 8
-                payload_crc32c=crc))
-            self.result["flood_messages_written"] = seq  # into gRPC's buffers; the server reads them later
-
-    def _flood_applied(self) -> int:
-        """The highest seq the server applied of the attacker's sessions (the idle one applies none)."""
-        return max((s.applied_seq for s in self.server._table.sessions.values() if s.key_id == "attacker"),
-                   default=0)
-
-    async def idle_requests(self):
-        yield _start(self.language)
-        await self.stop.wait()
-
-    async def watch_queue(self) -> None:
-        while not self.stop.is_set():
-            mine = [s for s in self.server._table.sessions.values() if s.key_id == "attacker"]
-            r = self.result
-            r["flood_max_queued_frames"] = max([r["flood_max_queued_frames"], *(s.queued_frames() for s in mine)])
-            r["flood_frames_applied"] = max([r["flood_frames_applied"], *(s.applied_seq * FLOOD_FRAMES for s in mine)])
-            await asyncio.sleep(0.1)
-
-    async def start(self) -> None:
-        await self.over_claim()
+    async def _call(self, *request) -> dict | None:
+        """A request and the process's answer (its payload)."""
+        self.conn.send(request)
         loop = asyncio.get_running_loop()
-        self.tasks = [loop.create_task(self.hold("flood", self.flood_requests())),
-                      loop.create_task(self.hold("idle", self.idle_requests())),
-                      loop.create_task(self.watch_queue())]
-        while "flood_admitted" not in self.result or "idle_admitted" not in self.result:
-            await asyncio.sleep(0.01)
-        extra = Knocks()
-        for _ in range(ATTACKER_EXTRA_TRIES):
-            extra.add(*await knock(self.target, self.key, self.language))
-        self.result["extra_tries"] = extra.codes
+        answer = await loop.run_in_executor(None, self.conn.recv)
+        return answer[1]
 
-    async def finish(self) -> dict:
-        self.stop.set()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        return self.result
+    async def begin(self, kind: str, target: str) -> None:
+        await self._call("begin", kind, target)
+
+    def send(self, *request) -> None:
+        self.conn.send(request)
+
+    async def end(self) -> dict:
+        ended = await self._call("end")
+        assert ended is not None  # ("done", {...})
+        return ended
+
+    def close(self) -> None:
+        try:
+            self.conn.send(("exit",))
+        except (BrokenPipeError, OSError):
+            pass
+        self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.kill()
 
 
-async def run(options: OverloadBenchOptions, asr, kind: str, keys: Keys, sample: np.ndarray) -> dict:
-    """One run (`kind`: alone, overload or attacked) on a fresh server."""
+async def watch_flood(server, stop: asyncio.Event, result: dict) -> None:
+    """The attacker's sessions on the server: frames applied, the most frames ever queued."""
+    result.update(flood_frames_applied=0, flood_max_queued_frames=0)
+    while not stop.is_set():
+        mine = [s for s in server._table.sessions.values() if s.key_id == "attacker"]
+        result["flood_max_queued_frames"] = max([result["flood_max_queued_frames"], *(s.queued_frames() for s in mine)])
+        result["flood_frames_applied"] = max([result["flood_frames_applied"],
+                                              *(s.applied_seq * FLOOD_FRAMES for s in mine)])
+        await asyncio.sleep(0.1)
+
+
+async def run(options: OverloadBenchOptions, asr, kind: str, keys: Keys, sample: np.ndarray,
+              outside: Outside) -> dict:
+    """One run (`kind`: alone, overload or attacked) on a fresh server; the knockers and the
+    attacker come from `outside`'s process."""
     from harken.cloud.server import ServerOptions, start_server
 
     m, p = options.sessions, options.attacker_share
@@ -335,30 +197,35 @@ async def run(options: OverloadBenchOptions, asr, kind: str, keys: Keys, sample:
         audio_burst_s=options.audio_burst_s))
     target = server.address
     out: dict = {}
+    flood: dict = {}
+    watching = asyncio.Event()
+    watcher = asyncio.ensure_future(watch_flood(server, watching, flood)) if kind == "attacked" else None
     try:
-        attacker = Attacker(target, keys.attacker, options.language, server) if kind == "attacked" else None
-        if attacker is not None:
-            await attacker.start()
+        await outside.begin(kind, target)  # the attacker's moves come first
         stop = asyncio.Event()  # a user has ended: its slot is free, knocking stops
         users = asyncio.ensure_future(run_users(target, keys.users[:m], options, sample, stop))
-        knocks = Knocks()
-        knockers = None
         if kind != "alone":
             # the knockers come once every user holds its session
             while not users.done() and sum(1 for s in server._table.sessions.values()
                                            if s.key_id.startswith("user")) < m:
                 await asyncio.sleep(0.01)
-            knockers = asyncio.ensure_future(knocking(target, keys.users[m:2 * m], options, stop, knocks))
+            outside.send("knock")
+            await stop.wait()
+            outside.send("stop_knocking")
         out = await users
-        if knockers is not None:
-            await knockers
+        ended = await outside.end()
+        if kind != "alone":
+            knocks = Knocks(*ended["knocks"])
             out["rejections"] = knocks.summary()
             out["_knocks"] = knocks  # for the summary over both runs
-        if attacker is not None:
-            out["attacker"] = await attacker.finish()
+        if ended["attacker"] is not None:
+            out["attacker"] = {**ended["attacker"], **flood}
         # ticks in which a ready session ahead of real time (the flood) waited for live ones
         out["passes_deferred"] = server.engine.deferrals
     finally:
+        watching.set()
+        if watcher is not None:
+            await watcher
         await server.stop(grace_s=2.0)
     return out
 
@@ -383,9 +250,7 @@ def _pooled(results: list[dict]) -> dict:
     if "_knocks" in results[0]:
         knocks = Knocks()
         for r in results:
-            for code, n in r["_knocks"].codes.items():
-                knocks.codes[code] = knocks.codes.get(code, 0) + n
-            knocks.ms += r["_knocks"].ms
+            knocks.extend(r["_knocks"])
         out["rejections"], out["_knocks"] = knocks.summary(), knocks
     if "attacker" in results[0]:
         out["attacker"] = results[-1]["attacker"]
@@ -398,9 +263,13 @@ async def bench_overload(options: OverloadBenchOptions, asr) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         keys = Keys.write(Path(folder), 2 * options.sessions)
         rounds: list[dict] = []
-        for _ in range(options.rounds):  # interleaved: a neighbour's load falls on every kind alike
-            rounds.append({kind: await run(options, asr, kind, keys, sample)
-                           for kind in ("alone", "overload", "attacked")})
+        outside = Outside(keys, options)  # one process for every run's knockers and attacker
+        try:
+            for _ in range(options.rounds):  # interleaved: a neighbour's load falls on every kind alike
+                rounds.append({kind: await run(options, asr, kind, keys, sample, outside)
+                               for kind in ("alone", "overload", "attacked")})
+        finally:
+            outside.close()
     runs = {kind: _pooled([r[kind] for r in rounds]) for kind in ("alone", "overload", "attacked")}
     alone_p95 = runs["alone"]["p95_update_ms"]
 
@@ -410,10 +279,7 @@ async def bench_overload(options: OverloadBenchOptions, asr) -> dict:
 
     rejections = Knocks()
     for kind in ("overload", "attacked"):
-        knocks = runs[kind].pop("_knocks")
-        for code, n in knocks.codes.items():
-            rejections.codes[code] = rejections.codes.get(code, 0) + n
-        rejections.ms += knocks.ms
+        rejections.extend(runs[kind].pop("_knocks"))
     return {
         "sessions": options.sessions,
         "seconds": options.seconds,
@@ -433,6 +299,7 @@ async def bench_overload(options: OverloadBenchOptions, asr) -> dict:
         "model": options.model,
         "max_audio_speed": options.max_audio_speed,
         "audio_burst_s": options.audio_burst_s,
+        "outside_nice": overload_clients.OUTSIDE_NICE,
         "wall_s": round(time.monotonic() - t0, 1),
     }
 

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from harken.cli import main
-from harken.bench.overload import FLOOD_FRAMES, Knocks, OverloadBenchOptions
+from harken.bench.overload import OverloadBenchOptions
+from harken.bench.overload_clients import FLOOD_FRAMES, Knocks
 from harken.shared.errors import HarkenError
 
 RUN = ("p50_update_ms", "p95_update_ms", "errors", "events", "segments", "wall_s")

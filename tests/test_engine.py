@@ -103,6 +103,32 @@ def test_live_sessions_go_before_sessions_ahead_of_real_time(talkative_asr):
     assert passes(flood) == 3 and passes(live) == MAX_DEFER_TICKS + 2  # lead 2.5 s: live now
 
 
+def test_a_pass_s_events_go_out_when_it_finishes_not_with_the_tick(asr):
+    """`step(emit)`: a short pass's events are handed out while a longer pass of the same tick is
+    still decoding (the tiny checkpoint never stops: each pass runs to its budget), and the events
+    emitted plus those returned are exactly a plain `step()`'s."""
+    slots = CommitPolicy(max_item_tokens=40, max_new_tokens_per_update=24, rollback_tokens=0)
+    short = CommitPolicy(max_item_tokens=40, max_new_tokens_per_update=2, rollback_tokens=0)
+    (seg,) = make_segments([1.0], [0.0], seed=3)
+
+    def tick(emit):
+        engine = Engine(asr, EngineConfig(max_sessions=2, slot_policy=slots))
+        quick = engine.open_session(SessionOptions(language="English", policy=short), "quick")
+        slow = engine.open_session(SessionOptions(language="English", policy=slots), "slow")
+        for sid in (quick, slow):
+            engine.ingest(sid, 0, 0, seg.frames[:, :100], True)  # one update due each
+        return engine, engine.step(emit(engine) if emit else None)
+
+    emitted: list[tuple[list, bool]] = []
+    _, rest = tick(lambda engine: lambda events: emitted.append((events, engine.working_on("slow"))))
+    _, plain = tick(None)
+    assert emitted, "nothing was handed out before the tick ended"
+    first, slow_in_flight = emitted[0]
+    assert {sid for sid, _ in first} == {"quick"} and slow_in_flight
+    assert [e for events, _ in emitted for e in events] + rest == plain
+    assert {sid for sid, _ in rest} == {"slow"}
+
+
 def test_admission_control(talkative_asr):
     work = workloads(3)
     alone = alone_runs(talkative_asr, 2)

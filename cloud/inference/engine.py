@@ -9,7 +9,8 @@ API:
     engine.finalize(sid)                                # end the open segment now
     engine.has_work() -> bool
     engine.ready_sessions() -> int / engine.working_on(sid) -> bool   # work waiting / owed to one
-    engine.step() -> list[(sid, EngineEvent)]       # one batched tick over all ready sessions
+    engine.step(emit=None) -> list[(sid, EngineEvent)]   # one batched tick over all ready sessions
+                                                    # (emit: each pass's events as it finishes)
     engine.run_until_idle() -> list[(sid, EngineEvent)]
     engine.failure(sid) -> Exception | None             # a session taken out by its own fault
     engine.close_session(sid)                           # frees the KV slot
@@ -23,7 +24,8 @@ One tick (`Engine.step`):
   (c) greedy decode steps run batched across all those slots; a slot leaves the batch at EOS or
       its budget, and sessions that became ready meanwhile (or did not fit) JOIN between steps, each
       session served at most once per tick;
-  (d) each session's commit policy turns its tokens into events.
+  (d) each session's commit policy turns its tokens into events, handed out as its pass finishes
+      (`step(emit=...)`), not when the tick's longest pass does.
 Sessions only meet in the batch: each has its own slot, prompt and positions, so batched results
 are the one-at-a-time results (tests check it).
 
@@ -456,17 +458,23 @@ class Engine:
         return []
 
     @torch.no_grad()
-    def step(self) -> list[tuple[str, EngineEvent]]:
+    def step(self, emit: Callable[[list[tuple[str, EngineEvent]]], None] | None = None
+             ) -> list[tuple[str, EngineEvent]]:
         """One batched tick over every ready session; returns the events it produced, in order.
 
+        `emit`: called (in this thread) with the events of the passes that finished at each decode
+        step, as they finish; those are not returned again. A tick lasts as long as its longest
+        pass (a final over a long segment, a pass that runs to its budget): without `emit`, a short
+        update that finished at its fifth token would wait for it.
+
         If the model itself fails (e.g. out of memory) the tick raises `TickFailed` with the events
-        of the passes that had finished; the sessions still in flight are released as they were
-        before their pass, so a later tick retries them with the same result."""
+        of the passes that had finished (and not been emitted); the sessions still in flight are
+        released as they were before their pass, so a later tick retries them with the same result."""
         self._tick_sessions = 0
         try:  # the clock too: on CUDA its synchronize is where a device error shows
             t0, w0 = self._clock(), time.perf_counter()
             try:
-                events = self._step()
+                events = self._step(emit)
             finally:
                 self.compute_s += self._clock() - t0
                 self.busy_s += time.perf_counter() - w0
@@ -485,12 +493,14 @@ class Engine:
             return time.perf_counter()
         return time.thread_time()
 
-    def _step(self) -> list[tuple[str, EngineEvent]]:
+    def _step(self, emit: Callable[[list[tuple[str, EngineEvent]]], None] | None = None
+              ) -> list[tuple[str, EngineEvent]]:
         """The tick's skeleton, one for both decoders: plan and launch the ready sessions' passes,
-        advance the passes in flight one decode step at a time, let sessions that became ready (or
-        did not fit) join in the freed places, each served at most once; on a failure, drop what is
-        in flight (`_abandon`) and release the tick's sessions as they were before it. The decoder
-        supplies `_start` (launch planned passes), `_advance` (one step) and `_abandon`."""
+        advance the passes in flight one decode step at a time (handing finished passes' events to
+        `emit` after each), let sessions that became ready (or did not fit) join in the freed
+        places, each served at most once; on a failure, drop what is in flight (`_abandon`) and
+        release the tick's sessions as they were before it. The decoder supplies `_start` (launch
+        planned passes), `_advance` (one step) and `_abandon`."""
         served: set[str] = set()
         tick: dict[str, StreamSession] = {}  # sessions planned this tick
         self._ticks += 1
@@ -506,9 +516,15 @@ class Engine:
             flight.update(more)
             events.extend(started)
 
+        def flush() -> None:
+            if emit is not None and events:
+                emit(events[:])
+                events.clear()
+
         try:
             launch(self._plan(served, self.config.max_batch))
             while flight:
+                flush()
                 self._advance(flight, events)
                 # join: sessions that became ready (or did not fit) take the freed places
                 joined = self._plan(served, self.config.max_batch - len(flight))

@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 
 class Scheduler:
     """The asyncio owner of an Engine: one task runs `step()` in a worker thread, one tick at a
-    time, whenever input has made work; each session's events arrive on its own asyncio.Queue.
+    time, whenever input has made work; each session's events arrive on its own asyncio.Queue as
+    soon as its pass has finished (mid-tick: a long pass of another session does not hold them).
 
     Failures: a session whose own processing raises gets that exception on its queue instead of
     further events (the others carry on). A tick that fails as a whole (the model: out of memory,
@@ -117,9 +118,10 @@ class Scheduler:
     def _has_work(self) -> bool:
         return self.engine.has_work() or (self.aligner is not None and self.aligner.pending() > 0)
 
-    def _tick(self) -> list:
-        """One tick, in the worker thread: the engine's passes, then one aligner pass if segments wait."""
-        events: list = self.engine.step() if self.engine.has_work() else []
+    def _tick(self, emit) -> list:
+        """One tick, in the worker thread: the engine's passes (each pass's events go to `emit` as it
+        finishes), then one aligner pass if segments wait."""
+        events: list = self.engine.step(emit) if self.engine.has_work() else []
         if self.aligner is not None and self.aligner.pending():
             events += self.aligner.step()
         return events
@@ -139,12 +141,16 @@ class Scheduler:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         failures = 0
+
+        def emit(events: list) -> None:  # in the worker thread, mid-tick: onto the loop, in order
+            loop.call_soon_threadsafe(self._put, events)
+
         while not self._stopping:
             await self._wake.wait()
             self._wake.clear()
             while not self._stopping and self._has_work():
                 try:
-                    events = await loop.run_in_executor(self._executor, self._tick)
+                    events = await loop.run_in_executor(self._executor, self._tick, emit)
                 except TickFailed as e:
                     self._deliver(e.events)
                     self._ticked()
@@ -161,11 +167,14 @@ class Scheduler:
                 self._deliver(events)
                 self._ticked()
 
-    def _deliver(self, events: list) -> None:
+    def _put(self, events: list) -> None:
         for sid, event in events:
             q = self.queues.get(sid)
             if q is not None:
                 q.put_nowait(event)
+
+    def _deliver(self, events: list) -> None:
+        self._put(events)
         for sid, q in self.queues.items():
             if sid not in self._reported and (err := self.engine.failure(sid)) is not None:
                 self._reported.add(sid)
