@@ -222,6 +222,8 @@ async def run(options: OverloadBenchOptions, asr, kind: str, keys: Keys, sample:
             out["attacker"] = {**ended["attacker"], **flood}
         # ticks in which a ready session ahead of real time (the flood) waited for live ones
         out["passes_deferred"] = server.engine.deferrals
+        # decode steps in which its pass held still while live ones decoded
+        out["held_steps"] = server.engine.held_steps
     finally:
         watching.set()
         if watcher is not None:
@@ -246,7 +248,8 @@ def _pooled(results: list[dict]) -> dict:
            "events": sum(r["events"] for r in results), "segments": sum(r["segments"] for r in results),
            "max_send_lag_ms": max(r["max_send_lag_ms"] for r in results),
            "wall_s": round(sum(r["wall_s"] for r in results), 2),
-           "passes_deferred": sum(r["passes_deferred"] for r in results)}
+           "passes_deferred": sum(r["passes_deferred"] for r in results),
+           "held_steps": sum(r["held_steps"] for r in results)}
     if "_knocks" in results[0]:
         knocks = Knocks()
         for r in results:
@@ -291,7 +294,8 @@ async def bench_overload(options: OverloadBenchOptions, asr) -> dict:
         "p95_ratio_attacked": ratio("attacked"),
         "rounds": [{**{f"p95_{k}_ms": r[k]["p95_update_ms"] for k in r},
                     "flood_frames_applied": r["attacked"]["attacker"]["flood_frames_applied"],
-                    "passes_deferred": r["attacked"]["passes_deferred"]} for r in rounds],
+                    "passes_deferred": r["attacked"]["passes_deferred"],
+                    "held_steps": r["attacked"]["held_steps"]} for r in rounds],
         "pushed_out": sum(sum(runs[k]["errors"].values()) for k in ("overload", "attacked")),
         "rejections": rejections.summary(),
         "attacker": runs["attacked"]["attacker"],

@@ -129,6 +129,68 @@ def test_a_pass_s_events_go_out_when_it_finishes_not_with_the_tick(asr):
     assert {sid for sid, _ in rest} == {"slow"}
 
 
+def test_a_live_session_goes_again_while_a_long_pass_runs_on(asr):
+    """A live session whose pass has finished while a longer first pass of the tick runs on is
+    served again in the same tick when its next update is due (not at the tick's end), with the
+    events it gets when its updates run in ticks of their own."""
+    slots = CommitPolicy(max_item_tokens=40, max_new_tokens_per_update=24, rollback_tokens=0)
+    short = CommitPolicy(max_item_tokens=40, max_new_tokens_per_update=2, rollback_tokens=0)
+    (seg,) = make_segments([2.0], [0.0], seed=5)
+
+    engine = Engine(asr, EngineConfig(max_sessions=2, slot_policy=slots))
+    quick = engine.open_session(SessionOptions(language="English", policy=short), "quick")
+    slow = engine.open_session(SessionOptions(language="English", policy=slots), "slow")
+    for sid in (quick, slow):
+        engine.ingest(sid, 0, 0, seg.frames[:, :100], True)
+    got: list = []
+
+    def emit(events):  # the engine's thread, between decode steps: quick's next second arrives
+        got.extend(e for sid, e in events if sid == quick)
+        if got and engine.session(quick).state.items[0].boundary == 100:
+            engine.ingest(quick, 0, 100, seg.frames[:, 100:200])
+
+    got += [e for sid, e in engine.step(emit) if sid == quick]
+    assert engine.session(quick).state.items[0].boundary == 200  # two passes in one tick
+    assert not engine.has_work()
+
+    alone = Engine(asr, EngineConfig(max_sessions=1, slot_policy=slots))
+    sid = alone.open_session(SessionOptions(language="English", policy=short))
+    alone.ingest(sid, 0, 0, seg.frames[:, :100], True)
+    reference = [e for _, e in alone.step()]
+    alone.ingest(sid, 0, 100, seg.frames[:, 100:200])
+    reference += [e for _, e in alone.step()]
+    assert got == reference
+
+
+def test_an_ahead_pass_holds_still_while_live_ones_decode(asr):
+    """A pass of a session ahead of real time, in a tick beside a live one (deferred
+    MAX_DEFER_TICKS ticks, then served), takes no decode step while the live pass decodes: the live
+    pass finishes first, and the ahead pass's events are those it gets alone."""
+    from harken.cloud.inference.priority import MAX_DEFER_TICKS
+
+    slots = CommitPolicy(max_item_tokens=40, max_new_tokens_per_update=12, rollback_tokens=0)
+    now = [0.0]
+    (fseg,), (lseg,) = make_segments([20.0], [0.0], seed=7), make_segments([12.0], [0.0], seed=8)
+    engine = Engine(asr, EngineConfig(max_sessions=2, slot_policy=slots), clock=lambda: now[0])
+    flood = engine.open_session(SessionOptions(language="English", policy=slots), "flood")
+    live = engine.open_session(SessionOptions(language="English", policy=slots), "live")
+    engine.ingest(flood, 0, 0, fseg.frames, True)
+    order: list[str] = []
+    for k in range(MAX_DEFER_TICKS + 1):
+        now[0] = float(k)
+        engine.ingest(live, 0, 100 * k, lseg.frames[:, 100 * k:100 * (k + 1)], k == 0)
+        rest = engine.step(lambda events: order.extend(sid for sid, _ in events))
+    order += [sid for sid, _ in rest]
+    flood_events = [e for sid, e in rest if sid == flood]
+    assert flood_events and engine.held_steps > 0
+    assert order[-len(flood_events):] == [flood] * len(flood_events)  # the live pass was out first
+
+    alone = Engine(asr, EngineConfig(max_sessions=1, slot_policy=slots))
+    sid = alone.open_session(SessionOptions(language="English", policy=slots))
+    alone.ingest(sid, 0, 0, fseg.frames, True)
+    assert flood_events == [e for _, e in alone.step()]
+
+
 def test_admission_control(talkative_asr):
     work = workloads(3)
     alone = alone_runs(talkative_asr, 2)
