@@ -67,7 +67,9 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
 
 
 def build_corpus(cdir: Path, sizes: dict[str, int], seed: int, workers: int, piper_share: float = 0.25) -> None:
-    """The whole corpus, the first shard of each kind first (what training starts on), then the rest."""
+    """The whole corpus, the first shard of each kind first (what training starts on), then the
+    rest interleaved (utterance shards, phrase shards and text files in proportion), so that a
+    trainer that starts on the first shards sees every kind grow rather than all phrases first."""
     from harken.cloud.synth import corpus
 
     t0 = time.time()
@@ -79,14 +81,16 @@ def build_corpus(cdir: Path, sizes: dict[str, int], seed: int, workers: int, pip
 
     print(f"corpus: {sizes['utterances']} utterances, {sizes['phrases']} phrases and {sizes['texts']} texts "
           f"without audio in {cdir} (finished shards are kept)", file=sys.stderr, flush=True)
-    for stage in (corpus.SHARD, None):
-        cap = (lambda n: min(n, stage)) if stage else (lambda n: n)
-        corpus.build(cdir, cap(sizes["phrases"]), seed=seed, workers=workers, progress=progress, kind="phrase",
+    files = {"utterances": corpus.SHARD, "phrases": corpus.SHARD, "texts": corpus.TEXT_LINES}
+    n_files = {k: -(-sizes[k] // per) for k, per in files.items()}
+    rounds = max(1, *n_files.values())
+    for j in range(1, rounds + 1):  # round j: ceil(j / rounds) of each kind's files
+        upto = {k: min(sizes[k], -(-j * n_files[k] // rounds) * per) for k, per in files.items()}
+        corpus.build(cdir, upto["phrases"], seed=seed, workers=workers, progress=progress, kind="phrase",
                      piper_share=piper_share)
-        corpus.build(cdir, cap(sizes["utterances"]), seed=seed, workers=workers, progress=progress,
+        corpus.build(cdir, upto["utterances"], seed=seed, workers=workers, progress=progress,
                      piper_share=piper_share)
-        corpus.build_text_phonemes(cdir, min(sizes["texts"], corpus.TEXT_LINES) if stage else sizes["texts"],
-                                   seed=seed, progress=progress)
+        corpus.build_text_phonemes(cdir, upto["texts"], seed=seed, progress=progress)
 
 
 def _corpus_complete(cdir: Path, sizes: dict[str, int]) -> bool:
