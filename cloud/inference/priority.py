@@ -11,7 +11,9 @@ lengthening every live tick (on a CPU, or a saturated GPU, a pass's cost is the 
     lead.ahead(now) -> bool       # more than AHEAD_SLACK_S of audio ahead of the wall clock
 
 An ahead session is deferred at most `MAX_DEFER_TICKS` ticks in a row, so a saturated engine still
-serves it (slowly), and when no live session is ready it is served like any other. Priority only
+serves it (slowly), and when no live session is ready it is served like any other. Once its pass
+is in flight, it takes no decode step while a live pass decodes (`Engine._advance`): live passes
+that join the tick run at their own batch's speed, and the ahead pass goes on when they are done. Priority only
 changes when a pass runs, never what it computes: a session's text is the same either way.
 """
 
