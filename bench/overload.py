@@ -55,6 +55,7 @@ from harken.shared.errors import HarkenError
 from harken.shared.features_spec import SAMPLE_RATE
 
 REJECTION_GOAL_MS = 100.0
+ANSWER_S = 120.0  # the clients' process answers a request within this (its attacker's moves take ~1 s)
 
 
 @dataclass(frozen=True)
@@ -146,10 +147,16 @@ class Outside:
         child.close()
 
     async def _call(self, *request) -> dict | None:
-        """A request and the process's answer (its payload)."""
+        """A request and the process's answer (its payload); a process that does not answer in
+        `ANSWER_S` or has died is an error, not a hang."""
         self.conn.send(request)
         loop = asyncio.get_running_loop()
-        answer = await loop.run_in_executor(None, self.conn.recv)
+        if not await loop.run_in_executor(None, self.conn.poll, ANSWER_S):
+            raise HarkenError(f"the overload clients' process did not answer {request[0]!r} in {ANSWER_S:.0f} s")
+        try:
+            answer = await loop.run_in_executor(None, self.conn.recv)
+        except EOFError:
+            raise HarkenError(f"the overload clients' process ended (exit {self.process.exitcode})") from None
         return answer[1]
 
     async def begin(self, kind: str, target: str) -> None:

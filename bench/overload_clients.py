@@ -16,7 +16,7 @@ The process is driven over a pipe, one request at a time (`serve`):
     ("knock",)                the knocking users start (nothing is answered)
     ("stop_knocking",)        ... and stop
     ("end",)                  the attacker's streams close -> ("done", {"knocks": ..., "attacker": ...})
-    ("exit",)
+    ("exit",)                 at any time: the run's clients stop, then the process
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ async def knocking(target: str, keys: list[str], language: str, interval_s: floa
             knocks.add(*await knock(target, key, language))
             try:
                 await asyncio.wait_for(stop.wait(), interval_s)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # (TimeoutError itself only from Python 3.11)
                 pass
 
     await asyncio.gather(*(one(k) for k in keys))
@@ -215,6 +215,10 @@ class Attacker:
         self.tasks = [loop.create_task(self.hold("flood", self.flood_requests())),
                       loop.create_task(self.hold("idle", self.idle_requests()))]
         while "flood_admitted" not in self.result or "idle_admitted" not in self.result:
+            failed = [t for t in self.tasks if t.done()]
+            if failed:  # a stream that ended before its admission was known: its error, not a hang
+                await failed[0]
+                raise RuntimeError("an attacker stream ended before it was admitted or refused")
             await asyncio.sleep(0.01)
         extra = Knocks()
         for _ in range(ATTACKER_EXTRA_TRIES):
@@ -243,7 +247,7 @@ async def _serve(conn, attacker_key: str, knocker_keys: list[str], language: str
             await attacker.start()
         conn.send(("ready", None))
         knocks, stop, knockers = Knocks(), asyncio.Event(), None
-        while (request := await recv())[0] != "end":
+        while (request := await recv())[0] not in ("end", "exit"):
             if request[0] == "knock" and knockers is None:
                 knockers = asyncio.ensure_future(knocking(target, knocker_keys, language, interval_s, stop, knocks))
             elif request[0] == "stop_knocking":
@@ -251,8 +255,10 @@ async def _serve(conn, attacker_key: str, knocker_keys: list[str], language: str
         stop.set()
         if knockers is not None:
             await knockers
-        conn.send(("done", {"knocks": (knocks.codes, knocks.ms),
-                            "attacker": await attacker.finish() if attacker is not None else None}))
+        result = {"knocks": (knocks.codes, knocks.ms), "attacker": await attacker.finish() if attacker is not None else None}
+        if request[0] == "exit":  # the benchmark gave up on this run: stop here
+            return
+        conn.send(("done", result))
 
 
 def serve(conn, attacker_key: str, knocker_keys: list[str], language: str, interval_s: float) -> None:

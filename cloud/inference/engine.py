@@ -25,7 +25,8 @@ One tick (`Engine.step`):
       its budget, and sessions that became ready meanwhile (or did not fit) JOIN between steps, each
       session served once per tick (twice if live while one of the tick's first passes runs on).
       While live passes decode, the passes of sessions ahead of real time hold still (their slots
-      keep their place; `_advance`), so a flood's pass never slows a live one's steps;
+      keep their place; the own decoder's `_advance`, on a CPU), so a flood's pass does not slow
+      a live one's steps;
   (d) each session's commit policy turns its tokens into events, handed out as its pass finishes
       (`step(emit=...)`), not when the tick's longest pass does.
 Sessions only meet in the batch: each has its own slot, prompt and positions, so batched results
@@ -51,7 +52,7 @@ from harken.cloud.model.decoder import decode_step, prefill
 from harken.cloud.model.encoder import num_audio_tokens
 from harken.cloud.model.kv_cache import KVCache
 from harken.cloud.model.static_decode import StaticDecodeStep
-from harken.cloud.inference.priority import MAX_DEFER_TICKS, RealTimeLead
+from harken.cloud.inference.priority import MAX_DEFER_TICKS, MAX_HOLD_STEPS, RealTimeLead
 from harken.cloud.inference.stream_session import MAX_CONTEXT_TOKENS, Job, StreamSession, SessionOptions, EngineEvent
 from harken.shared.errors import Overloaded, SessionNotFound, StreamInputError
 from harken.shared.features_spec import FRAMES_PER_SECOND
@@ -84,6 +85,9 @@ class EngineConfig:
     shapes as they come), "static" (`StaticDecodeStep`: the batch padded to a power-of-two bucket,
     keys to a length bucket; one more KV slot for its padding rows) or "graphs" (the same, each
     bucket captured once as a CUDA graph and replayed: CUDA only). All three give the same tokens.
+    hold_ahead: a pass of a session ahead of real time takes no decode step while live passes
+    decode (at most `MAX_HOLD_STEPS` steps; the own decoder). None: on a CPU, where a step's cost
+    grows with its batch, not on a GPU, where holding would only add steps after the live ones.
     """
 
     max_sessions: int = 16
@@ -91,6 +95,7 @@ class EngineConfig:
     max_queued_frames: int = 100 * 60 * 10
     slot_policy: CommitPolicy = CommitPolicy()
     decode_step: str = "plain"
+    hold_ahead: bool | None = None
 
     def __post_init__(self):
         if self.decode_step not in DECODE_STEPS:
@@ -112,6 +117,7 @@ class _Running:
     job: Job
     slot: int
     tokens: list[int]
+    held: int = 0  # decode steps it held still for live passes (`Engine._advance`)
 
 
 class EngineObserver(Protocol):
@@ -140,7 +146,7 @@ class Engine:
         self.config = config
         self.observer = observer
         self.clock = clock  # wall seconds: how far each session's audio runs ahead of real time
-        self._tick_sessions = 0  # sessions planned in the tick under way
+        self._tick_sessions = 0  # sessions served in the tick under way
         self.cache = self._new_cache()
         self._static: StaticDecodeStep | None = None
         if config.decode_step != "plain":
@@ -148,8 +154,8 @@ class Engine:
                 raise ValueError(f"decode_step {config.decode_step!r} is the own decoder's (this engine has no KV cache)")
             if config.decode_step == "graphs" and self.asr.device.type != "cuda":
                 raise ValueError("decode_step 'graphs' needs the model on a CUDA device")
-            # its scratch slot is the cache's extra one (`_new_cache`); a tick serves each session at
-            # most once, so no batch is larger than max_sessions: no bucket (graph) past it
+            # its scratch slot is the cache's extra one (`_new_cache`); a session has at most one pass
+            # in flight, so no batch is larger than max_sessions: no bucket (graph) past it
             self._static = StaticDecodeStep(self.asr.decoder, self.cache,
                                             max_batch=min(config.max_batch, config.max_sessions),
                                             cuda_graphs=config.decode_step == "graphs")
@@ -165,7 +171,10 @@ class Engine:
         self._tick_live = False  # the tick under way serves a live session
         self._tick_deferred: set[str] = set()  # ... and deferred these
         self.deferrals = 0  # (tick, session) pairs where a ready ahead session waited for live ones
-        self.held_steps = 0  # decode steps an ahead session's pass held still while live ones decoded
+        # own decoder: passes of sessions ahead of real time hold still while live ones decode (CPU:
+        # a batch's step costs about its size there; on a GPU a step costs the same for one or eight)
+        self.hold_ahead = config.hold_ahead if config.hold_ahead is not None else self.asr.device.type == "cpu"
+        self.held_steps = 0  # decode steps such a pass held still while live ones decoded
         self.truncations: dict[str, int] = {}  # decodes ended by the budget / the loop guard
         self.decoded_tokens = 0  # tokens generated by every pass so far (the decode work)
         self.decoded_by_pass = {"update": 0, "final": 0}  # the same, by the kind of pass
@@ -347,7 +356,6 @@ class Engine:
                 self._rotor = (ids.index(planned[-1][0]) + 1) % len(ids)
         for sid, s, err in failed:
             self._fail(sid, s, err)
-        self._tick_sessions += len(planned)
         return planned
 
     def _encode(self, planned: list[tuple[str, StreamSession, Job]]) -> set[str]:
@@ -535,13 +543,14 @@ class Engine:
 
         try:
             launch(self._plan(set(served), self.config.max_batch))
-            first = {id(r) for r in flight.values()}
+            first = list(flight.values())  # the tick's first passes (by identity: a key may come again)
+            flush()
             while flight:
-                flush()
                 self._advance(flight, events)
+                flush()  # before the joiners' encoder and prefill
                 # join: sessions that became ready (or did not fit) take the freed places
-                again = ({sid for sid, n in served.items() if n == 1}
-                         if any(id(r) in first for r in flight.values()) else set())
+                first = [r for r in first if any(r is f for f in flight.values())]
+                again = {sid for sid, n in served.items() if n == 1} if first else set()
                 joined = self._plan(set(served), self.config.max_batch - len(flight), again)
                 if joined:
                     launch(joined)
@@ -549,6 +558,8 @@ class Engine:
             self._abandon(flight)
             self._release(tick)
             raise TickFailed(events) from e
+        finally:
+            self._tick_sessions = len(served)
         return events
 
     def capture_decode_graphs(self) -> int:
@@ -567,14 +578,19 @@ class Engine:
         """One batched decode step of every pass in flight: the finished ones leave `flight`, their
         events go to `events` as they finish (a step that fails midway keeps those)."""
         running = list(flight.items())
-        # passes of sessions ahead of real time hold still while live ones decode: what they compute
-        # is the same whenever they step, and the live passes' steps stay as small as without them
-        with self._lock:
-            now = self.clock()
-            live = [(key, r) for key, r in running if r.sid in self._lead and not self._lead[r.sid].ahead(now)]
-        if live and len(live) < len(running):
-            self.held_steps += len(running) - len(live)
-            running = live
+        if self.hold_ahead:
+            # passes of sessions ahead of real time hold still while live ones decode (at most
+            # MAX_HOLD_STEPS each): what they compute is the same whenever they step, and the live
+            # passes' steps stay as small as without them
+            with self._lock:
+                now = self.clock()
+                live = [r.sid in self._lead and not self._lead[r.sid].ahead(now) for _, r in running]
+            if any(live):
+                held = [r for (_, r), is_live in zip(running, live) if not is_live and r.held < MAX_HOLD_STEPS]
+                for r in held:
+                    r.held += 1
+                self.held_steps += len(held)
+                running = [(key, r) for key, r in running if all(r is not h for h in held)]
         feed = torch.tensor([r.tokens[-1] for _, r in running], device=self.asr.device)
         logits = self._decode_step([r.slot for _, r in running], feed)
         for (key, r), t in zip(running, logits.argmax(-1).tolist()):

@@ -12,8 +12,9 @@ lengthening every live tick (on a CPU, or a saturated GPU, a pass's cost is the 
 
 An ahead session is deferred at most `MAX_DEFER_TICKS` ticks in a row, so a saturated engine still
 serves it (slowly), and when no live session is ready it is served like any other. Once its pass
-is in flight, it takes no decode step while a live pass decodes (`Engine._advance`): live passes
-that join the tick run at their own batch's speed, and the ahead pass goes on when they are done. Priority only
+is in flight, it takes no decode step while a live pass decodes (the own decoder on a CPU,
+`Engine._advance`; at most `MAX_HOLD_STEPS`): live passes that join the tick run at their own
+batch's speed, and the ahead pass goes on when they are done. Priority only
 changes when a pass runs, never what it computes: a session's text is the same either way.
 """
 
@@ -24,6 +25,9 @@ from __future__ import annotations
 AHEAD_SLACK_S = 3.0
 # Ticks an ahead session may wait in a row while live sessions are served.
 MAX_DEFER_TICKS = 8
+# Decode steps an ahead session's pass in flight may hold still for live passes (`Engine._advance`):
+# a few live passes' worth, so a tick still ends when live sessions keep joining it.
+MAX_HOLD_STEPS = 128
 
 
 class RealTimeLead:

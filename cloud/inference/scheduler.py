@@ -121,10 +121,9 @@ class Scheduler:
     def _tick(self, emit) -> list:
         """One tick, in the worker thread: the engine's passes (each pass's events go to `emit` as it
         finishes), then one aligner pass if segments wait."""
-        events: list = self.engine.step(emit) if self.engine.has_work() else []
-        if self.aligner is not None and self.aligner.pending():
-            events += self.aligner.step()
-        return events
+        if self.engine.has_work():
+            emit(self.engine.step(emit))  # the tick's last passes: out before the aligner's pass
+        return self.aligner.step() if self.aligner is not None and self.aligner.pending() else []
 
     async def next_tick(self) -> None:
         """Wait until the next tick has ended (queued frames may have gone down by then)."""

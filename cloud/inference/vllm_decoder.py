@@ -294,7 +294,9 @@ class SessionIds:
 class VllmEngine(Engine):
     """`Engine` with the decoder on vLLM: the same sessions, encoder batching, scheduling, budgets,
     loop guard and events; every pass is one vLLM request of the whole prompt (the session's KV slot
-    is not kept: `StreamSession.prefilled` is never called, so each pass's embeddings start at 0)."""
+    is not kept: `StreamSession.prefilled` is never called, so each pass's embeddings start at 0).
+    Passes ahead of real time are not held for live ones (`Engine.hold_ahead`): vLLM steps every
+    request it holds, so `held_steps` stays 0."""
 
     def __init__(self, asr, config: EngineConfig = EngineConfig(), observer: EngineObserver | None = None):
         self.vllm = VllmDecoder(asr, max_seqs=min(config.max_batch, config.max_sessions),
