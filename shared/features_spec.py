@@ -1,6 +1,8 @@
 """The log-mel feature contract shared by the edge (which computes it) and the cloud (which
 consumes it). Values follow Qwen3-ASR's WhisperFeatureExtractor(feature_size=128)."""
 
+import math
+
 SAMPLE_RATE = 16_000
 N_FFT = 400
 HOP_LENGTH = 160
@@ -10,24 +12,27 @@ LOG10_FLOOR = 1e-10  # log10(max(mel, 1e-10))
 DYNAMIC_RANGE_LOG10 = 8.0  # floor at (max - 8) in log10 units = 80 dB
 
 
+# The mel scale through the C library's log and exp (`math`), element by element, not numpy's: on
+# CPUs with AVX-512 numpy computes float64 exp/log with its own SIMD code, a few ULPs away from
+# libm, which moved the filter bank and the codec's derived constants (edge/web/src/codec_tables.json,
+# which the TypeScript codec reads) with the machine. These are 130 points: speed does not matter.
+
 def _hz_to_mel_slaney(hz):
     # Slaney: linear below 1 kHz (3 mels per 200 Hz), logarithmic above (27 steps per factor 6.4).
     import numpy as np
 
-    hz = np.asarray(hz, dtype=np.float64)
-    f_sp, min_log_hz, logstep = 200.0 / 3.0, 1000.0, np.log(6.4) / 27.0
-    log = min_log_hz / f_sp + np.log(np.maximum(hz, min_log_hz) / min_log_hz) / logstep
-    return np.where(hz >= min_log_hz, log, hz / f_sp)
+    f_sp, min_log_hz, logstep = 200.0 / 3.0, 1000.0, math.log(6.4) / 27.0
+    return np.array([min_log_hz / f_sp + math.log(h / min_log_hz) / logstep if h >= min_log_hz else h / f_sp
+                     for h in np.atleast_1d(np.asarray(hz, dtype=np.float64)).tolist()]).reshape(np.shape(hz))
 
 
 def _mel_to_hz_slaney(mel):
     import numpy as np
 
-    mel = np.asarray(mel, dtype=np.float64)
-    f_sp, min_log_hz, logstep = 200.0 / 3.0, 1000.0, np.log(6.4) / 27.0
+    f_sp, min_log_hz, logstep = 200.0 / 3.0, 1000.0, math.log(6.4) / 27.0
     min_log_mel = min_log_hz / f_sp
-    log = min_log_hz * np.exp(logstep * (np.maximum(mel, min_log_mel) - min_log_mel))
-    return np.where(mel >= min_log_mel, log, mel * f_sp)
+    return np.array([min_log_hz * math.exp(logstep * (m - min_log_mel)) if m >= min_log_mel else m * f_sp
+                     for m in np.atleast_1d(np.asarray(mel, dtype=np.float64)).tolist()]).reshape(np.shape(mel))
 
 
 def slaney_mel_filters(n_freqs: int = N_FFT // 2 + 1, n_mels: int = N_MELS, f_min: float = 0.0,
