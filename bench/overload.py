@@ -33,6 +33,8 @@ Figures (times in ms):
                       queued (the server stops reading a session past `max_queued_frames_per_session`);
                       whether the flood and idle streams were admitted and still held when the users
                       were done; the attacker's tries past its share, by code
+  passes_deferred     ticks in which the flood's ready pass waited for live sessions (priority.py)
+  held_steps          decode steps in which its pass in flight held still while live passes decoded
 """
 
 from __future__ import annotations
