@@ -312,3 +312,44 @@ def test_ctc_forced_alignment_finds_the_path_and_words_own_their_tokens(tmp_path
     logp2[np.arange(12), [0, 1, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]] = math.log(0.9)
     centre, width = alignment.token_rows(logp2, [1, 2, 3], ([2, 1], [0, 1, 1]))
     assert centre[0] == pytest.approx((0.5 + 4) / 2) and centre[1] < centre[2] and (width >= 1).all()
+
+
+def test_losses_under_bf16_autocast_are_fp32_and_match_an_fp32_recompute():
+    """Under bf16 autocast (the default on a CPU with bf16 units, and on CUDA) the matrix products
+    run in bf16 but every softmax / log-sum-exp of the losses runs in fp32: each loss comes out
+    fp32 and within bf16 rounding of the same losses computed wholly in fp32."""
+    from harken.cloud.synth import train as T
+
+    model = T.Trainee(T.tiny_train_config(), T.Vocab(list(range(300)), 151936), 10, seed=5).eval()
+    g = torch.Generator().manual_seed(1)
+    feats = [torch.randn(128, 300, generator=g), torch.randn(128, 520, generator=g)]
+    targets = [[1, 2, 17, 40, 99, 250, 3], [1, 2, 60, 61, 62, 63, 64, 65, 3]]
+    batch = T.Batch(feats, targets, [[1, 2, 3, 4], [5, 6, 7, 8, 9]], 2, guide=1.0)
+    prompt = ([7, 8, 9], [10, 11])
+    with torch.no_grad():
+        full = T.losses(model, batch, prompt)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = T.losses(model, batch, prompt)
+    assert set(low) == set(full) == {"ce", "guide", "ctc_tok", "ctc_ph", "match"}
+    for k in full:
+        assert low[k].dtype == torch.float32, k
+        assert math.isclose(low[k].item(), full[k].item(), rel_tol=0.02, abs_tol=0.02), k
+
+
+def test_batches_cover_each_utterance_once_in_shuffled_length_buckets():
+    """`batches`: every utterance short enough once a pass, each batch within its frame budget, and
+    the batches of a chunk not in length order."""
+    import random
+
+    from harken.cloud.synth.examples import Example, batches
+
+    rng = random.Random(0)
+    lens = [rng.randint(100, 1500) for _ in range(1024)]
+    examples = [Example(np.zeros((128, n), np.float16), [1, 2], [1], "x") for n in lens]
+    got = list(batches(examples, random.Random(1), 4000, 1200))
+    seen = sorted(id(e) for b in got for e in b)
+    assert seen == sorted(id(e) for e in examples if e.feats.shape[1] <= 1200)
+    assert all(len(b) * max(e.feats.shape[1] for e in b) <= 4000 or len(b) == 1 for b in got)
+    longest = [max(e.feats.shape[1] for e in b) for b in got]
+    rises = sum(a < b for a, b in zip(longest, longest[1:]))
+    assert rises < 0.75 * (len(longest) - 1)  # a length sweep would rise at almost every step

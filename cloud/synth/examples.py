@@ -129,16 +129,21 @@ def phone_table_of(shards: list[Path]) -> dict[str, int]:
 
 
 def batches(examples: list[Example], rng: random.Random, batch_frames: int, max_frames: int):
-    """Length-bucketed batches of at most `batch_frames` frames (padding counted)."""
+    """Length-bucketed batches of at most `batch_frames` frames (padding counted), in random order
+    within each chunk of 512 utterances (in length order they would sweep from short to long
+    utterances over dozens of steps, and the optimiser would follow the sweep)."""
     pool = [e for e in examples if e.feats.shape[1] <= max_frames]
     rng.shuffle(pool)
     for i in range(0, len(pool), 512):
         chunk = sorted(pool[i:i + 512], key=lambda e: e.feats.shape[1])
+        groups: list[list[Example]] = []
         group: list[Example] = []
         for e in chunk:
             if group and (len(group) + 1) * e.feats.shape[1] > batch_frames:
-                yield group
+                groups.append(group)
                 group = []
             group.append(e)
         if group:
-            yield group
+            groups.append(group)
+        rng.shuffle(groups)
+        yield from groups

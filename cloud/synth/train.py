@@ -122,7 +122,7 @@ class Trainee(nn.Module):
                 causal = torch.ones(S, S, dtype=torch.bool, device=x.device).tril()
                 for h in probe[i]:
                     logit = q[:, :, h] @ k[:, :, h // group].transpose(1, 2) / math.sqrt(t.head_dim)
-                    weights.append(logit.masked_fill(~causal, float("-inf")).softmax(-1))
+                    weights.append(logit.float().masked_fill(~causal, float("-inf")).softmax(-1))
             x = layer(x, cos, sin)
         return self.norm(x), weights
 
@@ -212,7 +212,7 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
     guided = batch.guide > 0 and not roll_audio and not text_only
     h, attn = model.decode_hidden(x, guided_heads(len(model.layers)) if guided else None)
     tgt_rows = torch.cat([h[b, s:s + n] for b, s, n in tgt_pos])  # [Ntgt, hidden]
-    logits = tgt_rows @ model.emb.t()  # [Ntgt, Vs]
+    logits = (tgt_rows @ model.emb.t()).float()  # [Ntgt, Vs]; the softmaxes in fp32 under bf16 autocast
     # the untrained rows are zero: V - Vs logits of exactly 0
     extra = math.log(vocab.vocab_size - len(vocab))
     lse = torch.logaddexp(torch.logsumexp(logits, -1), torch.full_like(logits[:, 0], extra))
@@ -241,19 +241,19 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
     body = [t[batch.n_prefix:-1] for t in subs]  # the transcript alone
     local, inverse = torch.unique(torch.cat(body), return_inverse=True)
     tok_logits = A @ torch.cat([model.blank[None], model.emb[local]]).t()  # [T, B, 1 + n_local]
-    ctc_tok = F.ctc_loss(tok_logits.log_softmax(-1), inverse + 1, out_lens,
+    ctc_tok = F.ctc_loss(tok_logits.float().log_softmax(-1), inverse + 1, out_lens,
                          torch.tensor([len(b) for b in body]), blank=0, zero_infinity=True,
                          reduction="mean")
     phones = torch.tensor([p for ps in batch.phones for p in ps], device=dev)
-    ctc_ph = F.ctc_loss(ph.log_softmax(-1), phones, 2 * out_lens,
+    ctc_ph = F.ctc_loss(ph.float().log_softmax(-1), phones, 2 * out_lens,
                         torch.tensor([len(p) for p in batch.phones]), blank=0, zero_infinity=True,
                         reduction="mean")
     # match: each encoder row towards the embeddings of the phonemes its two slots hear (posterior-
     # weighted, fixed), the rows `pseudo_rows` builds from text
     with torch.no_grad():
-        target = (ph.softmax(-1) @ model.ph_emb.weight).view(T, 2, B, -1).sum(1)  # [T, B, hidden]
+        target = (ph.float().softmax(-1) @ model.ph_emb.weight.float()).view(T, 2, B, -1).sum(1)  # [T, B, hidden]
     valid = (torch.arange(T, device=dev)[:, None] < out_lens.to(dev)[None, :]).float()
-    match = (((A - target) ** 2).mean(-1) * valid).sum() / valid.sum()
+    match = (((A.float() - target) ** 2).mean(-1) * valid).sum() / valid.sum()
     return {**out, "ctc_tok": ctc_tok, "ctc_ph": ctc_ph, "match": match}
 
 
@@ -322,6 +322,16 @@ def audio_gain(model: Trainee, feats: list[np.ndarray], targets: list[list[int]]
     return other - own
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16, per /proc/cpuinfo): there
+    bf16 autocast is faster than fp32; elsewhere it is emulated and slower."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
 # --- the loop -----------------------------------------------------------------------------------
 
 @dataclass
@@ -353,7 +363,7 @@ class TrainOptions:
     init_from: Path | None = None  # a new run starts from another run's state.pt (`warm_start`)
     warmstart: Path | None = None  # else from a warm-start directory (`state.py`), e.g. the committed one
     time_limit_s: float | None = None  # stop (evaluate, save) after this long: a lent GPU's call ends
-    bf16: bool | None = None  # autocast matrix products to bf16 (default: on CUDA)
+    bf16: bool | None = None  # autocast matrix products to bf16 (default: on CUDA, and on a CPU with bf16 units)
     whole_tokens: int = 1000  # `pieces.choose`: the output vocabulary synth-en writes with
     part_tokens: int = 600
 
@@ -403,7 +413,7 @@ def train(opts: TrainOptions, log=print) -> Path:
     examples = load_examples(shards, tok, table, spell, vocab)
     model = Trainee(cfg, vocab, len(phone_chars), opts.seed).to(opts.device)
     torch.backends.cuda.matmul.allow_tf32 = True
-    opt = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=opts.lr, betas=(0.9, 0.98), weight_decay=0.01, fused=True)
     step, rng, rewarm_from, frames_seen = 0, random.Random(opts.seed), None, 0
     machine = warm.machine_kind(opts.device)
     if saved:
@@ -477,7 +487,7 @@ def train(opts: TrainOptions, log=print) -> Path:
             signal.signal(sig, on_signal)
         except ValueError:  # not the main thread: no handler, the periodic saves remain
             pass
-    bf16 = opts.device.startswith("cuda") if opts.bf16 is None else opts.bf16
+    bf16 = (opts.device.startswith("cuda") or cpu_has_bf16()) if opts.bf16 is None else opts.bf16
     autocast = (torch.autocast(torch.device(opts.device).type, dtype=torch.bfloat16) if bf16 else nullcontext())
 
     def lr_at(s: int) -> float:
