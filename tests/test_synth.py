@@ -238,6 +238,7 @@ def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
     assert "resumed at step 2" in second.stderr
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [2, 3] and all(0.0 <= r["heldout_wer"] for r in log)
+    assert all(0.0 <= r["heldout_per"] for r in log)  # the encoder's phoneme error beside the WER
     assert (out / "curve.png").stat().st_size > 1000
     ckpt = Path(json.loads(second.stdout)["checkpoint"])
     w = load_file(str(ckpt / "model.safetensors"))
@@ -353,3 +354,23 @@ def test_batches_cover_each_utterance_once_in_shuffled_length_buckets():
     longest = [max(e.feats.shape[1] for e in b) for b in got]
     rises = sum(a < b for a, b in zip(longest, longest[1:]))
     assert rises < 0.75 * (len(longest) - 1)  # a length sweep would rise at almost every step
+
+
+def test_phoneme_error_decodes_the_phoneme_head_greedily():
+    """`phoneme_error`: a head that says blank everywhere deletes every phoneme (PER 1); one that
+    says phoneme 4 in every slot writes a single 4 (repeats merge), so against [4, 4, 4] two of
+    three are missing and against [4] nothing is."""
+    from harken.cloud.synth import train as T
+
+    model = T.Trainee(T.tiny_train_config(), T.Vocab(list(range(50)), 151936), 10, seed=2).eval()
+    feats = [np.random.default_rng(0).standard_normal((128, 300)).astype(np.float16)]
+    with torch.no_grad():
+        model.phone_head.weight.zero_()
+        model.phone_head.bias.zero_()
+        model.phone_head.bias[0] = model.phone_head.bias[11] = 10.0  # blank in both slots
+    assert T.phoneme_error(model, feats, [[1, 2, 3]]) == 1.0
+    with torch.no_grad():
+        model.phone_head.bias.zero_()
+        model.phone_head.bias[4] = model.phone_head.bias[11 + 4] = 10.0  # phoneme 4 in both slots
+    assert math.isclose(T.phoneme_error(model, feats, [[4, 4, 4]]), 2 / 3)
+    assert T.phoneme_error(model, feats, [[4]]) == 0.0

@@ -89,7 +89,10 @@ def plot_curve(log_path: Path, png: Path) -> None:
     ax.set_ylabel("loss (nats)")
     ax2 = ax.twinx()
     ax2.plot(steps, [100 * r["heldout_wer"] for r in recs], "k--", label="held-out WER %")
-    ax2.set_ylabel("WER %")
+    per = [(r["step"], 100 * r["heldout_per"]) for r in recs if "heldout_per" in r]
+    if per:
+        ax2.plot(*zip(*per), "k:", label="held-out phoneme error %")
+    ax2.set_ylabel("error %")
     ax.legend(loc="upper left")
     ax2.legend(loc="upper right")
     fig.tight_layout()

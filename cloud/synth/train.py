@@ -332,6 +332,24 @@ def cpu_has_bf16() -> bool:
     return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
+@torch.no_grad()
+def phoneme_error(model: Trainee, feats: list[np.ndarray], refs: list[list[int]]) -> float:
+    """The encoder's phoneme error rate: its phoneme head decoded greedily (best symbol of each CTC
+    slot, repeats merged, blanks dropped) against espeak-ng's phonemes, edit distance over the
+    reference length (jiwer over the phoneme ids). What the encoder hears, apart from the decoder."""
+    import jiwer
+
+    dev = model.emb.device
+    hyps = []
+    for f in feats:
+        a = model.encoder.encode_items([torch.from_numpy(f.astype(np.float32)).to(dev)])[0]
+        best = model.phone_head(a).view(2 * a.shape[0], -1).argmax(-1).tolist()  # slot order: row t -> 2t, 2t+1
+        merged = [p for i, p in enumerate(best) if p != 0 and (i == 0 or best[i - 1] != p)]
+        hyps.append(" ".join(map(str, merged)))
+    pairs = [(" ".join(map(str, r)), h) for r, h in zip(refs, hyps) if r]
+    return float(jiwer.wer([r for r, _ in pairs], [h for _, h in pairs])) if pairs else float("nan")
+
+
 # --- the loop -----------------------------------------------------------------------------------
 
 @dataclass
@@ -462,6 +480,9 @@ def train(opts: TrainOptions, log=print) -> Path:
         held_feats = [corpus.render_features(u.recipe).astype(np.float16) for u in held]
         np.savez(held_feats_path, **{f"f{i}": f for i, f in enumerate(held_feats)})
     held_refs = [u.recipe.text for u in held]
+    from harken.cloud.synth import speech
+
+    held_phones = [[table[c] for c in speech.phonemes(u.recipe.text, u.recipe.voice) if c in table] for u in held]
 
     recipe = {"config": config_name, "seed": opts.seed, "lr": opts.lr, "hold_steps": opts.hold_steps,
               "batch_frames": opts.batch_frames, "source_weights": corpus.SOURCE_WEIGHTS,
@@ -510,13 +531,15 @@ def train(opts: TrainOptions, log=print) -> Path:
         w, hyps = evaluate(ckpt, held_feats, held_refs)
         gain = audio_gain(model, held_feats, [target_ids(tok, spell, r) for r in held_refs],
                           (prefix, suffix), len(target_prefix))
+        per = phoneme_error(model, held_feats, held_phones)
         rec = {"step": step, "time_s": round(time.time() - t0, 1), **{k: round(v, 4) for k, v in avg.items()},
-               "heldout_wer": round(w, 4), "audio_gain": round(gain, 4), "audio_h": round(frames_seen / 360000, 2),
+               "heldout_wer": round(w, 4), "audio_gain": round(gain, 4), "heldout_per": round(per, 4),
+               "audio_h": round(frames_seen / 360000, 2),
                "audio_per_s": round(seen_frames / 100 / max(time.time() - t0, 1e-9), 1),
                "machine": machine, "date": time.strftime("%Y-%m-%d"), "example": hyps[0]}
         with log_path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
-        log(f"eval step {step}: held-out WER {w:.3f} | ref {held_refs[0]!r} | hyp {hyps[0]!r}")
+        log(f"eval step {step}: held-out WER {w:.3f} PER {per:.3f} | ref {held_refs[0]!r} | hyp {hyps[0]!r}")
         plot_curve(log_path, out / "curve.png")
         save()
 
