@@ -357,7 +357,7 @@ def test_batches_cover_each_utterance_once_in_shuffled_length_buckets():
 
 
 def test_phoneme_error_decodes_the_phoneme_head_greedily():
-    """`phoneme_error`: a head that says blank everywhere deletes every phoneme (PER 1); one that
+    """`evaluation.phoneme_error`: a head that says blank everywhere deletes every phoneme (PER 1); one that
     says phoneme 4 in every slot writes a single 4 (repeats merge), so against [4, 4, 4] two of
     three are missing and against [4] nothing is."""
     from harken.cloud.synth import train as T
@@ -368,9 +368,9 @@ def test_phoneme_error_decodes_the_phoneme_head_greedily():
         model.phone_head.weight.zero_()
         model.phone_head.bias.zero_()
         model.phone_head.bias[0] = model.phone_head.bias[11] = 10.0  # blank in both slots
-    assert T.phoneme_error(model, feats, [[1, 2, 3]]) == 1.0
+    assert evaluation.phoneme_error(model, feats, [[1, 2, 3]]) == 1.0
     with torch.no_grad():
         model.phone_head.bias.zero_()
         model.phone_head.bias[4] = model.phone_head.bias[11 + 4] = 10.0  # phoneme 4 in both slots
-    assert math.isclose(T.phoneme_error(model, feats, [[4, 4, 4]]), 2 / 3)
-    assert T.phoneme_error(model, feats, [[4]]) == 0.0
+    assert math.isclose(evaluation.phoneme_error(model, feats, [[4, 4, 4]]), 2 / 3)
+    assert evaluation.phoneme_error(model, feats, [[4]]) == 0.0

@@ -1,5 +1,5 @@
 """synth-en's checkpoint and its measures: the official-layout export, held-out WER (jiwer after the
-Whisper English normaliser), the loss/WER curve."""
+Whisper English normaliser), the encoder's phoneme error, the loss/WER curve."""
 
 from __future__ import annotations
 
@@ -68,6 +68,25 @@ def evaluate(ckpt_dir: Path, feats: list[np.ndarray], refs: list[str]) -> tuple[
     asr = Qwen3ASR.load(str(ckpt_dir), dtype="fp32", device="cpu")
     hyps = [asr.transcribe(f.astype(np.float32), limits=DecodeLimits()).text for f in feats]
     return wer(refs, hyps), hyps
+
+
+def phoneme_error(model: Trainee, feats: list[np.ndarray], refs: list[list[int]]) -> float:
+    """The encoder's phoneme error rate: its phoneme head decoded greedily (best symbol of each CTC
+    slot, repeats merged, blanks dropped) against espeak-ng's phonemes, edit distance over the
+    reference length (jiwer over the phoneme ids). What the encoder hears, apart from the decoder."""
+    import jiwer
+    import torch
+
+    dev = model.emb.device
+    hyps = []
+    for f in feats:
+        with torch.no_grad():
+            a = model.encoder.encode_items([torch.from_numpy(f.astype(np.float32)).to(dev)])[0]
+            best = model.phone_head(a).view(2 * a.shape[0], -1).argmax(-1).tolist()  # row t -> slots 2t, 2t+1
+        merged = [p for i, p in enumerate(best) if p != 0 and (i == 0 or best[i - 1] != p)]
+        hyps.append(" ".join(map(str, merged)))
+    pairs = [(" ".join(map(str, r)), h) for r, h in zip(refs, hyps) if r]
+    return float(jiwer.wer([r for r, _ in pairs], [h for _, h in pairs])) if pairs else float("nan")
 
 
 def plot_curve(log_path: Path, png: Path) -> None:

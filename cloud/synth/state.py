@@ -175,3 +175,13 @@ def pack_run(out: Path, warmstart_dir: Path = WARMSTART_DIR, recipe: dict[str, A
     _, total = pack(state, meta, warmstart_dir)
     return {k: v for k, v in meta.items() if k != "history"} | {"bytes": total, "dir": str(warmstart_dir),
                                                                   "evaluations": len(evals)}
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16, per /proc/cpuinfo): there
+    bf16 autocast is faster than fp32; elsewhere it is emulated and slower."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags

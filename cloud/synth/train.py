@@ -50,7 +50,7 @@ from harken.cloud.model.tokenizer import Tokenizer
 from harken.cloud.synth import corpus, pieces
 from harken.cloud.synth import state as warm
 from harken.cloud.synth.alignment import guided_attention_loss, guided_heads, token_rows
-from harken.cloud.synth.evaluation import evaluate, export_checkpoint, plot_curve
+from harken.cloud.synth.evaluation import evaluate, export_checkpoint, phoneme_error, plot_curve
 from harken.cloud.synth.examples import (TARGET_PREFIX, Example, TextExample, Vocab, batches, corpus_shards,
                                          load_examples, load_texts, phone_table_of, target_ids, text_files)
 from harken.cloud.synth.pieces import Pieces
@@ -322,34 +322,6 @@ def audio_gain(model: Trainee, feats: list[np.ndarray], targets: list[list[int]]
     return other - own
 
 
-def cpu_has_bf16() -> bool:
-    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16, per /proc/cpuinfo): there
-    bf16 autocast is faster than fp32; elsewhere it is emulated and slower."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
-
-
-@torch.no_grad()
-def phoneme_error(model: Trainee, feats: list[np.ndarray], refs: list[list[int]]) -> float:
-    """The encoder's phoneme error rate: its phoneme head decoded greedily (best symbol of each CTC
-    slot, repeats merged, blanks dropped) against espeak-ng's phonemes, edit distance over the
-    reference length (jiwer over the phoneme ids). What the encoder hears, apart from the decoder."""
-    import jiwer
-
-    dev = model.emb.device
-    hyps = []
-    for f in feats:
-        a = model.encoder.encode_items([torch.from_numpy(f.astype(np.float32)).to(dev)])[0]
-        best = model.phone_head(a).view(2 * a.shape[0], -1).argmax(-1).tolist()  # slot order: row t -> 2t, 2t+1
-        merged = [p for i, p in enumerate(best) if p != 0 and (i == 0 or best[i - 1] != p)]
-        hyps.append(" ".join(map(str, merged)))
-    pairs = [(" ".join(map(str, r)), h) for r, h in zip(refs, hyps) if r]
-    return float(jiwer.wer([r for r, _ in pairs], [h for _, h in pairs])) if pairs else float("nan")
-
-
 # --- the loop -----------------------------------------------------------------------------------
 
 @dataclass
@@ -508,7 +480,7 @@ def train(opts: TrainOptions, log=print) -> Path:
             signal.signal(sig, on_signal)
         except ValueError:  # not the main thread: no handler, the periodic saves remain
             pass
-    bf16 = (opts.device.startswith("cuda") or cpu_has_bf16()) if opts.bf16 is None else opts.bf16
+    bf16 = (opts.device.startswith("cuda") or warm.cpu_has_bf16()) if opts.bf16 is None else opts.bf16
     autocast = (torch.autocast(torch.device(opts.device).type, dtype=torch.bfloat16) if bf16 else nullcontext())
 
     def lr_at(s: int) -> float:
