@@ -181,7 +181,7 @@ def _train_parser(sub: Subparsers) -> None:
     s.add_argument("--corpus-only", action="store_true",
                    help="build the corpus and stop (training runs this in a process beside itself)")
     s.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
-                   help="autocast the model's matrix products to bf16 (default: on with --device cuda)")
+                   help="autocast the model's matrix products to bf16, softmaxes in fp32 (default: on with --device cuda and on a CPU with bf16 units, avx512_bf16 or amx_bf16)")
     s.add_argument("--piper-share", type=float, default=0.25,
                    help="share of utterances in the Piper voice (default 0.25; 0: espeak-ng voices only)")
 
