@@ -229,7 +229,7 @@ def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6", "--phrases", "3", "--texts", "5",
-           "--steps", "2", "--eval-every", "2", "--eval-n", "2", "--threads", "1", "--workers", "1", "--batch-frames", "3000"]
+           "--steps", "2", "--eval-every", "2", "--eval-n", "3", "--threads", "1", "--workers", "1", "--batch-frames", "3000"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     cmd[cmd.index("--steps") + 1] = "3"
@@ -239,6 +239,8 @@ def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [2, 3] and all(0.0 <= r["heldout_wer"] for r in log)
     assert all(0.0 <= r["heldout_per"] for r in log)  # the encoder's phoneme error beside the WER
+    # and both by voice family (the held-out set's first three: Piper, Piper, espeak-ng)
+    assert all(0.0 <= r[f"heldout_{m}_{v}"] for r in log for m in ("wer", "per") for v in ("piper", "espeak"))
     assert (out / "curve.png").stat().st_size > 1000
     ckpt = Path(json.loads(second.stdout)["checkpoint"])
     w = load_file(str(ckpt / "model.safetensors"))
@@ -354,6 +356,18 @@ def test_batches_cover_each_utterance_once_in_shuffled_length_buckets():
     longest = [max(e.feats.shape[1] for e in b) for b in got]
     rises = sum(a < b for a, b in zip(longest, longest[1:]))
     assert rises < 0.75 * (len(longest) - 1)  # a length sweep would rise at almost every step
+
+
+def test_rates_by_voice_score_each_voice_family_alone():
+    """Held-out WER and phoneme error split into Piper and espeak-ng utterances: each family's rate is
+    its own errors over its own reference length, not the mean of per-utterance rates."""
+    voices = ["piper-joe", "en-us", "piper-joe", "en-gb-scotland"]
+    refs = ["red green blue", "cat dog", "sun", "tree leaf"]
+    hyps = ["red green blue", "cat", "son", "tree"]
+    assert evaluation.rates_by_voice(voices, refs, hyps, evaluation.wer) == {"espeak": 2 / 4, "piper": 1 / 4}
+    prefs, phyps = [[1, 2, 3], [4, 5], [6], [7, 8]], [[1, 2, 3], [4], [9], [7]]
+    assert evaluation.rates_by_voice(voices, prefs, phyps, evaluation.phoneme_rate) == {"espeak": 0.5, "piper": 0.25}
+    assert evaluation.rates_by_voice(voices[:1], prefs[:1], [[1]], evaluation.phoneme_rate) == {"piper": 2 / 3}
 
 
 def test_phoneme_error_decodes_the_phoneme_head_greedily():

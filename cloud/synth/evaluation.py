@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -70,11 +70,9 @@ def evaluate(ckpt_dir: Path, feats: list[np.ndarray], refs: list[str]) -> tuple[
     return wer(refs, hyps), hyps
 
 
-def phoneme_error(model: Trainee, feats: list[np.ndarray], refs: list[list[int]]) -> float:
-    """The encoder's phoneme error rate: its phoneme head decoded greedily (best symbol of each CTC
-    slot, repeats merged, blanks dropped) against espeak-ng's phonemes, edit distance over the
-    reference length (jiwer over the phoneme ids). What the encoder hears, apart from the decoder."""
-    import jiwer
+def phoneme_hyps(model: Trainee, feats: list[np.ndarray]) -> list[list[int]]:
+    """The encoder's phoneme head decoded greedily: the best symbol of each CTC slot, repeats merged,
+    blanks dropped. What the encoder hears, apart from the decoder."""
     import torch
 
     dev = model.emb.device
@@ -83,10 +81,36 @@ def phoneme_error(model: Trainee, feats: list[np.ndarray], refs: list[list[int]]
         with torch.no_grad():
             a = model.encoder.encode_items([torch.from_numpy(f.astype(np.float32)).to(dev)])[0]
             best = model.phone_head(a).view(2 * a.shape[0], -1).argmax(-1).tolist()  # row t -> slots 2t, 2t+1
-        merged = [p for i, p in enumerate(best) if p != 0 and (i == 0 or best[i - 1] != p)]
-        hyps.append(" ".join(map(str, merged)))
-    pairs = [(" ".join(map(str, r)), h) for r, h in zip(refs, hyps) if r]
+        hyps.append([p for i, p in enumerate(best) if p != 0 and (i == 0 or best[i - 1] != p)])
+    return hyps
+
+
+def phoneme_rate(refs: list[list[int]], hyps: list[list[int]]) -> float:
+    """Edit distance over the reference length, summed over the utterances (jiwer over phoneme ids)."""
+    import jiwer
+
+    pairs = [(" ".join(map(str, r)), " ".join(map(str, h))) for r, h in zip(refs, hyps) if r]
     return float(jiwer.wer([r for r, _ in pairs], [h for _, h in pairs])) if pairs else float("nan")
+
+
+def phoneme_error(model: Trainee, feats: list[np.ndarray], refs: list[list[int]]) -> float:
+    """The encoder's phoneme error rate against espeak-ng's phonemes (`phoneme_hyps`, `phoneme_rate`)."""
+    return phoneme_rate(refs, phoneme_hyps(model, feats))
+
+
+def voice_family(voice: str) -> str:
+    """'piper' for the Piper voice(s), 'espeak' for espeak-ng's: the two kinds of synthetic speech."""
+    return "piper" if voice.startswith("piper") else "espeak"
+
+
+def rates_by_voice(voices: list[str], refs: list[Any], hyps: list[Any],
+                   rate: Callable[[list[Any], list[Any]], float]) -> dict[str, float]:
+    """`rate` (`wer`, `phoneme_rate`) over each voice family's utterances alone."""
+    out = {}
+    for family in sorted({voice_family(v) for v in voices}):
+        idx = [i for i, v in enumerate(voices) if voice_family(v) == family]
+        out[family] = rate([refs[i] for i in idx], [hyps[i] for i in idx])
+    return out
 
 
 def plot_curve(log_path: Path, png: Path) -> None:
