@@ -239,8 +239,9 @@ def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [2, 3] and all(0.0 <= r["heldout_wer"] for r in log)
     assert all(0.0 <= r["heldout_per"] for r in log)  # the encoder's phoneme error beside the WER
-    # and both by voice family (the held-out set's first three: Piper, Piper, espeak-ng)
+    # and by voice family (the held-out set's first three: Piper, Piper, espeak-ng) and text source
     assert all(0.0 <= r[f"heldout_{m}_{v}"] for r in log for m in ("wer", "per") for v in ("piper", "espeak"))
+    assert all(0.0 <= r["heldout_wer_meeting"] for r in log)
     assert (out / "curve.png").stat().st_size > 1000
     ckpt = Path(json.loads(second.stdout)["checkpoint"])
     w = load_file(str(ckpt / "model.safetensors"))
@@ -358,16 +359,19 @@ def test_batches_cover_each_utterance_once_in_shuffled_length_buckets():
     assert rises < 0.75 * (len(longest) - 1)  # a length sweep would rise at almost every step
 
 
-def test_rates_by_voice_score_each_voice_family_alone():
-    """Held-out WER and phoneme error split into Piper and espeak-ng utterances: each family's rate is
-    its own errors over its own reference length, not the mean of per-utterance rates."""
-    voices = ["piper-joe", "en-us", "piper-joe", "en-gb-scotland"]
+def test_rates_by_group_score_each_group_alone():
+    """Held-out WER and phoneme error split by voice family (Piper, espeak-ng) or text source: each
+    group's rate is its own errors over its own reference length, not a mean of per-utterance rates."""
+    voices = [evaluation.voice_family(v) for v in ["piper-joe", "en-us", "piper-joe", "en-gb-scotland"]]
+    assert voices == ["piper", "espeak", "piper", "espeak"]
     refs = ["red green blue", "cat dog", "sun", "tree leaf"]
     hyps = ["red green blue", "cat", "son", "tree"]
-    assert evaluation.rates_by_voice(voices, refs, hyps, evaluation.wer) == {"espeak": 2 / 4, "piper": 1 / 4}
+    assert evaluation.rates_by(voices, refs, hyps, evaluation.wer) == {"espeak": 2 / 4, "piper": 1 / 4}
     prefs, phyps = [[1, 2, 3], [4, 5], [6], [7, 8]], [[1, 2, 3], [4], [9], [7]]
-    assert evaluation.rates_by_voice(voices, prefs, phyps, evaluation.phoneme_rate) == {"espeak": 0.5, "piper": 0.25}
-    assert evaluation.rates_by_voice(voices[:1], prefs[:1], [[1]], evaluation.phoneme_rate) == {"piper": 2 / 3}
+    assert evaluation.rates_by(voices, prefs, phyps, evaluation.phoneme_rate) == {"espeak": 0.5, "piper": 0.25}
+    assert evaluation.rates_by(voices[:1], prefs[:1], [[1]], evaluation.phoneme_rate) == {"piper": 2 / 3}
+    sources = ["meeting", "meeting", "kjv", "meeting"]
+    assert evaluation.rates_by(sources, refs, hyps, evaluation.wer) == {"kjv": 1.0, "meeting": 2 / 7}
 
 
 def test_phoneme_error_decodes_the_phoneme_head_greedily():

@@ -103,13 +103,24 @@ def voice_family(voice: str) -> str:
     return "piper" if voice.startswith("piper") else "espeak"
 
 
-def rates_by_voice(voices: list[str], refs: list[Any], hyps: list[Any],
-                   rate: Callable[[list[Any], list[Any]], float]) -> dict[str, float]:
-    """`rate` (`wer`, `phoneme_rate`) over each voice family's utterances alone."""
+def rates_by(groups: list[str], refs: list[Any], hyps: list[Any],
+             rate: Callable[[list[Any], list[Any]], float]) -> dict[str, float]:
+    """`rate` (`wer`, `phoneme_rate`) over each group's utterances alone (groups: `voice_family`,
+    text source), so a group's figure is its own errors over its own reference length."""
     out = {}
-    for family in sorted({voice_family(v) for v in voices}):
-        idx = [i for i, v in enumerate(voices) if voice_family(v) == family]
-        out[family] = rate([refs[i] for i in idx], [hyps[i] for i in idx])
+    for g in sorted(set(groups)):
+        idx = [i for i, x in enumerate(groups) if x == g]
+        out[g] = rate([refs[i] for i in idx], [hyps[i] for i in idx])
+    return out
+
+
+def held_out_split(families: list[str], sources: list[str], refs: list[str], hyps: list[str],
+                   phones: list[list[int]], phone_hyps: list[list[int]]) -> dict[str, float]:
+    """The evaluation record's split: heldout_wer_{piper,espeak}, heldout_per_{piper,espeak} by voice
+    family and heldout_wer_{meeting,fortunes,kjv} by text source."""
+    out = {f"heldout_wer_{k}": v for k, v in rates_by(families, refs, hyps, wer).items()}
+    out |= {f"heldout_per_{k}": v for k, v in rates_by(families, phones, phone_hyps, phoneme_rate).items()}
+    out |= {f"heldout_wer_{k}": v for k, v in rates_by(sources, refs, hyps, wer).items()}
     return out
 
 

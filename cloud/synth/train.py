@@ -50,8 +50,8 @@ from harken.cloud.model.tokenizer import Tokenizer
 from harken.cloud.synth import corpus, pieces
 from harken.cloud.synth import state as warm
 from harken.cloud.synth.alignment import guided_attention_loss, guided_heads, token_rows
-from harken.cloud.synth.evaluation import (evaluate, export_checkpoint, phoneme_hyps, phoneme_rate, plot_curve,
-                                           rates_by_voice, wer)
+from harken.cloud.synth.evaluation import (evaluate, export_checkpoint, held_out_split, phoneme_hyps, phoneme_rate,
+                                           plot_curve, voice_family)
 from harken.cloud.synth.examples import (TARGET_PREFIX, Example, TextExample, Vocab, batches, corpus_shards,
                                          load_examples, load_texts, phone_table_of, target_ids, text_files)
 from harken.cloud.synth.pieces import Pieces
@@ -453,7 +453,8 @@ def train(opts: TrainOptions, log=print) -> Path:
         held_feats = [corpus.render_features(u.recipe).astype(np.float16) for u in held]
         np.savez(held_feats_path, **{f"f{i}": f for i, f in enumerate(held_feats)})
     held_refs = [u.recipe.text for u in held]
-    held_voices = [u.recipe.voice for u in held]
+    held_voices = [voice_family(u.recipe.voice) for u in held]
+    held_sources = [u.source for u in held]
     from harken.cloud.synth import speech
 
     held_phones = [[table[c] for c in speech.phonemes(u.recipe.text, u.recipe.voice) if c in table] for u in held]
@@ -507,9 +508,7 @@ def train(opts: TrainOptions, log=print) -> Path:
                           (prefix, suffix), len(target_prefix))
         ph_hyps = phoneme_hyps(model, held_feats)
         per = phoneme_rate(held_phones, ph_hyps)
-        split = {**{f"heldout_wer_{k}": v for k, v in rates_by_voice(held_voices, held_refs, hyps, wer).items()},
-                 **{f"heldout_per_{k}": v for k, v in rates_by_voice(held_voices, held_phones, ph_hyps,
-                                                                      phoneme_rate).items()}}
+        split = held_out_split(held_voices, held_sources, held_refs, hyps, held_phones, ph_hyps)
         rec = {"step": step, "time_s": round(time.time() - t0, 1), **{k: round(v, 4) for k, v in avg.items()},
                "heldout_wer": round(w, 4), "audio_gain": round(gain, 4), "heldout_per": round(per, 4),
                **{k: round(v, 4) for k, v in split.items()},
