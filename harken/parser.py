@@ -148,6 +148,12 @@ def _train_parser(sub: Subparsers) -> None:
     s.add_argument("--texts", type=int, default=40000,
                    help="training texts without audio, as espeak-ng phonemes: the decoder reads them from "
                         "phoneme-embedding rows and learns words no utterance has spoken (default 40000)")
+    s.add_argument("--jumbles", type=int, default=8000,
+                   help="jumbles: 3-12 words drawn from different training texts, in no predictable order, "
+                        "spoken by espeak-ng voices: the decoder can only get them right by reading the "
+                        "audio (default 8000, ~8 h)")
+    s.add_argument("--jumble-texts", type=int, default=20000,
+                   help="jumbles without audio, read from phoneme-embedding rows like --texts (default 20000)")
     s.add_argument("--corpus", help="corpus directory (default OUTDIR/corpus)")
     s.add_argument("--steps", type=int, default=None, help="optimiser steps (default 20000; synth-align 2000)")
     s.add_argument("--batch-frames", type=int, default=None,

@@ -57,6 +57,65 @@ def test_no_sentence_of_the_held_out_set_is_trained_on(split):
         assert not speech.held_out_combo(u.recipe.voice, u.recipe.variant, u.recipe.rate)
 
 
+def test_jumbles_are_training_words_in_an_order_no_text_has(split, tmp_path, monkeypatch):
+    """Jumbles: 3-12 words, each drawn from a training text, espeak-ng voices only (even where every
+    utterance could be Piper), training voice x speed combinations, deterministic; adjacent words
+    are a bigram of the training text (what a language model would predict) about as often as two
+    words drawn at random, not almost always as in a phrase; the texts without audio of kind
+    "jumble" are the same kind of text with its phonemes."""
+    train, held = split
+
+    def norm(w: str) -> str:
+        return w.strip(".,;:!?\"()[]").lower()
+
+    vocab = {norm(w) for group in train.values() for t in group for w in t.split()}
+    bigrams = {(norm(a), norm(b)) for group in train.values() for t in group for a, b in zip(t.split(), t.split()[1:])}
+
+    def bigram_share(texts: list[str]) -> float:
+        pairs = [(norm(a), norm(b)) for t in texts for a, b in zip(t.split(), t.split()[1:])]
+        return sum(p in bigrams for p in pairs) / len(pairs)
+
+    jumbles = [corpus.plan_jumble(0, i, piper_share=1.0) for i in range(200)]
+    for i, u in enumerate(jumbles):
+        assert u == corpus.plan_jumble(0, i, piper_share=1.0) and u.source == "jumble"
+        assert u.recipe.voice != speech.PIPER
+        assert not speech.held_out_combo(u.recipe.voice, u.recipe.variant, u.recipe.rate)
+        words = u.recipe.text.split()
+        assert 1 <= len(words) <= corpus.JUMBLE_WORDS[1] and u.recipe.text[0] == u.recipe.text[0].upper()
+        assert all(norm(w) in vocab for w in words)
+    phrases = [corpus.plan_phrase(0, i).recipe.text for i in range(200)]
+    assert bigram_share([u.recipe.text for u in jumbles]) < 0.35 < 0.9 < bigram_share(phrases)  # measured 0.24, 0.97
+    monkeypatch.setattr(corpus, "TEXT_LINES", 2)
+    paths = corpus.build_text_phonemes(tmp_path, 3, kind="jumble")
+    assert [p.name for p in paths] == ["text-jumble-00000.jsonl", "text-jumble-00001.jsonl"]
+    for d in (json.loads(x) for p in paths for x in p.read_text().splitlines()):
+        assert d["source"] == "jumble" and all(w.lower() in vocab for w in d["text"].split())
+        assert d["phonemes"] == speech.phonemes(d["text"], d["accent"])
+
+
+def test_corpus_only_builds_every_kind_and_then_counts_as_complete(tmp_path):
+    """`harken train synth-en OUT --corpus-only`: utterance, phrase and jumble shards, texts and jumble
+    texts without audio; the trainer's check then finds nothing left to build."""
+    from harken.cloud.synth import commands
+    from harken.cloud.synth.examples import corpus_shards
+    from harken.cloud.synth.train import TrainOptions
+
+    sizes = {"utterances": 2, "phrases": 2, "texts": 2, "jumbles": 3, "jumble_texts": 2}
+    cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(tmp_path), "--corpus-only", "--workers", "1",
+           "--piper-share", "0"] + [a for k, v in sizes.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    cdir = tmp_path / "corpus"
+    assert commands._corpus_complete(cdir, sizes)
+    assert not commands._corpus_complete(cdir, {**sizes, "jumbles": 1001})
+    shards = corpus_shards(TrainOptions(corpus=cdir, out=tmp_path))
+    assert [p.name for p in shards] == ["train-00000.npz", "phrase-00000.npz", "jumble-00000.npz"]
+    _, lengths, meta = corpus.load_shard(cdir / "jumble-00000.npz")
+    assert len(lengths) == 3 and {m["source"] for m in meta} == {"jumble"}
+    assert [m["text"] for m in meta] == [corpus.plan_jumble(0, i).recipe.text for i in range(3)]
+    assert len((cdir / "text-jumble-00000.jsonl").read_text().splitlines()) == 2
+
+
 def test_held_out_file_is_what_the_generator_makes():
     """The committed held-out set (text + recipes) is reproducible from the seed."""
     assert [u.recipe for u in corpus.held_out_recipes()] == [u.recipe for u in corpus.read_held_out()]
@@ -228,7 +287,7 @@ def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
     from harken.cloud.model.asr import Qwen3ASR
 
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6", "--phrases", "3", "--texts", "5",
+    cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6", "--phrases", "3", "--texts", "5", "--jumbles", "2", "--jumble-texts", "3",
            "--steps", "2", "--eval-every", "2", "--eval-n", "3", "--threads", "1", "--workers", "1", "--batch-frames", "3000"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]

@@ -13,7 +13,7 @@ from harken.shared.errors import HarkenError
 
 
 def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = None, steps: int = 20000,
-                  phrases: int = 20000, texts: int = 40000,
+                  phrases: int = 20000, texts: int = 40000, jumbles: int = 8000, jumble_texts: int = 20000,
                   threads: int = 2, workers: int = 2, seed: int = 0, tiny: bool = False,
                   eval_every: int = 400, eval_n: int = 40, batch_frames: int = 4000,
                   device: str = "cpu", init_from: str | None = None, lr: float = 2e-3,
@@ -31,7 +31,8 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
         print(json.dumps(warm.pack_run(outdir, target)))
         return 0
     cdir = Path(corpus_dir) if corpus_dir else outdir / "corpus"
-    sizes = {"utterances": utterances, "phrases": phrases, "texts": texts}
+    sizes = {"utterances": utterances, "phrases": phrases, "texts": texts, "jumbles": jumbles,
+             "jumble_texts": jumble_texts}
     if corpus_only:
         build_corpus(cdir, sizes, seed, workers, piper_share)
         return 0
@@ -79,29 +80,33 @@ def build_corpus(cdir: Path, sizes: dict[str, int], seed: int, workers: int, pip
         done[0] += 1
         print(f"corpus: {path.name} ({done[0]} new files, {time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
 
-    print(f"corpus: {sizes['utterances']} utterances, {sizes['phrases']} phrases and {sizes['texts']} texts "
-          f"without audio in {cdir} (finished shards are kept)", file=sys.stderr, flush=True)
-    files = {"utterances": corpus.SHARD, "phrases": corpus.SHARD, "texts": corpus.TEXT_LINES}
-    n_files = {k: -(-sizes[k] // per) for k, per in files.items()}
+    print(f"corpus: {sizes['utterances']} utterances, {sizes['phrases']} phrases, {sizes['jumbles']} jumbles, "
+          f"{sizes['texts']} texts and {sizes['jumble_texts']} jumbles without audio in {cdir} (finished shards "
+          f"are kept)", file=sys.stderr, flush=True)
+    per = {k: corpus.TEXT_LINES if k.endswith("texts") else corpus.SHARD for k in sizes}
+    n_files = {k: -(-sizes[k] // per[k]) for k in sizes}
     rounds = max(1, *n_files.values())
     for j in range(1, rounds + 1):  # round j: ceil(j / rounds) of each kind's files
-        upto = {k: min(sizes[k], -(-j * n_files[k] // rounds) * per) for k, per in files.items()}
-        corpus.build(cdir, upto["phrases"], seed=seed, workers=workers, progress=progress, kind="phrase",
-                     piper_share=piper_share)
-        corpus.build(cdir, upto["utterances"], seed=seed, workers=workers, progress=progress,
-                     piper_share=piper_share)
+        upto = {k: min(sizes[k], -(-j * n_files[k] // rounds) * per[k]) for k in sizes}
+        for kind, size in (("phrase", "phrases"), ("train", "utterances"), ("jumble", "jumbles")):
+            corpus.build(cdir, upto[size], seed=seed, workers=workers, progress=progress, kind=kind,
+                         piper_share=piper_share)
         corpus.build_text_phonemes(cdir, upto["texts"], seed=seed, progress=progress)
+        corpus.build_text_phonemes(cdir, upto["jumble_texts"], seed=seed, progress=progress, kind="jumble")
 
 
 def _corpus_complete(cdir: Path, sizes: dict[str, int]) -> bool:
     from harken.cloud.synth import corpus
 
-    def n(k: int) -> int:
-        return -(-k // corpus.SHARD)
+    def n(k: int, per: int = corpus.SHARD) -> int:
+        return -(-k // per)
 
-    return (all(corpus.shard_path(cdir, "train", k).exists() for k in range(n(sizes["utterances"])))
-            and all(corpus.shard_path(cdir, "phrase", k).exists() for k in range(n(sizes["phrases"])))
-            and all((cdir / f"text-{k:05d}.jsonl").exists() for k in range(-(-sizes["texts"] // corpus.TEXT_LINES))))
+    return (all(corpus.shard_path(cdir, kind, k).exists()
+                for kind, size in (("train", "utterances"), ("phrase", "phrases"), ("jumble", "jumbles"))
+                for k in range(n(sizes[size])))
+            and all(corpus.text_file(cdir, kind, k).exists()
+                    for kind, size in (("text", "texts"), ("jumble", "jumble_texts"))
+                    for k in range(n(sizes[size], corpus.TEXT_LINES))))
 
 
 def _start_corpus_builder(out: str, cdir: Path, sizes: dict[str, int], seed: int, workers: int,
@@ -113,7 +118,8 @@ def _start_corpus_builder(out: str, cdir: Path, sizes: dict[str, int], seed: int
     cdir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", out, "--corpus-only", "--corpus", str(cdir),
            "--utterances", str(sizes["utterances"]), "--phrases", str(sizes["phrases"]),
-           "--texts", str(sizes["texts"]), "--seed", str(seed), "--workers", str(workers),
+           "--texts", str(sizes["texts"]), "--jumbles", str(sizes["jumbles"]),
+           "--jumble-texts", str(sizes["jumble_texts"]), "--seed", str(seed), "--workers", str(workers),
            "--piper-share", str(piper_share)]
     log = open(cdir / "build.log", "a")  # noqa: SIM115 (the child holds it)
     print(f"corpus: building in the background (log: {cdir / 'build.log'}); training starts on its first "

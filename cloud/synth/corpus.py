@@ -84,26 +84,62 @@ def plan_phrase(seed: int, i: int, piper_share: float = PIPER_SHARE) -> Utteranc
                      source)
 
 
-PLANNERS = {"train": plan, "phrase": plan_phrase}
+JUMBLE_WORDS = (3, 12)  # jumbles: this many words, each from a different training text
+
+
+def _jumble(r: random.Random, seed: int) -> str:
+    """Words drawn one by one from training texts (so as often as they are spoken), in no order a
+    language model could predict: only reading the audio gets them right."""
+    pool = _split_sources(seed)[0]
+    words: list[str] = []
+    for _ in range(r.randint(*JUMBLE_WORDS)):
+        text = _pick_text(r, pool)[1].split()
+        j = r.randrange(len(text))
+        w = text[j].strip(".,;:!?\"()[]")
+        if j == 0 and w[1:].islower() and w != "I":  # a capital only because it began a sentence
+            w = w.lower()
+        if any(c.isalnum() for c in w):
+            words.append(w)
+    s = " ".join(words) or "yes"
+    return s[0].upper() + s[1:]
+
+
+def plan_jumble(seed: int, i: int, piper_share: float = PIPER_SHARE) -> Utterance:
+    """The i-th jumble (`_jumble`), in an espeak-ng voice whatever `piper_share` is (Piper costs ~30x
+    the CPU). Decoders that had learnt meeting talk lost their place in other text after two or three
+    words and went on with a meeting sentence; jumbles train the reading itself."""
+    r = random.Random(f"synth-en:{seed}:jumble:{i}")
+    return Utterance(speech.sample_recipe(r, _jumble(r, seed), held_out=False, piper_share=0.0), "jumble")
+
+
+PLANNERS = {"train": plan, "phrase": plan_phrase, "jumble": plan_jumble}
 TEXT_LINES = 1000  # lines per `text-NNNNN.jsonl` file
 
 
-def build_text_phonemes(out: str | Path, n: int, seed: int = 0, progress=None) -> list[Path]:
-    """Text without audio: `n` training texts (picked as utterances are) with espeak-ng's phonemes
-    in a random English accent, in files `text-NNNNN.jsonl` of `TEXT_LINES` lines (resuming:
-    finished files are kept). They teach the decoder words no utterance has spoken yet."""
+def text_file(out: Path, kind: str, k: int) -> Path:
+    """The k-th file of texts without audio: `text-NNNNN.jsonl`, or `text-jumble-NNNNN.jsonl`."""
+    return Path(out) / (f"text-{k:05d}.jsonl" if kind == "text" else f"text-{kind}-{k:05d}.jsonl")
+
+
+def build_text_phonemes(out: str | Path, n: int, seed: int = 0, progress=None, kind: str = "text") -> list[Path]:
+    """Text without audio: `n` training texts (picked as utterances are; `kind` "jumble": jumbles)
+    with espeak-ng's phonemes in a random English accent, in files (`text_file`) of `TEXT_LINES`
+    lines (resuming: finished files are kept). They teach the decoder words no utterance has spoken yet."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for k in range(-(-n // TEXT_LINES)):
-        path = out / f"text-{k:05d}.jsonl"
+        path = text_file(out, kind, k)
         paths.append(path)
         if path.exists():
             continue
         lines = []
         for i in range(k * TEXT_LINES, min(n, (k + 1) * TEXT_LINES)):
-            r = random.Random(f"synth-en:{seed}:text:{i}")
-            source, sentence = _pick_text(r, _split_sources(seed)[0])
+            r = random.Random(f"synth-en:{seed}:{kind}:{i}")
+            if kind == "jumble":
+                source, sentence = "jumble", _jumble(r, seed)
+            else:
+                source, sentence = _pick_text(r, _split_sources(seed)[0])
             accent = r.choice(speech.ESPEAK_ACCENTS)
             lines.append(json.dumps({"text": sentence, "source": source, "accent": accent,
                                      "phonemes": speech.phonemes(sentence, accent)}, ensure_ascii=False))
@@ -171,9 +207,9 @@ def shard_path(out: Path, name: str, k: int) -> Path:
 
 def build(out: str | Path, n: int, seed: int = 0, workers: int = 1, progress=None, kind: str = "train",
           piper_share: float = PIPER_SHARE) -> list[Path]:
-    """Write `n` utterances of `kind` ("train": `plan`, "phrase": `plan_phrase`) in shards of
-    `SHARD` named `{kind}-NNNNN` under `out` (resuming: finished shards are kept). Returns the
-    shard paths."""
+    """Write `n` utterances of `kind` ("train": `plan`, "phrase": `plan_phrase`, "jumble":
+    `plan_jumble`) in shards of `SHARD` named `{kind}-NNNNN` under `out` (resuming: finished shards
+    are kept). Returns the shard paths."""
     if kind not in PLANNERS:
         raise ValueError(f"kind must be one of {sorted(PLANNERS)}")
     out = Path(out)

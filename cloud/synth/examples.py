@@ -58,11 +58,12 @@ def phone_table(examples_phonemes: list[str]) -> dict[str, int]:
 
 
 def corpus_shards(opts: TrainOptions) -> list[Path]:
-    """The finished shards: full utterances (`train-*`, at most `max_shards`) and phrases (`phrase-*`)."""
+    """The finished shards: full utterances (`train-*`, at most `max_shards`), phrases (`phrase-*`)
+    and jumbles (`jumble-*`)."""
     def done(pattern: str) -> list[Path]:
         return sorted(p for p in opts.corpus.glob(pattern) if not p.name.endswith(".tmp.npz"))
 
-    return done("train-*.npz")[:opts.max_shards] + done("phrase-*.npz")
+    return done("train-*.npz")[:opts.max_shards] + done("phrase-*.npz") + done("jumble-*.npz")
 
 
 def target_ids(tok: Tokenizer, spell: Pieces, text: str) -> list[int]:
