@@ -30,7 +30,6 @@ import math
 import os
 import random
 import signal
-import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -593,8 +592,3 @@ def train(opts: TrainOptions, log=print) -> Path:
             log(f"stopped by signal {stop[0]} at step {step}; state saved")
     save()
     return export_checkpoint(model, out / "checkpoint")
-
-
-if __name__ == "__main__":
-    o = TrainOptions(Path(sys.argv[1]), Path(sys.argv[2]))
-    train(o)
