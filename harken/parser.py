@@ -154,6 +154,9 @@ def _train_parser(sub: Subparsers) -> None:
                         "audio (default 8000, ~8 h)")
     s.add_argument("--jumble-texts", type=int, default=20000,
                    help="jumbles without audio, read from phoneme-embedding rows like --texts (default 20000)")
+    s.add_argument("--prose-texts", type=int, default=40000,
+                   help="fortunes and Bible verses without audio (no meeting talk), read like --texts: "
+                        "open text, where the decoder is weakest (default 40000)")
     s.add_argument("--corpus", help="corpus directory (default OUTDIR/corpus)")
     s.add_argument("--steps", type=int, default=None, help="optimiser steps (default 20000; synth-align 2000)")
     s.add_argument("--batch-frames", type=int, default=None,

@@ -93,14 +93,36 @@ def test_jumbles_are_training_words_in_an_order_no_text_has(split, tmp_path, mon
         assert d["phonemes"] == speech.phonemes(d["text"], d["accent"])
 
 
+def test_prose_texts_are_training_fortunes_and_verses_in_their_proportion(split, tmp_path, monkeypatch):
+    """Texts without audio of kind "prose": training sentences (consecutive, as utterances pick
+    them) of the fortunes and the Bible only, in SOURCE_WEIGHTS' proportion between the two, with
+    their phonemes; deterministic, and not the texts of kind "text"."""
+    train, _ = split
+    assert corpus.PROSE_WEIGHTS == {"fortunes": 0.35, "kjv": 0.10}
+    everything = {k: " ".join(v) for k, v in train.items()}  # consecutive sentences: a substring
+    monkeypatch.setattr(corpus, "TEXT_LINES", 50)
+    paths = corpus.build_text_phonemes(tmp_path / "a", 60, kind="prose")
+    assert [p.name for p in paths] == ["text-prose-00000.jsonl", "text-prose-00001.jsonl"]
+    rows = [json.loads(x) for p in paths for x in p.read_text().splitlines()]
+    assert len(rows) == 60 and all(d["source"] in ("fortunes", "kjv") and d["text"] in everything[d["source"]]
+                                   for d in rows)
+    n_kjv = sum(d["source"] == "kjv" for d in rows)
+    assert 3 <= n_kjv <= 25  # expected 60 x 0.10 / 0.45 = 13
+    assert all(d["phonemes"] == speech.phonemes(d["text"], d["accent"]) for d in rows[:5])
+    again = corpus.build_text_phonemes(tmp_path / "b", 60, kind="prose")
+    assert [p.read_text() for p in again] == [p.read_text() for p in paths]
+    plain = corpus.build_text_phonemes(tmp_path / "c", 60)
+    assert [json.loads(x)["text"] for p in plain for x in p.read_text().splitlines()] != [d["text"] for d in rows]
+
+
 def test_corpus_only_builds_every_kind_and_then_counts_as_complete(tmp_path):
-    """`harken train synth-en OUT --corpus-only`: utterance, phrase and jumble shards, texts and jumble
-    texts without audio; the trainer's check then finds nothing left to build."""
+    """`harken train synth-en OUT --corpus-only`: utterance, phrase and jumble shards, texts, jumble
+    and prose texts without audio; the trainer's check then finds nothing left to build."""
     from harken.cloud.synth import commands
     from harken.cloud.synth.examples import corpus_shards
     from harken.cloud.synth.train import TrainOptions
 
-    sizes = {"utterances": 2, "phrases": 2, "texts": 2, "jumbles": 3, "jumble_texts": 2}
+    sizes = {"utterances": 2, "phrases": 2, "texts": 2, "jumbles": 3, "jumble_texts": 2, "prose_texts": 2}
     cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(tmp_path), "--corpus-only", "--workers", "1",
            "--piper-share", "0"] + [a for k, v in sizes.items() for a in (f"--{k.replace('_', '-')}", str(v))]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -108,12 +130,15 @@ def test_corpus_only_builds_every_kind_and_then_counts_as_complete(tmp_path):
     cdir = tmp_path / "corpus"
     assert commands._corpus_complete(cdir, sizes)
     assert not commands._corpus_complete(cdir, {**sizes, "jumbles": 1001})
+    assert not commands._corpus_complete(cdir, {**sizes, "prose_texts": 1001})
     shards = corpus_shards(TrainOptions(corpus=cdir, out=tmp_path))
     assert [p.name for p in shards] == ["train-00000.npz", "phrase-00000.npz", "jumble-00000.npz"]
     _, lengths, meta = corpus.load_shard(cdir / "jumble-00000.npz")
     assert len(lengths) == 3 and {m["source"] for m in meta} == {"jumble"}
     assert [m["text"] for m in meta] == [corpus.plan_jumble(0, i).recipe.text for i in range(3)]
     assert len((cdir / "text-jumble-00000.jsonl").read_text().splitlines()) == 2
+    prose = [json.loads(x) for x in (cdir / "text-prose-00000.jsonl").read_text().splitlines()]
+    assert len(prose) == 2 and {d["source"] for d in prose} <= {"fortunes", "kjv"}
 
 
 def test_held_out_file_is_what_the_generator_makes():
@@ -287,7 +312,7 @@ def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
     from harken.cloud.model.asr import Qwen3ASR
 
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6", "--phrases", "3", "--texts", "5", "--jumbles", "2", "--jumble-texts", "3",
+    cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6", "--phrases", "3", "--texts", "5", "--jumbles", "2", "--jumble-texts", "3", "--prose-texts", "2",
            "--steps", "2", "--eval-every", "2", "--eval-n", "3", "--threads", "1", "--workers", "1", "--batch-frames", "3000"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
@@ -301,6 +326,13 @@ def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
     # and by voice family (the held-out set's first three: Piper, Piper, espeak-ng) and text source
     assert all(0.0 <= r[f"heldout_{m}_{v}"] for r in log for m in ("wer", "per") for v in ("piper", "espeak"))
     assert all(0.0 <= r["heldout_wer_meeting"] for r in log)
+    # the last evaluation's hypotheses, whole: the held-out set's first three, and the WER logged is theirs
+    rows = [json.loads(line) for line in (out / "heldout-hyps.jsonl").read_text().splitlines()]
+    held = corpus.read_held_out()[:3]
+    assert [(d["step"], d["ref"], d["source"]) for d in rows] == [(3, u.recipe.text, u.source) for u in held]
+    from harken.cloud.synth.evaluation import wer
+
+    assert round(wer([d["ref"] for d in rows], [d["hyp"] for d in rows]), 4) == log[-1]["heldout_wer"]
     assert (out / "curve.png").stat().st_size > 1000
     ckpt = Path(json.loads(second.stdout)["checkpoint"])
     w = load_file(str(ckpt / "model.safetensors"))

@@ -72,7 +72,7 @@ def test_the_committed_state_fits_and_reads(tmp_path):
 
 def _train(out: Path, *extra: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6",
-           "--phrases", "3", "--texts", "5", "--jumbles", "2", "--jumble-texts", "3", "--eval-every", "2", "--eval-n", "2", "--threads", "1", "--workers", "1",
+           "--phrases", "3", "--texts", "5", "--jumbles", "2", "--jumble-texts", "3", "--prose-texts", "2", "--eval-every", "2", "--eval-n", "2", "--threads", "1", "--workers", "1",
            "--batch-frames", "3000", "--corpus", str(out.parent / "corpus"), *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 

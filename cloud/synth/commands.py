@@ -14,6 +14,7 @@ from harken.shared.errors import HarkenError
 
 def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = None, steps: int = 20000,
                   phrases: int = 20000, texts: int = 40000, jumbles: int = 8000, jumble_texts: int = 20000,
+                  prose_texts: int = 40000,
                   threads: int = 2, workers: int = 2, seed: int = 0, tiny: bool = False,
                   eval_every: int = 400, eval_n: int = 40, batch_frames: int = 4000,
                   device: str = "cpu", init_from: str | None = None, lr: float = 2e-3,
@@ -32,7 +33,7 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
         return 0
     cdir = Path(corpus_dir) if corpus_dir else outdir / "corpus"
     sizes = {"utterances": utterances, "phrases": phrases, "texts": texts, "jumbles": jumbles,
-             "jumble_texts": jumble_texts}
+             "jumble_texts": jumble_texts, "prose_texts": prose_texts}
     if corpus_only:
         build_corpus(cdir, sizes, seed, workers, piper_share)
         return 0
@@ -81,7 +82,8 @@ def build_corpus(cdir: Path, sizes: dict[str, int], seed: int, workers: int, pip
         print(f"corpus: {path.name} ({done[0]} new files, {time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
 
     print(f"corpus: {sizes['utterances']} utterances, {sizes['phrases']} phrases, {sizes['jumbles']} jumbles, "
-          f"{sizes['texts']} texts and {sizes['jumble_texts']} jumbles without audio in {cdir} (finished shards "
+          f"{sizes['texts']} texts, {sizes['jumble_texts']} jumbles and {sizes['prose_texts']} prose texts without "
+          f"audio in {cdir} (finished shards "
           f"are kept)", file=sys.stderr, flush=True)
     per = {k: corpus.TEXT_LINES if k.endswith("texts") else corpus.SHARD for k in sizes}
     n_files = {k: -(-sizes[k] // per[k]) for k in sizes}
@@ -93,6 +95,7 @@ def build_corpus(cdir: Path, sizes: dict[str, int], seed: int, workers: int, pip
                          piper_share=piper_share)
         corpus.build_text_phonemes(cdir, upto["texts"], seed=seed, progress=progress)
         corpus.build_text_phonemes(cdir, upto["jumble_texts"], seed=seed, progress=progress, kind="jumble")
+        corpus.build_text_phonemes(cdir, upto["prose_texts"], seed=seed, progress=progress, kind="prose")
 
 
 def _corpus_complete(cdir: Path, sizes: dict[str, int]) -> bool:
@@ -105,7 +108,7 @@ def _corpus_complete(cdir: Path, sizes: dict[str, int]) -> bool:
                 for kind, size in (("train", "utterances"), ("phrase", "phrases"), ("jumble", "jumbles"))
                 for k in range(n(sizes[size])))
             and all(corpus.text_file(cdir, kind, k).exists()
-                    for kind, size in (("text", "texts"), ("jumble", "jumble_texts"))
+                    for kind, size in (("text", "texts"), ("jumble", "jumble_texts"), ("prose", "prose_texts"))
                     for k in range(n(sizes[size], corpus.TEXT_LINES))))
 
 
@@ -119,7 +122,7 @@ def _start_corpus_builder(out: str, cdir: Path, sizes: dict[str, int], seed: int
     cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", out, "--corpus-only", "--corpus", str(cdir),
            "--utterances", str(sizes["utterances"]), "--phrases", str(sizes["phrases"]),
            "--texts", str(sizes["texts"]), "--jumbles", str(sizes["jumbles"]),
-           "--jumble-texts", str(sizes["jumble_texts"]), "--seed", str(seed), "--workers", str(workers),
+           "--jumble-texts", str(sizes["jumble_texts"]), "--prose-texts", str(sizes["prose_texts"]), "--seed", str(seed), "--workers", str(workers),
            "--piper-share", str(piper_share)]
     log = open(cdir / "build.log", "a")  # noqa: SIM115 (the child holds it)
     print(f"corpus: building in the background (log: {cdir / 'build.log'}); training starts on its first "

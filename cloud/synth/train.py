@@ -520,10 +520,19 @@ def train(opts: TrainOptions, log=print) -> Path:
                "machine": machine, "date": time.strftime("%Y-%m-%d"), "example": hyps[0]}
         with log_path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
+        (out / "heldout-hyps.jsonl").write_text("".join(json.dumps(  # the last evaluation's, to read whole
+            {"step": step, "source": s, "voice": v, "ref": r, "hyp": h}) + "\n" for s, v, r, h in
+            zip(held_sources, held_voices, held_refs, hyps)))
         log(f"eval step {step}: held-out WER {w:.3f} PER {per:.3f} ({', '.join(f'{k[8:]} {v:.3f}' for k, v in split.items())})"
             f" | ref {held_refs[0]!r} | hyp {hyps[0]!r}")
         plot_curve(log_path, out / "curve.png")
         save()
+
+    def take_new_texts() -> None:  # at a pass start and every evaluation (audio shards: a pass start)
+        if new := [p for p in text_files(opts) if p not in text_paths]:
+            texts.extend(load_texts(new, tok, table, spell, vocab))
+            text_paths.extend(new)
+            log(f"{len(new)} new text files: {len(texts)} texts without audio")
 
     def out_of_time() -> bool:
         return bool(stop) or (opts.time_limit_s is not None and time.time() - t0 > opts.time_limit_s)
@@ -535,11 +544,7 @@ def train(opts: TrainOptions, log=print) -> Path:
             examples += load_examples(more, tok, table, spell, vocab)
             shards += more
             log(f"{len(more)} new shards: {len(examples)} utterances")
-        new_texts = [p for p in text_files(opts) if p not in text_paths]
-        if new_texts:
-            texts += load_texts(new_texts, tok, table, spell, vocab)
-            text_paths += new_texts
-            log(f"{len(new_texts)} new text files: {len(texts)} texts without audio")
+        take_new_texts()
         max_frames = int(500 + min(1.0, step / max(opts.ramp_steps, 1)) * 1600)
         for group in batches(examples, rng, opts.batch_frames, max_frames):
             if step >= opts.steps or out_of_time():
@@ -582,6 +587,7 @@ def train(opts: TrainOptions, log=print) -> Path:
                     + f"lr {lr_at(step):.2e} max_s {max_frames / 100:.0f} audio/s {seen_frames / 100 / el:.0f}")
             if step % opts.eval_every == 0 or step == opts.steps:
                 evaluate_and_save()
+                take_new_texts()
                 last_save = time.time()
             elif time.time() - last_save > opts.save_every_s:
                 save()
