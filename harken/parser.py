@@ -193,6 +193,9 @@ def _train_parser(sub: Subparsers) -> None:
                    help="autocast the model's matrix products to bf16, softmaxes in fp32 (default: on with --device cuda and on a CPU with bf16 units, avx512_bf16 or amx_bf16)")
     s.add_argument("--piper-share", type=float, default=0.25,
                    help="share of utterances in the Piper voice (default 0.25; 0: espeak-ng voices only)")
+    s.add_argument("--piper-repeat", type=int, default=2,
+                   help="synth-en: the Piper voice's utterances this many times a pass (default 2: its "
+                        "phoneme error is three times espeak-ng's, on training audio too)")
 
 
 def _eval_parser(sub: Subparsers) -> None:

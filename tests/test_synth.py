@@ -432,9 +432,10 @@ def test_losses_under_bf16_autocast_are_fp32_and_match_an_fp32_recompute():
 
 
 def test_batches_cover_each_utterance_once_in_shuffled_length_buckets():
-    """`batches`: every utterance short enough once a pass, each batch within its frame budget, and
-    the batches of a chunk not in length order."""
+    """`batches`: every utterance short enough once a pass (the Piper voice's `piper_repeat` times),
+    each batch within its frame budget, and the batches of a chunk not in length order."""
     import random
+    from collections import Counter
 
     from harken.cloud.synth.examples import Example, batches
 
@@ -448,6 +449,11 @@ def test_batches_cover_each_utterance_once_in_shuffled_length_buckets():
     longest = [max(e.feats.shape[1] for e in b) for b in got]
     rises = sum(a < b for a, b in zip(longest, longest[1:]))
     assert rises < 0.75 * (len(longest) - 1)  # a length sweep would rise at almost every step
+    # the Piper voice's utterances `piper_repeat` times a pass, the others once
+    for e in examples[::3]:
+        e.piper = True
+    counts = Counter(id(e) for b in batches(examples, random.Random(2), 4000, 1200, piper_repeat=3) for e in b)
+    assert {id(e): 3 if e.piper else 1 for e in examples if e.feats.shape[1] <= 1200} == counts
 
 
 def test_rates_by_group_score_each_group_alone():

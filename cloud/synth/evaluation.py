@@ -70,6 +70,25 @@ def evaluate(ckpt_dir: Path, feats: list[np.ndarray], refs: list[str]) -> tuple[
     return wer(refs, hyps), hyps
 
 
+def audio_gain(model: Trainee, feats: list[np.ndarray], targets: list[list[int]],
+               prompt_ids: tuple[list[int], list[int]], n_prefix: int) -> float:
+    """Held-out transcript cross-entropy with another utterance's audio minus with its own (nats
+    per token): ~0 while the decoder ignores the audio, large once it reads it."""
+    import torch
+
+    from harken.cloud.synth.train import Batch, losses
+
+    keep = [i for i, t in enumerate(targets) if (model.vocab.index[torch.tensor(t)] >= 0).all()]
+    if len(keep) < 2:
+        return float("nan")
+    dev = model.emb.device
+    batch = Batch([torch.from_numpy(feats[i].astype(np.float32)).to(dev) for i in keep],
+                  [targets[i] for i in keep], [[] for _ in keep], n_prefix)
+    own = losses(model, batch, prompt_ids, aux=False)["ce"].item()
+    other = losses(model, batch, prompt_ids, aux=False, roll_audio=True)["ce"].item()
+    return other - own
+
+
 def phoneme_hyps(model: Trainee, feats: list[np.ndarray]) -> list[list[int]]:
     """The encoder's phoneme head decoded greedily: the best symbol of each CTC slot, repeats merged,
     blanks dropped. What the encoder hears, apart from the decoder."""

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from harken.cloud.model.tokenizer import Tokenizer
-from harken.cloud.synth import corpus
+from harken.cloud.synth import corpus, speech
 from harken.cloud.synth.alignment import word_structure
 from harken.cloud.synth.pieces import Pieces
 
@@ -31,6 +31,7 @@ class Example:
     text: str
     words: tuple[list[int], list[int]] | None = None  # (phonemes of each word, word of each transcript
     # token) when espeak-ng's words match the text's one to one (`word_structure`), else None
+    piper: bool = False  # spoken by the Piper voice (`batches` may take it more than once a pass)
 
 
 class Vocab:
@@ -86,7 +87,8 @@ def load_examples(shards: list[Path], tok: Tokenizer, table: dict[str, int], spe
                 continue
             out.append(Example(feats[:, offs[i]:offs[i + 1]], target,
                                [table[c] for c in m["phonemes"] if c in table], m["text"],
-                               word_structure(tok, m["text"], m["phonemes"], table, target[n_prefix:-1])))
+                               word_structure(tok, m["text"], m["phonemes"], table, target[n_prefix:-1]),
+                               m.get("recipe", {}).get("voice") == speech.PIPER))
     return out
 
 
@@ -129,11 +131,15 @@ def phone_table_of(shards: list[Path]) -> dict[str, int]:
     return phone_table([m["phonemes"] for s in shards for m in corpus.load_shard(s)[2]])
 
 
-def batches(examples: list[Example], rng: random.Random, batch_frames: int, max_frames: int):
+def batches(examples: list[Example], rng: random.Random, batch_frames: int, max_frames: int, piper_repeat: int = 1):
     """Length-bucketed batches of at most `batch_frames` frames (padding counted), in random order
     within each chunk of 512 utterances (in length order they would sweep from short to long
-    utterances over dozens of steps, and the optimiser would follow the sweep)."""
+    utterances over dozens of steps, and the optimiser would follow the sweep). Each utterance once
+    a pass, the Piper voice's `piper_repeat` times: at step 22,000 the encoder's greedy phoneme error
+    on its own training audio was 31% in the Piper voice and 10% in espeak-ng's (held out: 34%, 10%),
+    so Piper is underfit, not overfit, and gets more of the steps."""
     pool = [e for e in examples if e.feats.shape[1] <= max_frames]
+    pool += [e for e in pool if e.piper for _ in range(piper_repeat - 1)]
     rng.shuffle(pool)
     for i in range(0, len(pool), 512):
         chunk = sorted(pool[i:i + 512], key=lambda e: e.feats.shape[1])

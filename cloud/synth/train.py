@@ -49,8 +49,8 @@ from harken.cloud.model.tokenizer import Tokenizer
 from harken.cloud.synth import corpus, pieces
 from harken.cloud.synth import state as warm
 from harken.cloud.synth.alignment import guided_attention_loss, guided_heads, token_rows
-from harken.cloud.synth.evaluation import (evaluate, export_checkpoint, held_out_split, phoneme_hyps, phoneme_rate,
-                                           plot_curve, voice_family)
+from harken.cloud.synth.evaluation import (audio_gain, evaluate, export_checkpoint, held_out_split, phoneme_hyps,
+                                           phoneme_rate, plot_curve, voice_family)
 from harken.cloud.synth.examples import (TARGET_PREFIX, Example, TextExample, Vocab, batches, corpus_shards,
                                          load_examples, load_texts, phone_table_of, target_ids, text_files)
 from harken.cloud.synth.pieces import Pieces
@@ -310,21 +310,6 @@ def _corrupt(t: torch.Tensor, keep: int, p: float, n: int) -> torch.Tensor:
     return torch.where(hit, torch.randint(0, n, t.shape, device=t.device), t)
 
 
-def audio_gain(model: Trainee, feats: list[np.ndarray], targets: list[list[int]],
-               prompt_ids: tuple[list[int], list[int]], n_prefix: int) -> float:
-    """Held-out transcript cross-entropy with another utterance's audio minus with its own (nats
-    per token): ~0 while the decoder ignores the audio, large once it reads it."""
-    keep = [i for i, t in enumerate(targets) if (model.vocab.index[torch.tensor(t)] >= 0).all()]
-    if len(keep) < 2:
-        return float("nan")
-    dev = model.emb.device
-    batch = Batch([torch.from_numpy(feats[i].astype(np.float32)).to(dev) for i in keep],
-                  [targets[i] for i in keep], [[] for _ in keep], n_prefix)
-    own = losses(model, batch, prompt_ids, aux=False)["ce"].item()
-    other = losses(model, batch, prompt_ids, aux=False, roll_audio=True)["ce"].item()
-    return other - own
-
-
 # --- the loop -----------------------------------------------------------------------------------
 
 @dataclass
@@ -345,6 +330,7 @@ class TrainOptions:
     w_ctc_tok: float = 0.5
     w_ctc_ph: float = 0.5
     corrupt: float = 0.2
+    piper_repeat: int = 2  # Piper utterances this many times a pass (its phoneme error is 3x espeak-ng's)
     w_guide: float = 1.0  # guided attention (`guided_attention_loss`) while step < guide_steps
     w_match: float = 0.1  # encoder rows towards their phonemes' embeddings
     w_text: float = 1.0  # transcripts of text without audio, read from `pseudo_rows`
@@ -466,7 +452,7 @@ def train(opts: TrainOptions, log=print) -> Path:
               "batch_frames": opts.batch_frames, "source_weights": corpus.SOURCE_WEIGHTS,
               "w_ctc_tok": opts.w_ctc_tok, "w_ctc_ph": opts.w_ctc_ph, "w_match": opts.w_match,
               "w_text": opts.w_text, "w_guide": opts.w_guide, "guide_steps": opts.guide_steps,
-              "corrupt": opts.corrupt, "vocab_rows": len(vocab)}
+              "corrupt": opts.corrupt, "vocab_rows": len(vocab), "piper_repeat": opts.piper_repeat}
 
     def save():
         tmp = out / "state.pt.tmp"
@@ -546,7 +532,7 @@ def train(opts: TrainOptions, log=print) -> Path:
             log(f"{len(more)} new shards: {len(examples)} utterances")
         take_new_texts()
         max_frames = int(500 + min(1.0, step / max(opts.ramp_steps, 1)) * 1600)
-        for group in batches(examples, rng, opts.batch_frames, max_frames):
+        for group in batches(examples, rng, opts.batch_frames, max_frames, opts.piper_repeat):
             if step >= opts.steps or out_of_time():
                 break
             model.train()
