@@ -31,7 +31,7 @@ import os
 import random
 import signal
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -40,6 +40,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harken.cloud.model.config import AudioEncoderConfig, Qwen3ASRConfig, TextDecoderConfig
 from harken.cloud.model.decoder import DecoderLayer, Qwen3Decoder, precompute_rope, rope_inv_freq
@@ -475,6 +476,11 @@ def train(opts: TrainOptions, log=print) -> Path:
     bf16 = (opts.device.startswith("cuda") or warm.cpu_has_bf16()) if opts.bf16 is None else opts.bf16
     autocast = (torch.autocast(torch.device(opts.device).type, dtype=torch.bfloat16) if bf16 else nullcontext())
 
+    @contextmanager
+    def kernels():  # on the CPU, attention by SDPA's math backend: its backward beats the flash kernel's (-8% a step)
+        with autocast, (sdpa_kernel([SDPBackend.MATH]) if opts.device == "cpu" else nullcontext()):
+            yield
+
     def lr_at(s: int) -> float:
         lr = opts.lr * min((s + 1) / opts.warmup, 1.0, math.sqrt(max(opts.hold_steps, opts.warmup) / (s + 1)))
         if rewarm_from is not None:  # after a warm start: warm the fresh optimiser up again
@@ -540,7 +546,7 @@ def train(opts: TrainOptions, log=print) -> Path:
                           [e.target for e in group], [e.phones for e in group], len(target_prefix),
                           opts.corrupt, opts.w_guide if step < opts.guide_steps else 0.0,
                           [e.words for e in group])
-            with autocast:
+            with kernels():
                 parts = losses(model, batch, (prefix, suffix))
             loss = parts["ce"] + opts.w_ctc_tok * parts["ctc_tok"] + opts.w_ctc_ph * parts["ctc_ph"]
             loss = loss + opts.w_match * parts["match"]
@@ -550,7 +556,7 @@ def train(opts: TrainOptions, log=print) -> Path:
                 picked = [texts[rng.randrange(len(texts))] for _ in range(opts.text_batch)]
                 rows = pseudo_rows(model, [t.phones for t in picked], [t.words for t in picked], rng)
                 text_batch = Batch([], [t.target for t in picked], [], len(target_prefix), opts.corrupt)
-                with autocast:
+                with kernels():
                     parts["ce_text"] = losses(model, text_batch, (prefix, suffix), rows=rows)["ce"]
                 loss = loss + opts.w_text * parts["ce_text"]
             for g in opt.param_groups:
