@@ -123,7 +123,7 @@ def test_corpus_only_builds_every_kind_and_then_counts_as_complete(tmp_path):
     from harken.cloud.synth.train import TrainOptions
 
     sizes = {"utterances": 2, "phrases": 2, "texts": 2, "jumbles": 3, "jumble_texts": 2, "prose_texts": 2}
-    cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(tmp_path), "--corpus-only", "--workers", "1",
+    cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(tmp_path), "--corpus-only", "--workers", "2",
            "--piper-share", "0"] + [a for k, v in sizes.items() for a in (f"--{k.replace('_', '-')}", str(v))]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -139,6 +139,27 @@ def test_corpus_only_builds_every_kind_and_then_counts_as_complete(tmp_path):
     assert len((cdir / "text-jumble-00000.jsonl").read_text().splitlines()) == 2
     prose = [json.loads(x) for x in (cdir / "text-prose-00000.jsonl").read_text().splitlines()]
     assert len(prose) == 2 and {d["source"] for d in prose} <= {"fortunes", "kjv"}
+
+
+def test_corpus_plan_starts_every_kind_then_interleaves_them_in_proportion():
+    """The builder's order: every file of every kind once, the first file of each kind first (the
+    trainer starts on them), then each kind in proportion to its size all along (so a pool of
+    workers always has every kind in hand and a trainer sees every kind grow)."""
+    from harken.cloud.synth import commands
+
+    sizes = {"utterances": 16000, "phrases": 8000, "jumbles": 8000, "texts": 20000, "jumble_texts": 20000,
+             "prose_texts": 40500}
+    plan = commands.corpus_plan(sizes)
+    want = {(f, kind, k) for size, (f, kind) in commands.CORPUS_FILES.items()
+            for k in range(-(-sizes[size] // (corpus.SHARD if f == "shard" else corpus.TEXT_LINES)))}
+    assert len(plan) == len(want) == 16 + 8 + 8 + 20 + 20 + 41 and {p[:3] for p in plan} == want
+    assert {p[1:3] for p in plan[:6]} == {(kind, 0) for _, kind in commands.CORPUS_FILES.values()}
+    assert all(n == sizes[size] for (f, kind, _, n) in plan for size, fk in commands.CORPUS_FILES.items()
+               if fk == (f, kind))
+    half = plan[:len(plan) // 2]
+    for size, fk in commands.CORPUS_FILES.items():
+        share = sum(p[:2] == fk for p in half) / sum(p[:2] == fk for p in plan)
+        assert 0.4 <= share <= 0.6, (size, share)
 
 
 def test_held_out_file_is_what_the_generator_makes():

@@ -70,10 +70,33 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
     return 0
 
 
+# each size of the corpus: (family, kind) of its files (`corpus.corpus_file`)
+CORPUS_FILES = {"phrases": ("shard", "phrase"), "utterances": ("shard", "train"), "jumbles": ("shard", "jumble"),
+                "texts": ("text", "text"), "jumble_texts": ("text", "jumble"), "prose_texts": ("text", "prose")}
+
+
+def corpus_plan(sizes: dict[str, int]) -> list[tuple[str, str, int, int]]:
+    """Every file of the corpus (`corpus.build_files`' tuples), the first of each kind first (what
+    training starts on), then the rest interleaved in proportion (round j of R takes the first
+    ceil(j N / R) files of each kind), so a trainer that starts on the first shards sees every kind
+    grow rather than all phrases first, and a pool of workers has every kind to work on."""
+    from harken.cloud.synth import corpus
+
+    per = {"shard": corpus.SHARD, "text": corpus.TEXT_LINES}
+    n_files = {k: -(-sizes[k] // per[CORPUS_FILES[k][0]]) for k in sizes}
+    rounds = max(1, *n_files.values())
+    files: list[tuple[str, str, int, int]] = []
+    taken = dict.fromkeys(sizes, 0)
+    for j in range(1, rounds + 1):
+        for size, (family, kind) in CORPUS_FILES.items():
+            upto = -(-j * n_files[size] // rounds)
+            files += [(family, kind, k, sizes[size]) for k in range(taken[size], upto)]
+            taken[size] = upto
+    return files
+
+
 def build_corpus(cdir: Path, sizes: dict[str, int], seed: int, workers: int, piper_share: float = 0.25) -> None:
-    """The whole corpus, the first shard of each kind first (what training starts on), then the
-    rest interleaved (utterance shards, phrase shards and text files in proportion), so that a
-    trainer that starts on the first shards sees every kind grow rather than all phrases first."""
+    """The whole corpus in `corpus_plan`'s order, `workers` files at a time (finished files are kept)."""
     from harken.cloud.synth import corpus
 
     t0 = time.time()
@@ -85,33 +108,14 @@ def build_corpus(cdir: Path, sizes: dict[str, int], seed: int, workers: int, pip
 
     print(f"corpus: {sizes['utterances']} utterances, {sizes['phrases']} phrases, {sizes['jumbles']} jumbles, "
           f"{sizes['texts']} texts, {sizes['jumble_texts']} jumbles and {sizes['prose_texts']} prose texts without "
-          f"audio in {cdir} (finished shards "
-          f"are kept)", file=sys.stderr, flush=True)
-    per = {k: corpus.TEXT_LINES if k.endswith("texts") else corpus.SHARD for k in sizes}
-    n_files = {k: -(-sizes[k] // per[k]) for k in sizes}
-    rounds = max(1, *n_files.values())
-    for j in range(1, rounds + 1):  # round j: ceil(j / rounds) of each kind's files
-        upto = {k: min(sizes[k], -(-j * n_files[k] // rounds) * per[k]) for k in sizes}
-        for kind, size in (("phrase", "phrases"), ("train", "utterances"), ("jumble", "jumbles")):
-            corpus.build(cdir, upto[size], seed=seed, workers=workers, progress=progress, kind=kind,
-                         piper_share=piper_share)
-        corpus.build_text_phonemes(cdir, upto["texts"], seed=seed, progress=progress)
-        corpus.build_text_phonemes(cdir, upto["jumble_texts"], seed=seed, progress=progress, kind="jumble")
-        corpus.build_text_phonemes(cdir, upto["prose_texts"], seed=seed, progress=progress, kind="prose")
+          f"audio in {cdir} ({workers} at a time; finished files are kept)", file=sys.stderr, flush=True)
+    corpus.build_files(cdir, corpus_plan(sizes), seed, workers, progress, piper_share)
 
 
 def _corpus_complete(cdir: Path, sizes: dict[str, int]) -> bool:
     from harken.cloud.synth import corpus
 
-    def n(k: int, per: int = corpus.SHARD) -> int:
-        return -(-k // per)
-
-    return (all(corpus.shard_path(cdir, kind, k).exists()
-                for kind, size in (("train", "utterances"), ("phrase", "phrases"), ("jumble", "jumbles"))
-                for k in range(n(sizes[size])))
-            and all(corpus.text_file(cdir, kind, k).exists()
-                    for kind, size in (("text", "texts"), ("jumble", "jumble_texts"), ("prose", "prose_texts"))
-                    for k in range(n(sizes[size], corpus.TEXT_LINES))))
+    return all(corpus.corpus_file(cdir, family, kind, k).exists() for family, kind, k, _ in corpus_plan(sizes))
 
 
 def _start_corpus_builder(out: str, cdir: Path, sizes: dict[str, int], seed: int, workers: int,

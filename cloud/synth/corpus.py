@@ -128,35 +128,31 @@ def text_file(out: Path, kind: str, k: int) -> Path:
     return Path(out) / (f"text-{k:05d}.jsonl" if kind == "text" else f"text-{kind}-{k:05d}.jsonl")
 
 
-def build_text_phonemes(out: str | Path, n: int, seed: int = 0, progress=None, kind: str = "text") -> list[Path]:
+def build_text_phonemes(out: str | Path, n: int, seed: int = 0, progress=None, kind: str = "text",
+                        workers: int = 1) -> list[Path]:
     """Text without audio: `n` training texts (picked as utterances are; `kind` "jumble": jumbles,
-    "prose": fortunes and Bible verses only, `PROSE_WEIGHTS`)
-    with espeak-ng's phonemes in a random English accent, in files (`text_file`) of `TEXT_LINES`
-    lines (resuming: finished files are kept). They teach the decoder words no utterance has spoken yet."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for k in range(-(-n // TEXT_LINES)):
-        path = text_file(out, kind, k)
-        paths.append(path)
-        if path.exists():
-            continue
-        lines = []
-        for i in range(k * TEXT_LINES, min(n, (k + 1) * TEXT_LINES)):
-            r = random.Random(f"synth-en:{seed}:{kind}:{i}")
-            if kind == "jumble":
-                source, sentence = "jumble", _jumble(r, seed)
-            else:
-                source, sentence = _pick_text(r, _split_sources(seed)[0],
-                                              PROSE_WEIGHTS if kind == "prose" else SOURCE_WEIGHTS)
-            accent = r.choice(speech.ESPEAK_ACCENTS)
-            lines.append(json.dumps({"text": sentence, "source": source, "accent": accent,
-                                     "phonemes": speech.phonemes(sentence, accent)}, ensure_ascii=False))
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-        progress and progress(path)
-    return paths
+    "prose": fortunes and Bible verses only, `PROSE_WEIGHTS`) with espeak-ng's phonemes in a random
+    English accent, in files (`text_file`) of `TEXT_LINES` lines (resuming: finished files are kept).
+    They teach the decoder words no utterance has spoken yet."""
+    files = [("text", kind, k, n) for k in range(-(-n // TEXT_LINES))]
+    return build_files(out, files, seed, workers, progress)
+
+
+def _write_text_file(path: Path, kind: str, a: int, b: int, seed: int) -> None:
+    lines = []
+    for i in range(a, b):
+        r = random.Random(f"synth-en:{seed}:{kind}:{i}")
+        if kind == "jumble":
+            source, sentence = "jumble", _jumble(r, seed)
+        else:
+            weights = PROSE_WEIGHTS if kind == "prose" else SOURCE_WEIGHTS
+            source, sentence = _pick_text(r, _split_sources(seed)[0], weights)
+        accent = r.choice(speech.ESPEAK_ACCENTS)
+        lines.append(json.dumps({"text": sentence, "source": source, "accent": accent,
+                                 "phonemes": speech.phonemes(sentence, accent)}, ensure_ascii=False))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def held_out_recipes(seed: int = 0, n: int = 300) -> list[Utterance]:
@@ -221,17 +217,29 @@ def build(out: str | Path, n: int, seed: int = 0, workers: int = 1, progress=Non
     are kept). Returns the shard paths."""
     if kind not in PLANNERS:
         raise ValueError(f"kind must be one of {sorted(PLANNERS)}")
+    return build_files(out, [("shard", kind, k, n) for k in range(-(-n // SHARD))], seed, workers, progress,
+                       piper_share)
+
+
+def corpus_file(out: str | Path, family: str, kind: str, k: int) -> Path:
+    """File k of a kind: an utterance shard (`family` "shard") or a file of texts without audio ("text")."""
+    return shard_path(Path(out), kind, k) if family == "shard" else text_file(Path(out), kind, k)
+
+
+def build_files(out: str | Path, files: list[tuple[str, str, int, int]], seed: int = 0, workers: int = 1,
+                progress=None, piper_share: float = PIPER_SHARE) -> list[Path]:
+    """Build the corpus files `files`, each (family, kind, k, n): file k of `corpus_file`'s family and
+    kind, of a kind with n items in all; those that exist are kept. They are started in the order
+    given, `workers` at a time, so a list that interleaves the kinds gets every kind growing at once
+    on any number of cores. Returns their paths, in that order."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    todo, paths = [], []
-    for k in range(-(-n // SHARD)):
-        p = shard_path(out, kind, k)
-        paths.append(p)
-        if not p.exists():
-            todo.append((p, k * SHARD, min(n, (k + 1) * SHARD)))
+    paths = [corpus_file(out, family, kind, k) for family, kind, k, _ in files]
+    per = {"shard": SHARD, "text": TEXT_LINES}
+    jobs = [(p, family, kind, seed, k * per[family], min(n, (k + 1) * per[family]), piper_share)
+            for p, (family, kind, k, n) in zip(paths, files) if not p.exists()]
     _split_sources(seed)  # read the text once, before any fork
-    jobs = [(p, seed, a, b, kind, piper_share) for p, a, b in todo]
-    if workers > 1:
+    if workers > 1 and len(jobs) > 1:
         import multiprocessing as mp
 
         with mp.get_context("fork").Pool(workers) as pool:
@@ -239,13 +247,17 @@ def build(out: str | Path, n: int, seed: int = 0, workers: int = 1, progress=Non
                 progress and progress(done)
     else:
         for job in jobs:
-            progress and progress(_build_job(job))
+            done = _build_job(job)
+            progress and progress(done)
     return paths
 
 
 def _build_job(job) -> Path:
-    path, seed, a, b, kind, piper_share = job
-    write_shard(path, [PLANNERS[kind](seed, i, piper_share) for i in range(a, b)])
+    path, family, kind, seed, a, b, piper_share = job
+    if family == "shard":
+        write_shard(path, [PLANNERS[kind](seed, i, piper_share) for i in range(a, b)])
+    else:
+        _write_text_file(path, kind, a, b, seed)
     return path
 
 
