@@ -38,6 +38,7 @@ def test_what_the_device_call_carries_stays_under_60_mib(carry):
                             capture_output=True, check=True).stdout.split(b"\0")
     tree = _size([ROOT / p.decode() for p in listed if p])
     carried = _size(list(carry.rglob("*")))
+    assert any((carry / "debs").glob("libjemalloc2_*.deb"))
     assert any((carry / "debs").glob("espeak-ng_*.deb")) and len(list((carry / "wheels").glob("*.whl"))) >= 5
     assert any("cp312" in w.name for w in (carry / "wheels").glob("*.whl"))  # for the device's Python
     # the warm-start state may grow to its 16 MiB cap: count the cap, not today's size
@@ -60,6 +61,9 @@ def test_train_device_runs_at_toy_size_and_resumes_what_it_wrote(tmp_path, carry
     device = (out / "device.txt").read_text()
     # the carried espeak-ng (unpacked from the .debs into the prefix) spoke the corpus
     assert f"espeak-ng: {tmp_path / 'one' / 'prefix' / 'bin' / 'espeak-ng'}" in device and "torch:" in device
+    # and the trainer ran on the carried jemalloc (unpacked there too), as its log says
+    assert "train-device: allocator jemalloc" in device
+    assert "allocator: jemalloc" in (out / "train.log").read_text()
     meta = warm.read_meta(out / "warmstart")
     assert meta is not None and meta["step"] == 2 and meta["heldout_wer_step"] == 2
     assert meta["recipe"]["config"] == "tiny" and meta["machine"].startswith("cpu")

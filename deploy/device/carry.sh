@@ -2,8 +2,8 @@
 # `make device-carry`: what a lent GPU lacks for `make train-device`, gathered here into one ignored
 # folder that the session's device run call carries (its `carry` argument) beside the working tree:
 #
-#   debs/          espeak-ng, its data and every library it links (apt-get download; the device
-#                  unpacks them into a prefix, never into /)
+#   debs/          espeak-ng, its data and every library it links, and jemalloc (apt-get download;
+#                  the device unpacks them into a prefix, never into /)
 #   wheels/        the Python packages the training path imports beyond the device image's own
 #                  (torch, numpy, onnxruntime, tokenizers, safetensors), for its Python (3.12)
 #   texts.tar.xz   the corpus text: Debian's fortune files and the KJV as `bible` prints it
@@ -23,8 +23,8 @@ mkdir -p "$DIR/debs" "$DIR/wheels"
 DIR=$(cd "$DIR" && pwd)
 
 # --- espeak-ng and what it links (libc, libgcc and libstdc++ are on every Linux) ------------------
-if [ ! -f "$DIR/debs/.done" ]; then
-  pkgs="espeak-ng espeak-ng-data"
+if [ ! -f "$DIR/debs/.done" ] || ! ls "$DIR"/debs/libjemalloc2_*.deb >/dev/null 2>&1; then
+  pkgs="espeak-ng espeak-ng-data libjemalloc2"  # jemalloc: the trainer's allocator (train.sh)
   for f in $(ldd "$(command -v espeak-ng)" | awk '{print $3}' | grep /); do
     p=$(dpkg -S "$f" 2>/dev/null || dpkg -S "/usr$f" 2>/dev/null || dpkg -S "${f#/usr}" 2>/dev/null || true)
     p=${p%%:*}
