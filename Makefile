@@ -21,10 +21,10 @@ venv: $(STAMP)
 # espeak-ng speaks the generated test audio and the synth-en corpus; fortunes and the KJV Bible are
 # the corpus text; Debian's chromium runs the browser page's test; node and npm build and test the
 # TypeScript edge (edge/web/); jemalloc is synth-en training's allocator (`make train`).
-JEMALLOC := /usr/lib/x86_64-linux-gnu/libjemalloc.so.2
+JEMALLOC = $(firstword $(wildcard /usr/lib/*/libjemalloc.so.2))
 sysdeps:
 	@command -v espeak-ng >/dev/null && command -v chromium >/dev/null && command -v bible >/dev/null && \
-	  command -v node >/dev/null && command -v npm >/dev/null && test -f $(JEMALLOC) && \
+	  command -v node >/dev/null && command -v npm >/dev/null && test -n "$(JEMALLOC)" && \
 	  test -f /usr/share/games/fortunes/fortunes || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng chromium fortunes fortunes-min \
 	  libjemalloc2 bible-kjv $$(command -v node >/dev/null || echo nodejs) $$(command -v npm >/dev/null || echo npm) >/dev/null; }
@@ -105,10 +105,11 @@ TRAIN_ARGS ?= --utterances 16000 --phrases 8000 --texts 20000 --lr 1e-3 --lr-hol
 	--eval-n 40 --threads 2 --workers 1 --steps 1000000
 # jemalloc, not glibc's malloc: an hour into a run (a 9 GB heap of examples and texts) 27% of the
 # trainer's samples were in glibc's posix_memalign under torch's CPU allocator; with jemalloc a
-# step took 0.43 s against 0.75 s (2026-11-28, py-spy --native, steps counted over a minute)
+# step took 0.43 s against 0.75 s (2026-11-28, py-spy --native, steps counted over a minute). The
+# corpus builder beside it inherits it too.
 train: $(STAMP) sysdeps
 	mkdir -p $(TRAIN_DIR)
-	nohup nice -n 19 env $(if $(wildcard $(JEMALLOC)),LD_PRELOAD=$(JEMALLOC)) $(VENV)/bin/harken train synth-en $(TRAIN_DIR) $(TRAIN_ARGS) >> $(TRAIN_DIR)/train.log 2>&1 &
+	nohup nice -n 19 env $(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC)) $(VENV)/bin/harken train synth-en $(TRAIN_DIR) $(TRAIN_ARGS) >> $(TRAIN_DIR)/train.log 2>&1 &
 	@echo "training in the background: tail -f $(TRAIN_DIR)/train.log"
 
 pack-state: $(STAMP)

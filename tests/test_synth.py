@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -156,6 +157,8 @@ def test_corpus_plan_starts_every_kind_then_interleaves_them_in_proportion():
     assert {p[1:3] for p in plan[:6]} == {(kind, 0) for _, kind in commands.CORPUS_FILES.values()}
     assert all(n == sizes[size] for (f, kind, _, n) in plan for size, fk in commands.CORPUS_FILES.items()
                if fk == (f, kind))
+    for size, fk in commands.CORPUS_FILES.items():  # each kind in its own order: 0, 1, 2, ...
+        assert [p[2] for p in plan if p[:2] == fk] == list(range(sum(p[:2] == fk for p in plan)))
     half = plan[:len(plan) // 2]
     for size, fk in commands.CORPUS_FILES.items():
         share = sum(p[:2] == fk for p in half) / sum(p[:2] == fk for p in plan)
@@ -302,7 +305,6 @@ def test_texts_without_audio_are_training_texts_with_their_phonemes(tmp_path, mo
 def test_pseudo_rows_spell_the_phonemes_in_order():
     """Rows from text: two CTC slots a row, each phoneme one spike, blanks around; a row is the sum
     of its slots' embeddings, exactly as the match term builds the encoder's target."""
-    import random
 
     from harken.cloud.synth import train as T
 
@@ -455,7 +457,6 @@ def test_losses_under_bf16_autocast_are_fp32_and_match_an_fp32_recompute():
 def test_batches_cover_each_utterance_once_in_shuffled_length_buckets():
     """`batches`: every utterance short enough once a pass (the Piper voice's `piper_repeat` times),
     each batch within its frame budget, and the batches of a chunk not in length order."""
-    import random
     from collections import Counter
 
     from harken.cloud.synth.examples import Example, batches
@@ -475,6 +476,28 @@ def test_batches_cover_each_utterance_once_in_shuffled_length_buckets():
         e.piper = True
     counts = Counter(id(e) for b in batches(examples, random.Random(2), 4000, 1200, piper_repeat=3) for e in b)
     assert {id(e): 3 if e.piper else 1 for e in examples if e.feats.shape[1] <= 1200} == counts
+
+
+def test_examples_know_the_piper_voice_from_their_shard(tmp_path):
+    """`load_examples` marks an utterance spoken by the Piper voice (its shard's recipe), which
+    `batches` takes `piper_repeat` times a pass; espeak-ng voices are not marked."""
+    from harken.cloud.model.tiny import write_tokenizer_files
+    from harken.cloud.model.tokenizer import Tokenizer
+    from harken.cloud.synth.examples import load_examples, phone_table
+    from harken.cloud.synth.pieces import Pieces
+
+    write_tokenizer_files(tmp_path / "tok", "real")
+    tok = Tokenizer.from_dir(tmp_path / "tok")
+    recipes = [speech.sample_recipe(random.Random(i), "Yes, we can.", held_out=False, piper_share=share)
+               for i, share in ((0, 1.0), (1, 0.0), (2, 1.0))]
+    assert [r.voice == speech.PIPER for r in recipes] == [True, False, True]
+    np.savez(tmp_path / "train-00000.npz", feats=np.zeros((128, 300), np.float16), lengths=np.array([100] * 3))
+    meta = [{"text": r.text, "source": "meeting", "frames": 100, "phonemes": "jɛs wiː kæn", "recipe": r.to_json()}
+            for r in recipes]
+    (tmp_path / "train-00000.jsonl").write_text("\n".join(json.dumps(m) for m in meta) + "\n")
+    spell = Pieces(tok, sorted(set(tok.encode("Yes, we can."))))
+    got = load_examples([tmp_path / "train-00000.npz"], tok, phone_table(["jɛs wiː kæn"]), spell)
+    assert [e.piper for e in got] == [True, False, True]
 
 
 def test_rates_by_group_score_each_group_alone():

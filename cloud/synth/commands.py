@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -11,6 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from harken.shared.errors import HarkenError
+
+
+def jemalloc_loaded() -> bool:
+    """Whether this process runs on jemalloc (mapped, not merely named in LD_PRELOAD)."""
+    try:
+        return "libjemalloc" in Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
 
 
 def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = None, steps: int = 20000,
@@ -43,7 +50,7 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
     from harken.cloud.synth.train import TrainOptions, train
 
     # glibc's malloc made CPU steps ~1.7x slower than jemalloc once the heap holds the corpus (Makefile `train`)
-    print("allocator: " + ("jemalloc" if "jemalloc" in os.environ.get("LD_PRELOAD", "") else
+    print("allocator: " + ("jemalloc" if jemalloc_loaded() else
                            "glibc malloc (LD_PRELOAD=libjemalloc.so.2, as `make train` sets it, makes CPU steps "
                            "~1.7x faster)"), file=sys.stderr, flush=True)
     ws: Path | None = None

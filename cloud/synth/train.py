@@ -512,9 +512,10 @@ def train(opts: TrainOptions, log=print) -> Path:
                "machine": machine, "date": time.strftime("%Y-%m-%d"), "example": hyps[0]}
         with log_path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
-        (out / "heldout-hyps.jsonl").write_text("".join(json.dumps(  # the last evaluation's, to read whole
+        (out / "heldout-hyps.tmp").write_text("".join(json.dumps(  # the last evaluation's, to read whole
             {"step": step, "source": s, "voice": v, "ref": r, "hyp": h}) + "\n" for s, v, r, h in
             zip(held_sources, held_voices, held_refs, hyps)))
+        os.replace(out / "heldout-hyps.tmp", out / "heldout-hyps.jsonl")
         log(f"eval step {step}: held-out WER {w:.3f} PER {per:.3f} ({', '.join(f'{k[8:]} {v:.3f}' for k, v in split.items())})"
             f" | ref {held_refs[0]!r} | hyp {hyps[0]!r}")
         plot_curve(log_path, out / "curve.png")

@@ -21,7 +21,8 @@ for d in edge cloud shared proto bench; do
 done
 
 # each part only where the carry has it: `make bench-device` needs none of them (an empty CARRY_DIR)
-if [ ! -x "$PREFIX/bin/espeak-ng" ] && ls "$CARRY"/debs/*.deb >/dev/null 2>&1; then
+if { [ ! -x "$PREFIX/bin/espeak-ng" ] || { ls "$CARRY"/debs/libjemalloc2_*.deb >/dev/null 2>&1 &&
+     [ ! -f "$PREFIX/root/usr/lib/x86_64-linux-gnu/libjemalloc.so.2" ]; }; } && ls "$CARRY"/debs/*.deb >/dev/null 2>&1; then
   for deb in "$CARRY"/debs/*.deb; do
     if command -v dpkg >/dev/null; then dpkg -x "$deb" "$PREFIX/root"; else "$PY" deploy/device/unpack.py deb "$deb" "$PREFIX/root"; fi
   done

@@ -61,7 +61,10 @@ status=0
 # jemalloc for the trainer (glibc's malloc made CPU steps 1.7x slower), where the carry has it and it loads
 malloc=()
 jemalloc="$PREFIX/root/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
-if [ -f "$jemalloc" ] && LD_PRELOAD="$jemalloc" "$PY" -c 'import torch' 2>/dev/null; then malloc=(env "LD_PRELOAD=$jemalloc"); fi
+if [ -f "$jemalloc" ] && LD_PRELOAD="$jemalloc" "$PY" -c \
+     'import sys, torch; sys.exit("libjemalloc" not in open("/proc/self/maps").read())' 2>/dev/null; then
+  malloc=(env "LD_PRELOAD=$jemalloc")  # the trainer and its corpus builder
+fi
 echo "train-device: allocator $([ ${#malloc[@]} -gt 0 ] && echo jemalloc || echo "glibc malloc")" | tee -a "$OUT/device.txt"
 "${malloc[@]}" "$PY" -m harken.cli train synth-en "$RUN" --device "$device" "${args[@]}" 2>&1 | tee "$OUT/train.log" || status=$?
 kill $packer 2>/dev/null || true
