@@ -471,11 +471,17 @@ def test_batches_cover_each_utterance_once_in_shuffled_length_buckets():
     longest = [max(e.feats.shape[1] for e in b) for b in got]
     rises = sum(a < b for a, b in zip(longest, longest[1:]))
     assert rises < 0.75 * (len(longest) - 1)  # a length sweep would rise at almost every step
-    # the Piper voice's utterances `piper_repeat` times a pass, the others once
+    # the Piper voice's utterances `piper_repeat` times a pass, prose `prose_repeat` times (the larger
+    # where both apply), the others once
     for e in examples[::3]:
         e.piper = True
+    for e, source in zip(examples, ["meeting", "fortunes", "kjv", "jumble", "meeting"] * 300):
+        e.source = source
     counts = Counter(id(e) for b in batches(examples, random.Random(2), 4000, 1200, piper_repeat=3) for e in b)
     assert {id(e): 3 if e.piper else 1 for e in examples if e.feats.shape[1] <= 1200} == counts
+    counts = Counter(id(e) for b in batches(examples, random.Random(2), 4000, 1200, 3, prose_repeat=2) for e in b)
+    assert {id(e): 3 if e.piper else 2 if e.source in ("fortunes", "kjv") else 1
+            for e in examples if e.feats.shape[1] <= 1200} == counts
 
 
 def test_examples_know_the_piper_voice_from_their_shard(tmp_path):
@@ -497,7 +503,7 @@ def test_examples_know_the_piper_voice_from_their_shard(tmp_path):
     (tmp_path / "train-00000.jsonl").write_text("\n".join(json.dumps(m) for m in meta) + "\n")
     spell = Pieces(tok, sorted(set(tok.encode("Yes, we can."))))
     got = load_examples([tmp_path / "train-00000.npz"], tok, phone_table(["jɛs wiː kæn"]), spell)
-    assert [e.piper for e in got] == [True, False, True]
+    assert [e.piper for e in got] == [True, False, True] and {e.source for e in got} == {"meeting"}
 
 
 def test_rates_by_group_score_each_group_alone():

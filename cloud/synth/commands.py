@@ -28,15 +28,17 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
                   device: str = "cpu", init_from: str | None = None, lr: float = 2e-3,
                   lr_hold: int = 100, warmstart: str | None = "repo", pack: bool = False,
                   time_limit: float | None = None, corpus_only: bool = False, save_every: float = 300.0,
-                  piper_share: float = 0.25, bf16: bool | None = None, piper_repeat: int = 2) -> int:
+                  piper_share: float = 0.25, bf16: bool | None = None, piper_repeat: int = 2,
+                  prose_repeat: int = 2) -> int:
     """Build the corpus in a process beside training (training starts on the first shards), then
     train (or resume training: OUTDIR/state.pt, else the warm-start state committed in the repo).
     `pack`: OUTDIR/state.pt -> the repo's warm-start files, nothing else."""
     from harken.cloud.synth import state as warm
 
     outdir = Path(out)
-    if piper_repeat < 1:
-        raise HarkenError(f"--piper-repeat {piper_repeat}: each Piper utterance at least once a pass (>= 1)")
+    for flag, n in (("--piper-repeat", piper_repeat), ("--prose-repeat", prose_repeat)):
+        if n < 1:
+            raise HarkenError(f"{flag} {n}: each utterance at least once a pass (>= 1)")
     if pack:
         target = Path(warmstart) if warmstart not in (None, "repo", "none") else warm.WARMSTART_DIR
         print(json.dumps(warm.pack_run(outdir, target)))
@@ -71,7 +73,8 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
                             eval_every=eval_every, eval_n=eval_n, batch_frames=batch_frames,
                             device=device, init_from=Path(init_from) if init_from else None, lr=lr,
                             hold_steps=lr_hold, warmstart=ws, time_limit_s=time_limit,
-                            save_every_s=save_every, bf16=bf16, piper_repeat=piper_repeat)
+                            save_every_s=save_every, bf16=bf16, piper_repeat=piper_repeat,
+                            prose_repeat=prose_repeat)
         ckpt = train(opts, log=lambda s: print(s, file=sys.stderr, flush=True))
     finally:
         if builder is not None and builder.poll() is None:

@@ -332,6 +332,7 @@ class TrainOptions:
     w_ctc_ph: float = 0.5
     corrupt: float = 0.2
     piper_repeat: int = 2  # Piper utterances this many times a pass (its phoneme error is 3x espeak-ng's)
+    prose_repeat: int = 2  # fortunes and Bible utterances this many times a pass (`batches`)
     w_guide: float = 1.0  # guided attention (`guided_attention_loss`) while step < guide_steps
     w_match: float = 0.1  # encoder rows towards their phonemes' embeddings
     w_text: float = 1.0  # transcripts of text without audio, read from `pseudo_rows`
@@ -453,7 +454,8 @@ def train(opts: TrainOptions, log=print) -> Path:
               "batch_frames": opts.batch_frames, "source_weights": corpus.SOURCE_WEIGHTS,
               "w_ctc_tok": opts.w_ctc_tok, "w_ctc_ph": opts.w_ctc_ph, "w_match": opts.w_match,
               "w_text": opts.w_text, "w_guide": opts.w_guide, "guide_steps": opts.guide_steps,
-              "corrupt": opts.corrupt, "vocab_rows": len(vocab), "piper_repeat": opts.piper_repeat}
+              "corrupt": opts.corrupt, "vocab_rows": len(vocab), "piper_repeat": opts.piper_repeat,
+              "prose_repeat": opts.prose_repeat}
 
     def save():
         tmp = out / "state.pt.tmp"
@@ -539,7 +541,7 @@ def train(opts: TrainOptions, log=print) -> Path:
             log(f"{len(more)} new shards: {len(examples)} utterances")
         take_new_texts()
         max_frames = int(500 + min(1.0, step / max(opts.ramp_steps, 1)) * 1600)
-        for group in batches(examples, rng, opts.batch_frames, max_frames, opts.piper_repeat):
+        for group in batches(examples, rng, opts.batch_frames, max_frames, opts.piper_repeat, opts.prose_repeat):
             if step >= opts.steps or out_of_time():
                 break
             model.train()
