@@ -143,8 +143,8 @@ def _start_corpus_builder(out: str, cdir: Path, sizes: dict[str, int], seed: int
     cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", out, "--corpus-only", "--corpus", str(cdir),
            "--utterances", str(sizes["utterances"]), "--phrases", str(sizes["phrases"]),
            "--texts", str(sizes["texts"]), "--jumbles", str(sizes["jumbles"]),
-           "--jumble-texts", str(sizes["jumble_texts"]), "--prose-texts", str(sizes["prose_texts"]), "--seed", str(seed), "--workers", str(workers),
-           "--piper-share", str(piper_share)]
+           "--jumble-texts", str(sizes["jumble_texts"]), "--prose-texts", str(sizes["prose_texts"]),
+           "--seed", str(seed), "--workers", str(workers), "--piper-share", str(piper_share)]
     log = open(cdir / "build.log", "a")  # noqa: SIM115 (the child holds it)
     print(f"corpus: building in the background (log: {cdir / 'build.log'}); training starts on its first "
           f"shards", file=sys.stderr, flush=True)

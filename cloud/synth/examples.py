@@ -132,8 +132,8 @@ def phone_table_of(shards: list[Path]) -> dict[str, int]:
     return phone_table([m["phonemes"] for s in shards for m in corpus.load_shard(s)[2]])
 
 
-def batches(examples: list[Example], rng: random.Random, batch_frames: int, max_frames: int, piper_repeat: int = 1,
-            prose_repeat: int = 1):
+def batches(examples: list[Example], rng: random.Random, batch_frames: int, max_frames: int,
+            piper_repeat: int = 1, prose_repeat: int = 1):
     """Length-bucketed batches of at most `batch_frames` frames (padding counted), in random order
     within each chunk of 512 utterances (in length order they would sweep from short to long
     utterances over dozens of steps, and the optimiser would follow the sweep). Each utterance once
