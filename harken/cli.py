@@ -137,7 +137,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                              lr_hold=args.lr_hold, warmstart=args.warmstart, pack=args.pack,
                              time_limit=args.time_limit, corpus_only=args.corpus_only,
                              save_every=args.save_every, piper_share=args.piper_share, bf16=args.bf16,
-                             piper_repeat=args.piper_repeat, prose_repeat=args.prose_repeat)
+                             piper_repeat=args.piper_repeat, prose_repeat=args.prose_repeat,
+                             average_decay=args.average_decay)
     if args.command == "eval":
         from harken.cloud.synth.commands import eval_command
 

@@ -199,6 +199,9 @@ def _train_parser(sub: Subparsers) -> None:
     s.add_argument("--prose-repeat", type=int, default=2,
                    help="synth-en: utterances of the fortunes and the Bible this many times a pass (default 2: "
                         "meeting talk is 55%% of the corpus and its language model drowns the rest)")
+    s.add_argument("--average-decay", type=float, default=0.999, metavar="D",
+                   help="synth-en: evaluate, export and pack an exponential moving average of the weights "
+                        "with this decay per step (default 0.999; 0: the raw weights)")
 
 
 def _eval_parser(sub: Subparsers) -> None:

@@ -1,6 +1,6 @@
 """synth-en's warm-start state (cloud/synth/state.py): the packed tensors are the fp16 values exactly,
 a damaged or oversized state is refused, and a tiny run resumed from a packed state carries its step,
-weights, audio seen and learning curve over."""
+weights, audio seen and learning curve over; the average of a run's weights follows its recurrence."""
 
 from __future__ import annotations
 
@@ -88,6 +88,12 @@ def test_a_run_resumes_from_a_packed_state_with_its_step_weights_and_curve(tmp_p
     assert summary["step"] == 2 and summary["heldout_wer_step"] == 2 and summary["evaluations"] == 1
     assert summary["machine"].startswith("cpu") and summary["recipe"]["config"] == "tiny"
     a_state = torch.load(tmp_path / "a" / "state.pt", weights_only=False)
+    # the run keeps an average of its weights (--average-decay 0.999): that is what was measured and packed
+    assert summary["weights"] == "average (decay 0.999)" and a_state["average"]["updates"] == 2
+    a_log = [json.loads(line) for line in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
+    assert 0 <= a_log[0]["heldout_wer_raw"] and 0 <= a_log[0]["heldout_wer"]
+    packed_weights = a_state["model"] | a_state["average"]["params"]
+    assert not torch.equal(packed_weights["emb"], a_state["model"]["emb"])
 
     # a new machine: no state.pt, the packed state; --steps 2 trains nothing, so what it saves is what it loaded
     same = _train(tmp_path / "b", "--warmstart", str(ws), "--steps", "2")
@@ -97,7 +103,7 @@ def test_a_run_resumes_from_a_packed_state_with_its_step_weights_and_curve(tmp_p
     assert b_state["step"] == 2 and b_state["frames_seen"] == a_state["frames_seen"] > 0
     assert b_state["vocab"] == a_state["vocab"] and b_state["phones"] == a_state["phones"]
     assert b_state["model"].keys() == a_state["model"].keys()
-    for name, t in a_state["model"].items():
+    for name, t in packed_weights.items():
         assert torch.equal(b_state["model"][name], t.to(torch.float16).float()), name
 
     # and it trains on: step 3, the learning curve of both machines in one log
@@ -121,3 +127,35 @@ def test_a_tiny_run_refuses_a_synth_en_state(tmp_path):
     run = _train(tmp_path / "a", "--warmstart", str(tmp_path / "ws"), "--steps", "9")
     assert run.returncode != 0
     assert "a synth-en state, this run trains tiny" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_the_weight_average_follows_its_recurrence_and_gives_the_weights_back():
+    from torch import nn
+
+    from harken.cloud.synth.averaging import WeightAverage
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4))
+    avg = WeightAverage(model, 0.9)
+    ref = {k: p.detach().clone() for k, p in model.named_parameters()}
+    for n in range(30):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        avg.update(model)
+        d = min(0.9, (1 + n) / (10 + n))
+        ref = {k: d * ref[k] + (1 - d) * p.detach() for k, p in model.named_parameters()}
+    own = {k: p.detach().clone() for k, p in model.named_parameters()}
+    x = torch.randn(5, 3)
+    with avg.applied(model):
+        for k, p in model.named_parameters():
+            torch.testing.assert_close(p.detach(), ref[k])
+        y_avg = model(x)
+    for k, p in model.named_parameters():
+        assert torch.equal(p.detach(), own[k]), k  # its own weights again, exactly
+    assert not torch.allclose(model(x), y_avg)
+    again = WeightAverage(model, 0.9, avg.state_dict())  # a resumed run goes on with the same average
+    assert again.updates == 30
+    assert all(torch.equal(again.params[k], avg.params[k]) for k in ref)
+    fresh = WeightAverage(nn.Linear(3, 4), 0.9, avg.state_dict())  # another model's: begun afresh
+    assert fresh.updates == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -48,6 +49,34 @@ def export_checkpoint(model: Trainee, out: Path) -> Path:
 
 
 # --- evaluation ---------------------------------------------------------------------------------
+
+@dataclass
+class HeldOut:
+    """The first n held-out utterances as the trainer measures them."""
+    feats: list[np.ndarray]  # fp16 [128, T], like the training features
+    refs: list[str]
+    voices: list[str]  # `voice_family`
+    sources: list[str]  # meeting, fortunes, kjv
+    phones: list[list[int]]  # espeak-ng's phonemes in the run's table
+
+
+def held_out_set(out: Path, n: int, table: dict[str, int]) -> HeldOut:
+    """The held-out utterances' features from OUTDIR/heldout-N.npz (any rendered copy of at least n:
+    a lent GPU gets one, it has no Piper voice), else rendered here and saved there."""
+    from harken.cloud.synth import corpus, speech
+
+    held = corpus.read_held_out()[:n]
+    rendered = sorted((p for p in out.glob("heldout-*.npz") if p.stem.split("-")[1].isdigit()
+                       and int(p.stem.split("-")[1]) >= len(held)), key=lambda p: int(p.stem.split("-")[1]))
+    if rendered:
+        with np.load(rendered[0]) as z:
+            feats = [z[f"f{i}"] for i in range(len(held))]
+    else:
+        feats = [corpus.render_features(u.recipe).astype(np.float16) for u in held]
+        np.savez(out / f"heldout-{n}.npz", **{f"f{i}": f for i, f in enumerate(feats)})
+    return HeldOut(feats, [u.recipe.text for u in held], [voice_family(u.recipe.voice) for u in held],
+                   [u.source for u in held],
+                   [[table[c] for c in speech.phonemes(u.recipe.text, u.recipe.voice) if c in table] for u in held])
 
 def wer(refs: list[str], hyps: list[str]) -> float:
     """Word error rate with jiwer after the Whisper English normaliser (Open ASR Leaderboard)."""

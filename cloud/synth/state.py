@@ -15,7 +15,8 @@ on elsewhere, in `cloud/synth/warmstart/`:
 The optimiser's moments do not fit in the 16 MB the repo grants (they would triple the size): a run
 resumed from the warm-start state starts a fresh AdamW and warms its learning rate up again over
 the first steps (`train.py`'s `rewarm_from`). fp16 rounding moves a weight by at most 2^-11 of its
-value, far below one step's update.
+value, far below one step's update. Where the run keeps an average of its weights (`averaging.py`),
+the average is packed: it is what the evaluations measured and exported.
 
     harken train synth-en OUTDIR --pack    OUTDIR/state.pt (+ log.jsonl) -> cloud/synth/warmstart/
 """
@@ -172,6 +173,9 @@ def pack_run(out: Path, warmstart_dir: Path = WARMSTART_DIR, recipe: dict[str, A
         "seed": state.get("recipe", {}).get("seed", 0),
         "history": evals,
     }
+    if state.get("average"):  # the weights each evaluation measured and exported (`averaging.py`)
+        state = state | {"model": state["model"] | state["average"]["params"]}
+        meta["weights"] = f"average (decay {state['average']['decay']})"
     _, total = pack(state, meta, warmstart_dir)
     return {k: v for k, v in meta.items() if k != "history"} | {"bytes": total, "dir": str(warmstart_dir),
                                                                   "evaluations": len(evals)}

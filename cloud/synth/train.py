@@ -49,9 +49,10 @@ from harken.cloud.model.prompt import build_prompt
 from harken.cloud.model.tokenizer import Tokenizer
 from harken.cloud.synth import corpus, pieces
 from harken.cloud.synth import state as warm
+from harken.cloud.synth.averaging import WeightAverage
 from harken.cloud.synth.alignment import guided_attention_loss, guided_heads, token_rows
-from harken.cloud.synth.evaluation import (audio_gain, evaluate, export_checkpoint, held_out_split, phoneme_hyps,
-                                           phoneme_rate, plot_curve, voice_family)
+from harken.cloud.synth.evaluation import (audio_gain, evaluate, export_checkpoint, held_out_set, held_out_split,
+                                           phoneme_hyps, phoneme_rate, plot_curve)
 from harken.cloud.synth.examples import (TARGET_PREFIX, Example, TextExample, Vocab, batches, corpus_shards,
                                          load_examples, load_texts, phone_table_of, target_ids, text_files)
 from harken.cloud.synth.pieces import Pieces
@@ -333,6 +334,7 @@ class TrainOptions:
     corrupt: float = 0.2
     piper_repeat: int = 2  # Piper utterances this many times a pass (its phoneme error is 3x espeak-ng's)
     prose_repeat: int = 2  # fortunes and Bible utterances this many times a pass (`batches`)
+    average_decay: float = 0.999  # evaluate and export an average of the weights (`averaging.py`); 0: the raw ones
     w_guide: float = 1.0  # guided attention (`guided_attention_loss`) while step < guide_steps
     w_match: float = 0.1  # encoder rows towards their phonemes' embeddings
     w_text: float = 1.0  # transcripts of text without audio, read from `pseudo_rows`
@@ -427,41 +429,26 @@ def train(opts: TrainOptions, log=print) -> Path:
         warm_start(model, init)
         log(f"step 0: weights from {opts.init_from} (step {init['step']}), "
             f"{len(vocab)} vocabulary rows mapped by token id")
+    average = (WeightAverage(model, opts.average_decay, saved.get("average") if saved else None)
+               if opts.average_decay > 0 else None)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"{len(examples)} utterances, {sum(e.feats.shape[1] for e in examples) / 360000:.1f} h; "
         f"vocabulary {len(vocab)} rows; {len(phone_chars)} phonemes; {n_params / 1e6:.1f}M trained parameters")
 
-    held = corpus.read_held_out()[:opts.eval_n]
-    held_feats_path = out / f"heldout-{opts.eval_n}.npz"
-    # a rendered copy of at least as many (a lent GPU gets one: it has no Piper voice)
-    rendered = sorted((p for p in out.glob("heldout-*.npz") if p.stem.split("-")[1].isdigit()
-                       and int(p.stem.split("-")[1]) >= len(held)), key=lambda p: int(p.stem.split("-")[1]))
-    if rendered:
-        with np.load(rendered[0]) as z:
-            held_feats = [z[f"f{i}"] for i in range(len(held))]
-    else:
-        # fp16 like the training features (and the copy `make device-carry` takes to a lent GPU)
-        held_feats = [corpus.render_features(u.recipe).astype(np.float16) for u in held]
-        np.savez(held_feats_path, **{f"f{i}": f for i, f in enumerate(held_feats)})
-    held_refs = [u.recipe.text for u in held]
-    held_voices = [voice_family(u.recipe.voice) for u in held]
-    held_sources = [u.source for u in held]
-    from harken.cloud.synth import speech
-
-    held_phones = [[table[c] for c in speech.phonemes(u.recipe.text, u.recipe.voice) if c in table] for u in held]
+    held = held_out_set(out, opts.eval_n, table)
 
     recipe = {"config": config_name, "seed": opts.seed, "lr": opts.lr, "hold_steps": opts.hold_steps,
               "batch_frames": opts.batch_frames, "source_weights": corpus.SOURCE_WEIGHTS,
               "w_ctc_tok": opts.w_ctc_tok, "w_ctc_ph": opts.w_ctc_ph, "w_match": opts.w_match,
               "w_text": opts.w_text, "w_guide": opts.w_guide, "guide_steps": opts.guide_steps,
               "corrupt": opts.corrupt, "vocab_rows": len(vocab), "piper_repeat": opts.piper_repeat,
-              "prose_repeat": opts.prose_repeat}
+              "prose_repeat": opts.prose_repeat, "average_decay": opts.average_decay}
 
     def save():
         tmp = out / "state.pt.tmp"
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "rewarm_from": rewarm_from,
                     "schedule": [opts.lr, opts.hold_steps], "frames_seen": frames_seen, "machine": machine,
-                    "recipe": recipe, "eval_n": opts.eval_n,
+                    "recipe": recipe, "eval_n": opts.eval_n, "average": average.state_dict() if average else None,
                     "rng": rng.getstate(), "vocab": vocab.ids.tolist(), "phones": sorted(table.items())}, tmp)
         os.replace(tmp, state_path)
 
@@ -496,18 +483,28 @@ def train(opts: TrainOptions, log=print) -> Path:
     avg: dict[str, float] = {}
     evaluated = [-1]
 
+    def measured():  # what is evaluated and exported: the weights' average (with --average-decay), else them
+        return average.applied(model) if average else nullcontext()
+
     def evaluate_and_save() -> None:
         evaluated[0] = step
         model.eval()
+        raw = {"heldout_wer_raw": round(evaluate(export_checkpoint(model, out / "checkpoint"), held.feats,
+                                                 held.refs)[0], 4)} if average else {}
+        with measured():
+            evaluate_measured(raw)
+        save()
+
+    def evaluate_measured(raw: dict[str, float]) -> None:
         ckpt = export_checkpoint(model, out / "checkpoint")
-        w, hyps = evaluate(ckpt, held_feats, held_refs)
-        gain = audio_gain(model, held_feats, [target_ids(tok, spell, r) for r in held_refs],
+        w, hyps = evaluate(ckpt, held.feats, held.refs)
+        gain = audio_gain(model, held.feats, [target_ids(tok, spell, r) for r in held.refs],
                           (prefix, suffix), len(target_prefix))
-        ph_hyps = phoneme_hyps(model, held_feats)
-        per = phoneme_rate(held_phones, ph_hyps)
-        split = held_out_split(held_voices, held_sources, held_refs, hyps, held_phones, ph_hyps)
+        ph_hyps = phoneme_hyps(model, held.feats)
+        per = phoneme_rate(held.phones, ph_hyps)
+        split = held_out_split(held.voices, held.sources, held.refs, hyps, held.phones, ph_hyps)
         rec = {"step": step, "time_s": round(time.time() - t0, 1), **{k: round(v, 4) for k, v in avg.items()},
-               "heldout_wer": round(w, 4), "audio_gain": round(gain, 4), "heldout_per": round(per, 4),
+               "heldout_wer": round(w, 4), **raw, "audio_gain": round(gain, 4), "heldout_per": round(per, 4),
                **{k: round(v, 4) for k, v in split.items()},
                "audio_h": round(frames_seen / 360000, 2),
                "audio_per_s": round(seen_frames / 100 / max(time.time() - t0, 1e-9), 1),
@@ -516,12 +513,11 @@ def train(opts: TrainOptions, log=print) -> Path:
             f.write(json.dumps(rec) + "\n")
         (out / "heldout-hyps.tmp").write_text("".join(json.dumps(  # the last evaluation's, to read whole
             {"step": step, "source": s, "voice": v, "ref": r, "hyp": h}) + "\n" for s, v, r, h in
-            zip(held_sources, held_voices, held_refs, hyps)))
+            zip(held.sources, held.voices, held.refs, hyps)))
         os.replace(out / "heldout-hyps.tmp", out / "heldout-hyps.jsonl")
         log(f"eval step {step}: held-out WER {w:.3f} PER {per:.3f} ({', '.join(f'{k[8:]} {v:.3f}' for k, v in split.items())})"
-            f" | ref {held_refs[0]!r} | hyp {hyps[0]!r}")
+            + (f" (raw weights {raw['heldout_wer_raw']:.3f})" if raw else "") + f" | ref {held.refs[0]!r} | hyp {hyps[0]!r}")
         plot_curve(log_path, out / "curve.png")
-        save()
 
     def take_new_texts() -> None:  # at a pass start and every evaluation (audio shards: a pass start)
         if new := [p for p in text_files(opts) if p not in text_paths]:
@@ -568,6 +564,8 @@ def train(opts: TrainOptions, log=print) -> Path:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
+            if average:
+                average.update(model)
             step += 1
             seen_frames += sum(e.feats.shape[1] for e in group)
             frames_seen += sum(e.feats.shape[1] for e in group)
@@ -592,4 +590,5 @@ def train(opts: TrainOptions, log=print) -> Path:
         if stop:
             log(f"stopped by signal {stop[0]} at step {step}; state saved")
     save()
-    return export_checkpoint(model, out / "checkpoint")
+    with measured():
+        return export_checkpoint(model, out / "checkpoint")
