@@ -138,13 +138,18 @@ def test_the_weight_average_follows_its_recurrence_and_gives_the_weights_back():
     model = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4))
     avg = WeightAverage(model, 0.9)
     ref = {k: p.detach().clone() for k, p in model.named_parameters()}
+    snapshots = []
     for n in range(30):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn_like(p))
         avg.update(model)
-        d = min(0.9, (1 + n) / (10 + n))
+        snapshots.append({k: p.detach().clone() for k, p in model.named_parameters()})
+        d = min(0.9, n / (n + 1))  # the mean of the steps so far, then exponential
         ref = {k: d * ref[k] + (1 - d) * p.detach() for k, p in model.named_parameters()}
+        if n == 5:  # within the decay's time constant (10 steps at 0.9): the plain mean of the six steps
+            for k in ref:
+                torch.testing.assert_close(avg.params[k], torch.stack([w[k] for w in snapshots]).mean(0))
     own = {k: p.detach().clone() for k, p in model.named_parameters()}
     x = torch.randn(5, 3)
     with avg.applied(model):
