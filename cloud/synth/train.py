@@ -19,8 +19,9 @@ State (weights, optimiser, step, RNG) is saved to OUTDIR/state.pt every `save_ev
 at each evaluation and on SIGTERM / SIGINT; a rerun resumes from it. A run with no OUTDIR/state.pt
 starts from the warm-start state committed in the repo (`state.py`, `cloud/synth/warmstart/`), so
 training goes on across machines; its evaluation history becomes the start of OUTDIR/log.jsonl.
-Each evaluation also exports the official-layout checkpoint OUTDIR/checkpoint/ and appends the
-held-out WER to OUTDIR/log.jsonl; `curve.png` is redrawn from that log.
+Each evaluation also exports the official-layout checkpoint OUTDIR/checkpoint/ (the average of the
+weights, `averaging.py`; the raw weights in OUTDIR/checkpoint-raw/) and appends the held-out WER to
+OUTDIR/log.jsonl; `curve.png` is redrawn from that log.
 """
 
 from __future__ import annotations
@@ -489,7 +490,7 @@ def train(opts: TrainOptions, log=print) -> Path:
     def evaluate_and_save() -> None:
         evaluated[0] = step
         model.eval()
-        raw = {"heldout_wer_raw": round(evaluate(export_checkpoint(model, out / "checkpoint"), held.feats,
+        raw = {"heldout_wer_raw": round(evaluate(export_checkpoint(model, out / "checkpoint-raw"), held.feats,
                                                  held.refs)[0], 4)} if average else {}
         with measured():
             evaluate_measured(raw)
