@@ -50,8 +50,8 @@ from harken.cloud.model.prompt import build_prompt
 from harken.cloud.model.tokenizer import Tokenizer
 from harken.cloud.synth import corpus, pieces
 from harken.cloud.synth import state as warm
-from harken.cloud.synth.averaging import WeightAverage
 from harken.cloud.synth.alignment import guided_attention_loss, guided_heads, token_rows
+from harken.cloud.synth.averaging import WeightAverage
 from harken.cloud.synth.evaluation import (audio_gain, evaluate, export_checkpoint, held_out_set, held_out_split,
                                            phoneme_hyps, phoneme_rate, plot_curve)
 from harken.cloud.synth.examples import (TARGET_PREFIX, Example, TextExample, Vocab, batches, corpus_shards,
