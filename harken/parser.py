@@ -187,6 +187,10 @@ def _train_parser(sub: Subparsers) -> None:
                    help="stop after S seconds of training: evaluate, save the state (a lent GPU's call ends)")
     s.add_argument("--save-every", type=float, default=300.0, metavar="S",
                    help="save OUTDIR/state.pt every S seconds besides each evaluation (default 300)")
+    s.add_argument("--corpus-first", action="store_true",
+                   help="a run that resumes (OUTDIR/state.pt or a warm-start state) builds whatever its corpus "
+                        "lacks first, --workers files at a time, then trains on all of it, rather than "
+                        "starting on the first shards while the rest are built (make train on a fresh machine)")
     s.add_argument("--corpus-only", action="store_true",
                    help="build the corpus and stop (training runs this in a process beside itself)")
     s.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,

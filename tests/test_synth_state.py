@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harken.cloud.synth import commands
 from harken.cloud.synth import state as warm
 
 
@@ -95,10 +96,16 @@ def test_a_run_resumes_from_a_packed_state_with_its_step_weights_and_curve(tmp_p
     packed_weights = a_state["model"] | a_state["average"]["params"]
     assert not torch.equal(packed_weights["emb"], a_state["model"]["emb"])
 
-    # a new machine: no state.pt, the packed state; --steps 2 trains nothing, so what it saves is what it loaded
-    same = _train(tmp_path / "b", "--warmstart", str(ws), "--steps", "2")
+    # a new machine: no state.pt, no corpus, the packed state; --steps 2 trains nothing, so what it
+    # saves is what it loaded. --corpus-first: the whole corpus is built before training resumes
+    b_corpus = tmp_path / "b-corpus"
+    same = _train(tmp_path / "b", "--warmstart", str(ws), "--steps", "2", "--corpus", str(b_corpus), "--corpus-first")
     assert same.returncode == 0, same.stderr[-2000:]
     assert "resumed at step 2 from the warm-start state" in same.stderr
+    built = same.stderr.index("building what is missing before training resumes")
+    assert built < same.stderr.index("resumed at step 2") and "training starts on its first shards" not in same.stderr
+    sizes = {"utterances": 6, "phrases": 3, "texts": 5, "jumbles": 2, "jumble_texts": 3, "prose_texts": 2}
+    assert commands._corpus_complete(b_corpus, sizes)
     b_state = torch.load(tmp_path / "b" / "state.pt", weights_only=False)
     assert b_state["step"] == 2 and b_state["frames_seen"] == a_state["frames_seen"] > 0
     assert b_state["vocab"] == a_state["vocab"] and b_state["phones"] == a_state["phones"]
@@ -107,7 +114,7 @@ def test_a_run_resumes_from_a_packed_state_with_its_step_weights_and_curve(tmp_p
         assert torch.equal(b_state["model"][name], t.to(torch.float16).float()), name
 
     # and it trains on: step 3, the learning curve of both machines in one log
-    on = _train(tmp_path / "b", "--steps", "3")
+    on = _train(tmp_path / "b", "--steps", "3", "--corpus", str(b_corpus))
     assert on.returncode == 0, on.stderr[-2000:]
     log = [json.loads(line) for line in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [2, 3]
