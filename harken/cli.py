@@ -131,6 +131,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         return train_command(args.out, utterances=args.utterances, corpus_dir=args.corpus, steps=args.steps,
                              phrases=args.phrases, texts=args.texts, jumbles=args.jumbles,
                              jumble_texts=args.jumble_texts, prose_texts=args.prose_texts,
+                             prose_utterances=args.prose_utterances,
                              threads=args.threads, workers=args.workers, seed=args.seed, tiny=args.tiny,
                              eval_every=args.eval_every, eval_n=args.eval_n, batch_frames=args.batch_frames,
                              device=args.device, init_from=args.init_from, lr=args.lr,

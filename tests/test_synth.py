@@ -116,14 +116,33 @@ def test_prose_texts_are_training_fortunes_and_verses_in_their_proportion(split,
     assert [json.loads(x)["text"] for p in plain for x in p.read_text().splitlines()] != [d["text"] for d in rows]
 
 
+def test_prose_utterances_are_training_fortunes_and_verses_in_their_proportion(split):
+    """Prose utterances: picked as utterances are (one to three consecutive training sentences) but
+    from the fortunes and the Bible only, in SOURCE_WEIGHTS' proportion between the two; in training
+    voice x speed combinations (Piper too), deterministic, and not the utterances of `plan`."""
+    train, held = split
+    everything = {k: " ".join(v) for k, v in train.items()}
+    held_keys = {text.key(s) for group in held.values() for s in group}
+    us = [corpus.plan_prose(0, i) for i in range(300)]
+    assert us == [corpus.plan_prose(0, i) for i in range(300)]
+    for u in us:
+        assert u.source in ("fortunes", "kjv") and u.recipe.text in everything[u.source]
+        assert text.key(u.recipe.text) not in held_keys
+        assert not speech.held_out_combo(u.recipe.voice, u.recipe.variant, u.recipe.rate)
+    assert 30 <= sum(u.source == "kjv" for u in us) <= 100  # expected 300 x 0.10 / 0.45 = 67
+    assert 40 <= sum(u.recipe.voice == speech.PIPER for u in us) <= 110  # PIPER_SHARE 0.25: 75
+    assert {u.recipe.text for u in us}.isdisjoint(corpus.plan(0, i).recipe.text for i in range(300))
+
+
 def test_corpus_only_builds_every_kind_and_then_counts_as_complete(tmp_path):
     """`harken train synth-en OUT --corpus-only`: utterance, phrase and jumble shards, texts, jumble
-    and prose texts without audio; the trainer's check then finds nothing left to build."""
+    and prose texts without audio, prose utterances; the trainer's check then finds nothing left to build."""
     from harken.cloud.synth import commands
     from harken.cloud.synth.examples import corpus_shards
     from harken.cloud.synth.train import TrainOptions
 
-    sizes = {"utterances": 2, "phrases": 2, "texts": 2, "jumbles": 3, "jumble_texts": 2, "prose_texts": 2}
+    sizes = {"utterances": 2, "phrases": 2, "texts": 2, "jumbles": 3, "jumble_texts": 2, "prose_texts": 2,
+             "prose_utterances": 2}
     cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(tmp_path), "--corpus-only", "--workers", "2",
            "--piper-share", "0"] + [a for k, v in sizes.items() for a in (f"--{k.replace('_', '-')}", str(v))]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -133,7 +152,10 @@ def test_corpus_only_builds_every_kind_and_then_counts_as_complete(tmp_path):
     assert not commands._corpus_complete(cdir, {**sizes, "jumbles": 1001})
     assert not commands._corpus_complete(cdir, {**sizes, "prose_texts": 1001})
     shards = corpus_shards(TrainOptions(corpus=cdir, out=tmp_path))
-    assert [p.name for p in shards] == ["train-00000.npz", "phrase-00000.npz", "jumble-00000.npz"]
+    assert not commands._corpus_complete(cdir, {**sizes, "prose_utterances": 1001})
+    assert [p.name for p in shards] == ["train-00000.npz", "phrase-00000.npz", "jumble-00000.npz", "prose-00000.npz"]
+    _, lengths, meta = corpus.load_shard(cdir / "prose-00000.npz")
+    assert len(lengths) == 2 and [m["text"] for m in meta] == [corpus.plan_prose(0, i, 0.0).recipe.text for i in range(2)]
     _, lengths, meta = corpus.load_shard(cdir / "jumble-00000.npz")
     assert len(lengths) == 3 and {m["source"] for m in meta} == {"jumble"}
     assert [m["text"] for m in meta] == [corpus.plan_jumble(0, i).recipe.text for i in range(3)]
@@ -149,12 +171,12 @@ def test_corpus_plan_starts_every_kind_then_interleaves_them_in_proportion():
     from harken.cloud.synth import commands
 
     sizes = {"utterances": 16000, "phrases": 8000, "jumbles": 8000, "texts": 20000, "jumble_texts": 20000,
-             "prose_texts": 40500}
+             "prose_texts": 40500, "prose_utterances": 8000}
     plan = commands.corpus_plan(sizes)
     want = {(f, kind, k) for size, (f, kind) in commands.CORPUS_FILES.items()
             for k in range(-(-sizes[size] // (corpus.SHARD if f == "shard" else corpus.TEXT_LINES)))}
-    assert len(plan) == len(want) == 16 + 8 + 8 + 20 + 20 + 41 and {p[:3] for p in plan} == want
-    assert {p[1:3] for p in plan[:6]} == {(kind, 0) for _, kind in commands.CORPUS_FILES.values()}
+    assert len(plan) == len(want) == 16 + 8 + 8 + 20 + 20 + 41 + 8 and {p[:3] for p in plan} == want
+    assert {p[1:3] for p in plan[:7]} == {(kind, 0) for _, kind in commands.CORPUS_FILES.values()}
     assert all(n == sizes[size] for (f, kind, _, n) in plan for size, fk in commands.CORPUS_FILES.items()
                if fk == (f, kind))
     for size, fk in commands.CORPUS_FILES.items():  # each kind in its own order: 0, 1, 2, ...
@@ -335,7 +357,7 @@ def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
     from harken.cloud.model.asr import Qwen3ASR
 
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6", "--phrases", "3", "--texts", "5", "--jumbles", "2", "--jumble-texts", "3", "--prose-texts", "2",
+    cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6", "--phrases", "3", "--texts", "5", "--jumbles", "2", "--jumble-texts", "3", "--prose-texts", "2", "--prose-utterances", "2",
            "--steps", "2", "--eval-every", "2", "--eval-n", "3", "--threads", "1", "--workers", "1", "--batch-frames", "3000"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]

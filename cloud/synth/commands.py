@@ -22,7 +22,7 @@ def jemalloc_loaded() -> bool:
 
 def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = None, steps: int = 20000,
                   phrases: int = 20000, texts: int = 40000, jumbles: int = 8000, jumble_texts: int = 20000,
-                  prose_texts: int = 40000,
+                  prose_texts: int = 40000, prose_utterances: int = 8000,
                   threads: int = 2, workers: int = 2, seed: int = 0, tiny: bool = False,
                   eval_every: int = 400, eval_n: int = 40, batch_frames: int = 4000,
                   device: str = "cpu", init_from: str | None = None, lr: float = 2e-3,
@@ -48,7 +48,7 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
         return 0
     cdir = Path(corpus_dir) if corpus_dir else outdir / "corpus"
     sizes = {"utterances": utterances, "phrases": phrases, "texts": texts, "jumbles": jumbles,
-             "jumble_texts": jumble_texts, "prose_texts": prose_texts}
+             "jumble_texts": jumble_texts, "prose_texts": prose_texts, "prose_utterances": prose_utterances}
     if corpus_only:
         build_corpus(cdir, sizes, seed, workers, piper_share)
         return 0
@@ -97,7 +97,8 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
 
 # each size of the corpus: (family, kind) of its files (`corpus.corpus_file`)
 CORPUS_FILES = {"phrases": ("shard", "phrase"), "utterances": ("shard", "train"), "jumbles": ("shard", "jumble"),
-                "texts": ("text", "text"), "jumble_texts": ("text", "jumble"), "prose_texts": ("text", "prose")}
+                "texts": ("text", "text"), "jumble_texts": ("text", "jumble"), "prose_texts": ("text", "prose"),
+                "prose_utterances": ("shard", "prose")}
 
 
 def corpus_plan(sizes: dict[str, int]) -> list[tuple[str, str, int, int]]:
@@ -108,10 +109,10 @@ def corpus_plan(sizes: dict[str, int]) -> list[tuple[str, str, int, int]]:
     from harken.cloud.synth import corpus
 
     per = {"shard": corpus.SHARD, "text": corpus.TEXT_LINES}
-    n_files = {k: -(-sizes[k] // per[CORPUS_FILES[k][0]]) for k in sizes}
+    n_files = {k: -(-sizes.get(k, 0) // per[family]) for k, (family, _) in CORPUS_FILES.items()}
     rounds = max(1, *n_files.values())
     files: list[tuple[str, str, int, int]] = []
-    taken = dict.fromkeys(sizes, 0)
+    taken = dict.fromkeys(CORPUS_FILES, 0)
     for j in range(1, rounds + 1):
         for size, (family, kind) in CORPUS_FILES.items():
             upto = -(-j * n_files[size] // rounds)
@@ -131,8 +132,9 @@ def build_corpus(cdir: Path, sizes: dict[str, int], seed: int, workers: int, pip
         done[0] += 1
         print(f"corpus: {path.name} ({done[0]} new files, {time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
 
-    print(f"corpus: {sizes['utterances']} utterances, {sizes['phrases']} phrases, {sizes['jumbles']} jumbles, "
-          f"{sizes['texts']} texts, {sizes['jumble_texts']} jumbles and {sizes['prose_texts']} prose texts without "
+    print(f"corpus: {sizes['utterances']} utterances, {sizes.get('prose_utterances', 0)} prose utterances, "
+          f"{sizes['phrases']} phrases, {sizes['jumbles']} jumbles, {sizes['texts']} texts, "
+          f"{sizes['jumble_texts']} jumbles and {sizes['prose_texts']} prose texts without "
           f"audio in {cdir} ({workers} at a time; finished files are kept)", file=sys.stderr, flush=True)
     corpus.build_files(cdir, corpus_plan(sizes), seed, workers, progress, piper_share)
 
@@ -154,6 +156,7 @@ def _start_corpus_builder(out: str, cdir: Path, sizes: dict[str, int], seed: int
            "--utterances", str(sizes["utterances"]), "--phrases", str(sizes["phrases"]),
            "--texts", str(sizes["texts"]), "--jumbles", str(sizes["jumbles"]),
            "--jumble-texts", str(sizes["jumble_texts"]), "--prose-texts", str(sizes["prose_texts"]),
+           "--prose-utterances", str(sizes.get("prose_utterances", 0)),
            "--seed", str(seed), "--workers", str(workers), "--piper-share", str(piper_share)]
     log = open(cdir / "build.log", "a")  # noqa: SIM115 (the child holds it)
     print(f"corpus: building in the background (log: {cdir / 'build.log'}); training starts on its first "
