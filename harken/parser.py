@@ -160,7 +160,7 @@ def _train_parser(sub: Subparsers) -> None:
     s.add_argument("--prose-utterances", type=int, default=8000,
                    help="utterances of the fortunes and the Bible only (shards prose-*), beside --utterances' "
                         "mix with meeting talk: more open text spoken, where the model is weakest and had "
-                        "begun to learn its training texts by heart (default 8000, ~12 h)")
+                        "begun to learn its training texts by heart (default 8000, ~14 h)")
     s.add_argument("--corpus", help="corpus directory (default OUTDIR/corpus)")
     s.add_argument("--steps", type=int, default=None, help="optimiser steps (default 20000; synth-align 2000)")
     s.add_argument("--batch-frames", type=int, default=None,
