@@ -103,7 +103,7 @@ bench: $(STAMP) sysdeps
 TRAIN_DIR ?= ../synth-run
 # --corpus-first: on a fresh machine the corpus (~80 min beside training) is built first with every
 # core, so the resumed model does not go round its first shards again and again while it is built.
-# --prose-utterances (from step ~46,800): spoken fortunes and verses, where the model is weakest
+# --prose-utterances (from step 46,920): spoken fortunes and verses, where the model is weakest
 TRAIN_ARGS ?= --utterances 16000 --prose-utterances 8000 --phrases 8000 --texts 20000 --lr 1e-3 --lr-hold 5000 --eval-every 400 \
 	--eval-n 40 --threads 2 --workers $(shell nproc) --corpus-first --steps 1000000
 # jemalloc, not glibc's malloc: an hour into a run (a 9 GB heap of examples and texts) 27% of the

@@ -155,7 +155,8 @@ def test_corpus_only_builds_every_kind_and_then_counts_as_complete(tmp_path):
     assert not commands._corpus_complete(cdir, {**sizes, "prose_utterances": 1001})
     assert [p.name for p in shards] == ["train-00000.npz", "phrase-00000.npz", "jumble-00000.npz", "prose-00000.npz"]
     _, lengths, meta = corpus.load_shard(cdir / "prose-00000.npz")
-    assert len(lengths) == 2 and [m["text"] for m in meta] == [corpus.plan_prose(0, i, 0.0).recipe.text for i in range(2)]
+    assert len(lengths) == 2
+    assert [m["text"] for m in meta] == [corpus.plan_prose(0, i, 0.0).recipe.text for i in range(2)]
     _, lengths, meta = corpus.load_shard(cdir / "jumble-00000.npz")
     assert len(lengths) == 3 and {m["source"] for m in meta} == {"jumble"}
     assert [m["text"] for m in meta] == [corpus.plan_jumble(0, i).recipe.text for i in range(3)]
@@ -176,7 +177,8 @@ def test_corpus_plan_starts_every_kind_then_interleaves_them_in_proportion():
     want = {(f, kind, k) for size, (f, kind) in commands.CORPUS_FILES.items()
             for k in range(-(-sizes[size] // (corpus.SHARD if f == "shard" else corpus.TEXT_LINES)))}
     assert len(plan) == len(want) == 16 + 8 + 8 + 20 + 20 + 41 + 8 and {p[:3] for p in plan} == want
-    assert {p[1:3] for p in plan[:7]} == {(kind, 0) for _, kind in commands.CORPUS_FILES.values()}
+    # (family, kind, 0): "prose" names both a shard kind and a text kind
+    assert {p[:3] for p in plan[:7]} == {(f, kind, 0) for f, kind in commands.CORPUS_FILES.values()}
     assert all(n == sizes[size] for (f, kind, _, n) in plan for size, fk in commands.CORPUS_FILES.items()
                if fk == (f, kind))
     for size, fk in commands.CORPUS_FILES.items():  # each kind in its own order: 0, 1, 2, ...

@@ -123,7 +123,7 @@ PROSE_WEIGHTS = {k: v for k, v in SOURCE_WEIGHTS.items() if k != "meeting"}
 def plan_prose(seed: int, i: int, piper_share: float = PIPER_SHARE) -> Utterance:
     """The i-th prose utterance: picked as `plan` picks, from the fortunes and the Bible only
     (`PROSE_WEIGHTS`). At step 46,540 training utterances of the fortunes and the Bible read at 21-48%
-    WER and held-out ones at 45-82% (meeting talk: 4%): the model had begun to learn the prose it
+    WER and held-out ones at 45-82% (held-out meeting talk: 4-6%): the model had begun to learn the prose it
     was given by heart, so new prose is what the corpus needs more of, not meeting talk."""
     r = random.Random(f"synth-en:{seed}:prose:{i}")
     source, sentence = _pick_text(r, _split_sources(seed)[0], PROSE_WEIGHTS)
