@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -192,7 +193,11 @@ def bench_decoder(plan: BenchPlan, device: torch.device, dtype: torch.dtype) -> 
 
 
 def bench_model(real_dims: bool = False, tiny_only: bool = False, device: str | None = None,
-                dtype: str | None = None, threads: int | None = None, quick: bool = False) -> dict:
+                dtype: str | None = None, threads: int | None = None, quick: bool = False,
+                out: str | None = None) -> dict:
+    """The figures of every plan; with `out`, the JSON is rewritten there (whole, atomically) after
+    each part (a model's encoder, then its decoder), with the seconds each part took, so a run
+    killed at its caller's cap (deploy/device/bench.sh) keeps what it had measured."""
     if threads:
         # on a shared, oversubscribed CPU the OpenMP barriers of a multi-threaded small-M matmul
         # cost more than the matmul itself (2 threads: ~24 ms for [8,1024]x[1024,3072], 1: ~3 ms)
@@ -208,15 +213,31 @@ def bench_model(real_dims: bool = False, tiny_only: bool = False, device: str | 
         "cuda": torch.version.cuda,
         "models": models,
     }
+    seconds: dict[str, float] = {}
+    result["part_seconds"] = seconds
+
+    def save() -> None:
+        if out:
+            tmp = Path(out + ".tmp")
+            tmp.write_text(json.dumps(result) + "\n")
+            tmp.replace(out)
+
+    save()
     for plan in plans(dev, real_dims, tiny_only, quick):
         torch.manual_seed(0)
-        entry = {"encoder": bench_encoder(plan, dev, dt), "decoder": bench_decoder(plan, dev, dt)}
+        entry: dict = {}
         models[plan.name] = entry
+        for part, bench in (("encoder", bench_encoder), ("decoder", bench_decoder)):
+            t = time.perf_counter()
+            entry[part] = bench(plan, dev, dt)
+            seconds[f"{plan.name}.{part}"] = round(time.perf_counter() - t, 2)
+            save()
     return result
 
 
 def bench_model_command(real_dims: bool = False, tiny_only: bool = False, device: str | None = None,
-                        dtype: str | None = None, threads: int | None = None, quick: bool = False) -> int:
-    print(json.dumps(bench_model(real_dims, tiny_only, device, dtype, threads, quick)))
+                        dtype: str | None = None, threads: int | None = None, quick: bool = False,
+                        out: str | None = None) -> int:
+    print(json.dumps(bench_model(real_dims, tiny_only, device, dtype, threads, quick, out)))
     return 0
 

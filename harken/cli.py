@@ -155,7 +155,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         from harken.bench.model import bench_model_command
 
         return bench_model_command(real_dims=args.real_dims, tiny_only=args.tiny_only,
-                                   device=args.device, dtype=args.dtype, threads=args.threads, quick=args.quick)
+                                   device=args.device, dtype=args.dtype, threads=args.threads, quick=args.quick,
+                                   out=args.out)
     if args.command == "bench" and args.bench == "stream":
         from harken.bench.stream import StreamBenchOptions, bench_stream_command
 

@@ -381,6 +381,8 @@ def _bench_model_parser(bsub: Subparsers) -> None:
     b.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    b.add_argument("--out", metavar="FILE", help="also write the JSON to FILE, rewritten after each part (a "
+                   "model's encoder, its decoder) with part_seconds, so a run cut short keeps what it measured")
 
 
 def _bench_stream_parser(bsub: Subparsers) -> None:

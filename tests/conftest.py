@@ -17,7 +17,9 @@ def asr():
     from harken.cloud.model.asr import Qwen3ASR
 
     torch.set_num_threads(1)
-    return Qwen3ASR.load("tiny")
+    # explicit: load's defaults are bf16 on CUDA where there is one (the first GPU run found the
+    # CUDA tests comparing against a bf16 "CPU" reference)
+    return Qwen3ASR.load("tiny", dtype="fp32", device="cpu")
 
 
 @pytest.fixture(scope="module")

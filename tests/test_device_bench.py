@@ -35,6 +35,8 @@ def test_bench_device_runs_at_toy_size(tmp_path):
                                                                         "engine-load": 0}
     assert result["tests"]["passed"] and not result["tests"]["failed"]
     assert result["model"]["models"]["tiny"]["decoder"]["decode_batch4_ms_per_step"] > 0
+    # read from the file bench model rewrites after each part (a cap's kill keeps the parts done)
+    assert set(result["model"]["part_seconds"]) == {"tiny.encoder", "tiny.decoder"}
     load = result["engine_load"]
     assert [lv["streams"] for lv in load["levels"]] == [1, 2]
     for key in ("gpu", "torch", "cuda", "kv_mib_per_stream", "kv_capacity_streams", "max_streams_ok",
@@ -150,3 +152,29 @@ def test_a_failed_profile_keeps_the_levels(tmp_path, monkeypatch):
     written = json.loads((tmp_path / "engine-load.json").read_text())
     assert [lv["streams"] for lv in written["levels"]] == [1] and "CUPTI" in written["profile_error"]
     assert (tmp_path / "engine-load.png").exists()
+
+
+def test_the_profile_takes_the_largest_level_that_kept_up():
+    """engine-load profiles the largest level with nothing undrained, at most 64 streams (the first
+    GPU run profiled a fallen-behind N = 512 past its step's cap), else the smallest that ran."""
+    from harken.bench.engine_load import profile_streams
+
+    def lv(n: int, undrained: int = 0) -> dict:
+        return {"streams": n, "undrained": undrained}
+
+    assert profile_streams([]) is None
+    assert profile_streams([lv(1), lv(8), lv(16), lv(64), lv(128), lv(512, 512)]) == 64
+    assert profile_streams([lv(1), lv(8), lv(16, 3)]) == 8
+    assert profile_streams([lv(8, 1), lv(64, 9)]) == 8
+
+
+def test_random_weights_are_forced_to_english():
+    """Unforced, a random model never writes <asr_text>, so no partial is ever sent (the first GPU
+    run measured 0 updates at every level): the 0.6B-dims random weights and the tiny checkpoints
+    are forced to English; a trained model's language is detected."""
+    from harken.bench.engine_load import EngineLoadOptions, forced_language
+    from harken.cloud.model.asr import Qwen3ASR
+
+    tiny = Qwen3ASR.load("tiny", dtype="fp32", device="cpu")
+    assert forced_language(EngineLoadOptions(model="real-dims"), tiny) == "English"
+    assert forced_language(EngineLoadOptions(model="tiny"), tiny) == "English"

@@ -53,6 +53,27 @@ def _device_run(tmp: Path, out: Path, carry: Path, **env: str) -> subprocess.Com
                                "RUN": str(tmp / "run"), "OUT": str(out), "TOY": "1", "EVAL_N": "2", **env})
 
 
+GLIBC = ("linux-vdso.so", "libc.so", "libm.so", "ld-linux-x86-64.so", "libpthread.so", "libdl.so", "librt.so")
+
+
+def _libraries_outside(prefix: Path) -> list[str]:
+    """The libraries the carried espeak-ng, run through its wrapper's LD_LIBRARY_PATH, loads from
+    outside the prefix, glibc's own excepted: each is one the device image may lack. (The first GPU
+    run stopped at libpulsecommon, which libpulse0 keeps in a private pulseaudio/ folder: this
+    machine has it under /usr, so only this check tells.)"""
+    wrapper = (prefix / "bin" / "espeak-ng").read_text()
+    lib_path = wrapper.split('LD_LIBRARY_PATH="', 1)[1].split('"', 1)[0]
+    ldd = subprocess.run(["ldd", str(prefix / "root" / "usr" / "bin" / "espeak-ng")], capture_output=True,
+                         text=True, check=True, env={**os.environ, "LD_LIBRARY_PATH": lib_path}).stdout
+    outside = []
+    for line in ldd.splitlines():
+        name = line.split()[0]
+        where = line.split("=>", 1)[1].split("(")[0].strip() if "=>" in line else name
+        if not where.startswith(str(prefix)) and not os.path.basename(name).startswith(GLIBC):
+            outside.append(line.strip())
+    return outside
+
+
 def test_train_device_runs_at_toy_size_and_resumes_what_it_wrote(tmp_path, carry):
     first = _device_run(tmp_path / "one", tmp_path / "out1", carry)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -64,6 +85,7 @@ def test_train_device_runs_at_toy_size_and_resumes_what_it_wrote(tmp_path, carry
     # and the trainer ran on the carried jemalloc (unpacked there too), as its log says
     assert "train-device: allocator jemalloc" in device
     assert "allocator: jemalloc" in (out / "train.log").read_text()
+    assert _libraries_outside(tmp_path / "one" / "prefix") == []
     meta = warm.read_meta(out / "warmstart")
     assert meta is not None and meta["step"] == 2 and meta["heldout_wer_step"] == 2
     assert meta["recipe"]["config"] == "tiny" and meta["machine"].startswith("cpu")

@@ -11,11 +11,11 @@
 #      eager, static == plain events, batched == alone, incremental == full encode, transcript on
 #      CUDA == on CPU)                                                        cap TESTS_S=50
 #   2. `harken bench model --real-dims --device cuda`: encoder, prefill, decode steps at batch 1 to
-#      256, plain and CUDA graphs                                              cap MODEL_S=40
+#      256, plain and CUDA graphs                                              cap MODEL_S=60
 #   3. `harken bench engine-load --device cuda`: the engine at the 0.6B dims (random bf16 weights),
 #      N = 1, 8, 16, 64, 128, 256, 512 (more while the p95 holds) live streams paced in real time,
 #      10 s of audio each; every listed level runs even after one fails; then 3 s at the largest
-#      level under torch.profiler (where the tick's time goes)                cap LOAD_S=150
+#      level that kept up (at most 64) under torch.profiler (the tick's time)  cap LOAD_S=130
 # A shorter call (less device time left): e.g. TESTS_S=40 MODEL_S=30 LOAD_S=100 LEVELS=8,64,256,512
 # (about 3 minutes); a level that would not fit its step's budget is cut, and said so.
 # It writes to $OUT: bench-device.json (all of it: device, steps, tests, model, engine-load),
@@ -30,8 +30,8 @@ TOY=${TOY:-0}
 CARRY=${CARRY:-.device-carry}
 PREFIX=${PREFIX:-/tmp/harken-bench}  # not train.sh's: its wheels' marker must not be set by an empty carry
 TESTS_S=${TESTS_S:-50}
-MODEL_S=${MODEL_S:-40}
-LOAD_S=${LOAD_S:-150}
+MODEL_S=${MODEL_S:-60}
+LOAD_S=${LOAD_S:-130}
 LEVELS=${LEVELS:-1,8,16,64,128,256,512}  # engine-load's listed levels (fewer for a shorter call)
 mkdir -p "$OUT" "$PREFIX"
 OUT=$(cd "$OUT" && pwd)
@@ -80,7 +80,8 @@ step() {
 
 step test-gpu "$TESTS_S" "$PY" -m pytest -q -p no:cacheprovider -rA "${tests[@]}" > "$OUT/test-gpu.log" 2>&1
 tail -3 "$OUT/test-gpu.log"
-step bench-model "$MODEL_S" "$PY" -m harken.cli bench model --json "${model[@]}" > "$WORK/model.json" 2>> "$OUT/bench.log"
+step bench-model "$MODEL_S" "$PY" -m harken.cli bench model --json --out "$WORK/model.json" "${model[@]}" \
+  > "$WORK/model.out" 2>> "$OUT/bench.log"
 step engine-load "$LOAD_S" "$PY" -m harken.cli bench engine-load --json --out "$WORK/load" "${load[@]}" \
   > "$WORK/load.out" 2>> "$OUT/bench.log"
 grep '^engine-load:' "$WORK/load.out" || true
@@ -123,7 +124,7 @@ if png.exists():
     shutil.copy(png, out / "engine-load.png")
 device = (out / "device.txt").read_text().splitlines()
 result = {"bench": "bench-device", "device": device, "steps": steps, "tests": tests,
-          "model": last_json(work / "model.json"), "engine_load": load,
+          "model": whole_json(work / "model.json") or last_json(work / "model.out"), "engine_load": load,
           "wall_s": int(time.time()) - t_start}
 (out / "bench-device.json").write_text(json.dumps(result, indent=1) + "\n")
 print(f"bench-device: tests {tests['summary']}")

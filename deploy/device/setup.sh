@@ -26,7 +26,10 @@ if { [ ! -x "$PREFIX/bin/espeak-ng" ] || { ls "$CARRY"/debs/libjemalloc2_*.deb >
   for deb in "$CARRY"/debs/*.deb; do
     if command -v dpkg >/dev/null; then dpkg -x "$deb" "$PREFIX/root"; else "$PY" deploy/device/unpack.py deb "$deb" "$PREFIX/root"; fi
   done
-  lib="$PREFIX/root/usr/lib/x86_64-linux-gnu:$PREFIX/root/lib/x86_64-linux-gnu"
+fi
+if [ -x "$PREFIX/root/usr/bin/espeak-ng" ]; then
+  # libpulse0 keeps libpulsecommon in a private pulseaudio/ folder (its RUNPATH points at /usr, not the prefix)
+  lib="$PREFIX/root/usr/lib/x86_64-linux-gnu:$PREFIX/root/usr/lib/x86_64-linux-gnu/pulseaudio:$PREFIX/root/lib/x86_64-linux-gnu"
   cat > "$PREFIX/bin/espeak-ng" <<WRAP
 #!/bin/sh
 LD_LIBRARY_PATH="$lib" ESPEAK_DATA_PATH="$PREFIX/root/usr/lib/x86_64-linux-gnu" exec "$PREFIX/root/usr/bin/espeak-ng" "\$@"

@@ -18,7 +18,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/harken-out}
 CARRY=${CARRY:-.device-carry}
 TOY=${TOY:-0}
-TRAIN_S=${TRAIN_S:-330}
+TRAIN_S=${TRAIN_S:-400}  # 330 s ran whole in 479 s on the first GPU call (2026-11-28): 400 ends near 550 of its 590
 EVAL_N=${EVAL_N:-40}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
