@@ -25,9 +25,9 @@ JEMALLOC = $(firstword $(wildcard /usr/lib/*/libjemalloc.so.2))
 sysdeps:
 	@command -v espeak-ng >/dev/null && command -v chromium >/dev/null && command -v bible >/dev/null && \
 	  command -v node >/dev/null && command -v npm >/dev/null && test -n "$(JEMALLOC)" && \
-	  test -f /usr/share/games/fortunes/fortunes || { apt-get update -qq && \
+	  test -f /usr/share/games/fortunes/fortunes && test -f /usr/share/wordnet/data.noun || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng chromium fortunes fortunes-min \
-	  libjemalloc2 bible-kjv $$(command -v node >/dev/null || echo nodejs) $$(command -v npm >/dev/null || echo npm) >/dev/null; }
+	  libjemalloc2 bible-kjv wordnet-base $$(command -v node >/dev/null || echo nodejs) $$(command -v npm >/dev/null || echo npm) >/dev/null; }
 
 demo: $(STAMP)
 	$(VENV)/bin/harken demo
@@ -104,7 +104,9 @@ TRAIN_DIR ?= ../synth-run
 # --corpus-first: on a fresh machine the corpus (~80 min beside training) is built first with every
 # core, so the resumed model does not go round its first shards again and again while it is built.
 # --prose-utterances (from step 46,920): spoken fortunes and verses, where the model is weakest
-TRAIN_ARGS ?= --utterances 16000 --prose-utterances 8000 --phrases 8000 --texts 20000 --lr 1e-3 --lr-hold 5000 --eval-every 400 \
+# --wordnet-texts/--wordnet-utterances (from step ~70,900): WordNet's usage examples, more distinct text
+TRAIN_ARGS ?= --utterances 16000 --prose-utterances 8000 --phrases 8000 --texts 20000 --wordnet-texts 40000 \
+	--wordnet-utterances 4000 --lr 1e-3 --lr-hold 5000 --eval-every 400 \
 	--eval-n 40 --threads 2 --workers $(shell nproc) --corpus-first --steps 1000000
 # jemalloc, not glibc's malloc: an hour into a run (a 9 GB heap of examples and texts) 27% of the
 # trainer's samples were in glibc's posix_memalign under torch's CPU allocator; with jemalloc a

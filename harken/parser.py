@@ -161,6 +161,12 @@ def _train_parser(sub: Subparsers) -> None:
                    help="utterances of the fortunes and the Bible only (shards prose-*), beside --utterances' "
                         "mix with meeting talk: more open text spoken, where the model is weakest and had "
                         "begun to learn its training texts by heart (default 8000, ~14 h)")
+    s.add_argument("--wordnet-texts", type=int, default=40000,
+                   help="WordNet 3.0's usage examples without audio (Debian wordnet-base; ~47,000 distinct "
+                        "sentences and phrases of everyday English), read like --texts: words and text the "
+                        "other sources never had (default 40000)")
+    s.add_argument("--wordnet-utterances", type=int, default=4000,
+                   help="utterances of WordNet's usage examples (shards wordnet-*) (default 4000)")
     s.add_argument("--corpus", help="corpus directory (default OUTDIR/corpus)")
     s.add_argument("--steps", type=int, default=None, help="optimiser steps (default 20000; synth-align 2000)")
     s.add_argument("--batch-frames", type=int, default=None,

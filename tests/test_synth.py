@@ -134,6 +134,40 @@ def test_prose_utterances_are_training_fortunes_and_verses_in_their_proportion(s
     assert {u.recipe.text for u in us}.isdisjoint(corpus.plan(0, i).recipe.text for i in range(300))
 
 
+def test_wordnet_adds_its_examples_and_moves_no_other_sentence(split, monkeypatch):
+    """WordNet's usage examples (Debian wordnet-base) are the fourth source: tens of thousands of
+    distinct sentences, 1% held out by the same hash, and every sentence of the other three sources
+    is where it was before WordNet came (the corpus already built and the held-out set stand)."""
+    train, held = split
+    assert list(train) == ["fortunes", "kjv", "meeting", "wordnet"]
+    assert len(train["wordnet"]) >= 40_000 and 0 < len(held["wordnet"]) < len(train["wordnet"]) // 50
+    assert "Primary colors can add interest to a room." in train["wordnet"]  # an example as WordNet gives it
+    monkeypatch.setattr(text, "wordnet_sentences", lambda: [])
+    before = text.sources(0)
+    for name in ("fortunes", "kjv", "meeting"):
+        assert text.split(before[name]) == (train[name], held[name])
+
+
+def test_wordnet_texts_and_utterances_are_training_examples(split, tmp_path, monkeypatch):
+    """Kind "wordnet": texts without audio and utterances of one to three consecutive training
+    examples of WordNet only, deterministic, in training voice x speed combinations."""
+    train, held = split
+    examples = " ".join(train["wordnet"])
+    held_keys = {text.key(s) for group in held.values() for s in group}
+    us = [corpus.plan_wordnet(0, i) for i in range(200)]
+    assert us == [corpus.plan_wordnet(0, i) for i in range(200)]
+    for u in us:
+        assert u.source == "wordnet" and u.recipe.text in examples and text.key(u.recipe.text) not in held_keys
+        assert not speech.held_out_combo(u.recipe.voice, u.recipe.variant, u.recipe.rate)
+    assert len({u.recipe.text for u in us}) >= 190
+    monkeypatch.setattr(corpus, "TEXT_LINES", 3)
+    paths = corpus.build_text_phonemes(tmp_path, 4, kind="wordnet")
+    assert [p.name for p in paths] == ["text-wordnet-00000.jsonl", "text-wordnet-00001.jsonl"]
+    rows = [json.loads(x) for p in paths for x in p.read_text().splitlines()]
+    assert len(rows) == 4 and all(d["source"] == "wordnet" and d["text"] in examples for d in rows)
+    assert all(d["phonemes"] == speech.phonemes(d["text"], d["accent"]) for d in rows)
+
+
 def test_corpus_only_builds_every_kind_and_then_counts_as_complete(tmp_path):
     """`harken train synth-en OUT --corpus-only`: utterance, phrase and jumble shards, texts, jumble
     and prose texts without audio, prose utterances; the trainer's check then finds nothing left to build."""
@@ -142,7 +176,7 @@ def test_corpus_only_builds_every_kind_and_then_counts_as_complete(tmp_path):
     from harken.cloud.synth.train import TrainOptions
 
     sizes = {"utterances": 2, "phrases": 2, "texts": 2, "jumbles": 3, "jumble_texts": 2, "prose_texts": 2,
-             "prose_utterances": 2}
+             "prose_utterances": 2, "wordnet_texts": 2, "wordnet_utterances": 2}
     cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(tmp_path), "--corpus-only", "--workers", "2",
            "--piper-share", "0"] + [a for k, v in sizes.items() for a in (f"--{k.replace('_', '-')}", str(v))]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -153,7 +187,12 @@ def test_corpus_only_builds_every_kind_and_then_counts_as_complete(tmp_path):
     assert not commands._corpus_complete(cdir, {**sizes, "prose_texts": 1001})
     shards = corpus_shards(TrainOptions(corpus=cdir, out=tmp_path))
     assert not commands._corpus_complete(cdir, {**sizes, "prose_utterances": 1001})
-    assert [p.name for p in shards] == ["train-00000.npz", "phrase-00000.npz", "jumble-00000.npz", "prose-00000.npz"]
+    assert not commands._corpus_complete(cdir, {**sizes, "wordnet_utterances": 1001})
+    assert [p.name for p in shards] == ["train-00000.npz", "phrase-00000.npz", "jumble-00000.npz", "prose-00000.npz",
+                                        "wordnet-00000.npz"]
+    _, _, meta = corpus.load_shard(cdir / "wordnet-00000.npz")
+    assert [m["text"] for m in meta] == [corpus.plan_wordnet(0, i, 0.0).recipe.text for i in range(2)]
+    assert len((cdir / "text-wordnet-00000.jsonl").read_text().splitlines()) == 2
     _, lengths, meta = corpus.load_shard(cdir / "prose-00000.npz")
     assert len(lengths) == 2
     assert [m["text"] for m in meta] == [corpus.plan_prose(0, i, 0.0).recipe.text for i in range(2)]
@@ -172,13 +211,13 @@ def test_corpus_plan_starts_every_kind_then_interleaves_them_in_proportion():
     from harken.cloud.synth import commands
 
     sizes = {"utterances": 16000, "phrases": 8000, "jumbles": 8000, "texts": 20000, "jumble_texts": 20000,
-             "prose_texts": 40500, "prose_utterances": 8000}
+             "prose_texts": 40500, "prose_utterances": 8000, "wordnet_texts": 40000, "wordnet_utterances": 4000}
     plan = commands.corpus_plan(sizes)
     want = {(f, kind, k) for size, (f, kind) in commands.CORPUS_FILES.items()
             for k in range(-(-sizes[size] // (corpus.SHARD if f == "shard" else corpus.TEXT_LINES)))}
-    assert len(plan) == len(want) == 16 + 8 + 8 + 20 + 20 + 41 + 8 and {p[:3] for p in plan} == want
-    # (family, kind, 0): "prose" names both a shard kind and a text kind
-    assert {p[:3] for p in plan[:7]} == {(f, kind, 0) for f, kind in commands.CORPUS_FILES.values()}
+    assert len(plan) == len(want) == 16 + 8 + 8 + 20 + 20 + 41 + 8 + 40 + 4 and {p[:3] for p in plan} == want
+    # (family, kind, 0): "prose" and "wordnet" each name both a shard kind and a text kind
+    assert {p[:3] for p in plan[:9]} == {(f, kind, 0) for f, kind in commands.CORPUS_FILES.values()}
     assert all(n == sizes[size] for (f, kind, _, n) in plan for size, fk in commands.CORPUS_FILES.items()
                if fk == (f, kind))
     for size, fk in commands.CORPUS_FILES.items():  # each kind in its own order: 0, 1, 2, ...
@@ -360,7 +399,7 @@ def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6", "--phrases", "3", "--texts", "5", "--jumbles", "2", "--jumble-texts", "3", "--prose-texts", "2", "--prose-utterances", "2",
-           "--steps", "2", "--eval-every", "2", "--eval-n", "3", "--threads", "1", "--workers", "1", "--batch-frames", "3000"]
+           "--wordnet-texts", "0", "--wordnet-utterances", "0", "--steps", "2", "--eval-every", "2", "--eval-n", "3", "--threads", "1", "--workers", "1", "--batch-frames", "3000"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     cmd[cmd.index("--steps") + 1] = "3"

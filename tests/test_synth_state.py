@@ -73,7 +73,7 @@ def test_the_committed_state_fits_and_reads(tmp_path):
 
 def _train(out: Path, *extra: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6",
-           "--phrases", "3", "--texts", "5", "--jumbles", "2", "--jumble-texts", "3", "--prose-texts", "2", "--prose-utterances", "2", "--eval-every", "2", "--eval-n", "2", "--threads", "1", "--workers", "1",
+           "--phrases", "3", "--texts", "5", "--jumbles", "2", "--jumble-texts", "3", "--prose-texts", "2", "--prose-utterances", "2", "--wordnet-texts", "2", "--wordnet-utterances", "0", "--eval-every", "2", "--eval-n", "2", "--threads", "1", "--workers", "1",
            "--batch-frames", "3000", "--corpus", str(out.parent / "corpus"), *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
 
@@ -105,7 +105,7 @@ def test_a_run_resumes_from_a_packed_state_with_its_step_weights_and_curve(tmp_p
     built = same.stderr.index("building what is missing before training resumes")
     assert built < same.stderr.index("resumed at step 2") and "training starts on its first shards" not in same.stderr
     sizes = {"utterances": 6, "phrases": 3, "texts": 5, "jumbles": 2, "jumble_texts": 3, "prose_texts": 2,
-             "prose_utterances": 2}
+             "prose_utterances": 2, "wordnet_texts": 2, "wordnet_utterances": 0}
     assert commands._corpus_complete(b_corpus, sizes)
     b_state = torch.load(tmp_path / "b" / "state.pt", weights_only=False)
     assert b_state["step"] == 2 and b_state["frames_seen"] == a_state["frames_seen"] > 0

@@ -22,8 +22,8 @@ def jemalloc_loaded() -> bool:
 
 def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = None, steps: int = 20000,
                   phrases: int = 20000, texts: int = 40000, jumbles: int = 8000, jumble_texts: int = 20000,
-                  prose_texts: int = 40000, prose_utterances: int = 8000,
-                  threads: int = 2, workers: int = 2, seed: int = 0, tiny: bool = False,
+                  prose_texts: int = 40000, prose_utterances: int = 8000, wordnet_texts: int = 40000,
+                  wordnet_utterances: int = 4000, threads: int = 2, workers: int = 2, seed: int = 0, tiny: bool = False,
                   eval_every: int = 400, eval_n: int = 40, batch_frames: int = 4000,
                   device: str = "cpu", init_from: str | None = None, lr: float = 2e-3,
                   lr_hold: int = 100, warmstart: str | None = "repo", pack: bool = False,
@@ -48,7 +48,8 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
         return 0
     cdir = Path(corpus_dir) if corpus_dir else outdir / "corpus"
     sizes = {"utterances": utterances, "phrases": phrases, "texts": texts, "jumbles": jumbles,
-             "jumble_texts": jumble_texts, "prose_texts": prose_texts, "prose_utterances": prose_utterances}
+             "jumble_texts": jumble_texts, "prose_texts": prose_texts, "prose_utterances": prose_utterances,
+             "wordnet_texts": wordnet_texts, "wordnet_utterances": wordnet_utterances}
     if corpus_only:
         build_corpus(cdir, sizes, seed, workers, piper_share)
         return 0
@@ -98,7 +99,8 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
 # each size of the corpus: (family, kind) of its files (`corpus.corpus_file`)
 CORPUS_FILES = {"phrases": ("shard", "phrase"), "utterances": ("shard", "train"), "jumbles": ("shard", "jumble"),
                 "texts": ("text", "text"), "jumble_texts": ("text", "jumble"), "prose_texts": ("text", "prose"),
-                "prose_utterances": ("shard", "prose")}
+                "prose_utterances": ("shard", "prose"), "wordnet_texts": ("text", "wordnet"),
+                "wordnet_utterances": ("shard", "wordnet")}
 
 
 def corpus_plan(sizes: dict[str, int]) -> list[tuple[str, str, int, int]]:
@@ -134,8 +136,9 @@ def build_corpus(cdir: Path, sizes: dict[str, int], seed: int, workers: int, pip
 
     print(f"corpus: {sizes['utterances']} utterances, {sizes.get('prose_utterances', 0)} prose utterances, "
           f"{sizes['phrases']} phrases, {sizes['jumbles']} jumbles, {sizes['texts']} texts, "
-          f"{sizes['jumble_texts']} jumbles and {sizes['prose_texts']} prose texts without "
-          f"audio in {cdir} ({workers} at a time; finished files are kept)", file=sys.stderr, flush=True)
+          f"{sizes['jumble_texts']} jumbles, {sizes['prose_texts']} prose and {sizes.get('wordnet_texts', 0)} "
+          f"WordNet texts without audio, {sizes.get('wordnet_utterances', 0)} WordNet utterances in {cdir} "
+          f"({workers} at a time; finished files are kept)", file=sys.stderr, flush=True)
     corpus.build_files(cdir, corpus_plan(sizes), seed, workers, progress, piper_share)
 
 
@@ -157,6 +160,8 @@ def _start_corpus_builder(out: str, cdir: Path, sizes: dict[str, int], seed: int
            "--texts", str(sizes["texts"]), "--jumbles", str(sizes["jumbles"]),
            "--jumble-texts", str(sizes["jumble_texts"]), "--prose-texts", str(sizes["prose_texts"]),
            "--prose-utterances", str(sizes.get("prose_utterances", 0)),
+           "--wordnet-texts", str(sizes.get("wordnet_texts", 0)),
+           "--wordnet-utterances", str(sizes.get("wordnet_utterances", 0)),
            "--seed", str(seed), "--workers", str(workers), "--piper-share", str(piper_share)]
     log = open(cdir / "build.log", "a")  # noqa: SIM115 (the child holds it)
     print(f"corpus: building in the background (log: {cdir / 'build.log'}); training starts on its first "

@@ -61,12 +61,12 @@ def phone_table(examples_phonemes: list[str]) -> dict[str, int]:
 
 def corpus_shards(opts: TrainOptions) -> list[Path]:
     """The finished shards: full utterances (`train-*`, at most `max_shards`), phrases (`phrase-*`),
-    jumbles (`jumble-*`) and prose utterances (`prose-*`)."""
+    jumbles (`jumble-*`), prose utterances (`prose-*`) and WordNet's examples (`wordnet-*`)."""
     def done(pattern: str) -> list[Path]:
         return sorted(p for p in opts.corpus.glob(pattern) if not p.name.endswith(".tmp.npz"))
 
     return (done("train-*.npz")[:opts.max_shards] + done("phrase-*.npz") + done("jumble-*.npz")
-            + done("prose-*.npz"))
+            + done("prose-*.npz") + done("wordnet-*.npz"))
 
 
 def target_ids(tok: Tokenizer, spell: Pieces, text: str) -> list[int]:

@@ -5,7 +5,10 @@ Sources, all offline and deterministic:
 - the King James Bible from Debian `bible-kjv` (public domain), verses split at sentence and
   clause ends;
 - `meeting_sentences`: a seeded generator of meeting-style talk with names, numbers (digits and
-  words), dates, times, amounts and acronyms.
+  words), dates, times, amounts and acronyms;
+- WordNet 3.0's usage examples from Debian `wordnet-base` (the quoted sentences and phrases after
+  each synset's gloss: everyday English over ~47,000 distinct examples and most of the language's
+  common words), read at build time, never copied into the repo.
 
 Targets are the written text as a person would write it (case, punctuation, digits); the scorer
 normalises both sides with the Whisper English normaliser. A sentence is held out when a hash of
@@ -30,6 +33,8 @@ FORTUNE_DIR = Path("/usr/share/games/fortunes")
 # files) and `kjv.txt` (what `bible -f gen1:1-rev22:21` prints), made by `make device-carry`
 TEXT_DIR_ENV = "HARKEN_TEXT_DIR"
 KJV_RANGE = "gen1:1-rev22:21"
+WORDNET_DIR = Path("/usr/share/wordnet")
+WORDNET_FILES = ("data.noun", "data.verb", "data.adj", "data.adv")
 HELD_OUT_PER_MILLE = 10  # 1% of distinct sentences never seen in training
 MIN_WORDS, MAX_WORDS = 2, 28
 
@@ -122,6 +127,33 @@ def kjv_sentences() -> list[str]:
             parts = re.split(r"(?<=[;:])\s+", sentence) if len(sentence.split()) > 18 else [sentence]
             out.extend(p.rstrip(";:") for p in parts)
     return out
+
+
+def wordnet_examples(directory: Path = WORDNET_DIR) -> list[str]:
+    """WordNet's usage examples as written (the quoted strings after each synset's `|` gloss), in
+    file and synset order; `$HARKEN_TEXT_DIR/wordnet.txt` (one a line, `make device-carry`) instead
+    where that folder is given."""
+    carried = _text_dir()
+    if carried is not None:
+        try:
+            return (carried / "wordnet.txt").read_text(encoding="utf-8").splitlines()
+        except OSError as e:
+            raise CorpusTextError(f"${TEXT_DIR_ENV}: {e}") from e
+    files = [directory / name for name in WORDNET_FILES]
+    if not all(f.is_file() for f in files):
+        raise CorpusTextError(f"{directory}: no WordNet data files (apt-get install wordnet-base)")
+    out: list[str] = []
+    for f in files:
+        for line in f.read_text(encoding="utf-8", errors="replace").splitlines():
+            if not line[:1].isdigit() or " | " not in line:  # the licence header lines start with spaces
+                continue
+            out.extend(re.findall(r'"([^"]+)"', line.split(" | ", 1)[1]))
+    return out
+
+
+def wordnet_sentences() -> list[str]:
+    """WordNet's usage examples that are whole sentences or phrases a person could say alone."""
+    return [e.strip() for e in wordnet_examples() if "..." not in e and "_" not in e]
 
 
 # --- meeting talk -------------------------------------------------------------------------------
@@ -274,11 +306,12 @@ def meeting_sentences(seed: int, n: int) -> list[str]:
 
 def sources(seed: int = 0, meeting: int = 30000) -> dict[str, list[str]]:
     """Distinct cleaned sentences of each source, in a fixed order; a sentence two sources share
-    belongs to the first (fortunes, kjv, meeting)."""
+    belongs to the first (fortunes, kjv, meeting, wordnet: the source added last comes last, so the
+    sentences of the others did not move when it came)."""
     seen: set[str] = set()
     out: dict[str, list[str]] = {}
     for name, raw in (("fortunes", fortune_sentences()), ("kjv", kjv_sentences()),
-                      ("meeting", meeting_sentences(seed, meeting))):
+                      ("meeting", meeting_sentences(seed, meeting)), ("wordnet", wordnet_sentences())):
         out[name] = []
         for s in raw:
             c = clean(s)

@@ -6,7 +6,8 @@
 #                  the device unpacks them into a prefix, never into /)
 #   wheels/        the Python packages the training path imports beyond the device image's own
 #                  (torch, numpy, onnxruntime, tokenizers, safetensors), for its Python (3.12)
-#   texts.tar.xz   the corpus text: Debian's fortune files and the KJV as `bible` prints it
+#   texts.tar.xz   the corpus text: Debian's fortune files, the KJV as `bible` prints it and
+#                  WordNet's usage examples (wordnet.txt, one a line, from Debian wordnet-base)
 #   heldout-N.npz  the first N held-out utterances' features (fp16): the device has no Piper voice
 #                  (61 MB, over the carry limit), so the held-out set's Piper utterances travel rendered
 #
@@ -56,12 +57,15 @@ EOF
 fi
 
 # --- the corpus text -----------------------------------------------------------------------------
-if [ ! -f "$DIR/texts.tar.xz" ]; then
+# (a carry made before WordNet came, 2026-11-28, lacks wordnet.txt: made again)
+if [ ! -f "$DIR/texts.tar.xz" ] || ! tar -tJf "$DIR/texts.tar.xz" | grep -qx wordnet.txt; then
   tmp=$(mktemp -d)
   mkdir -p "$tmp/fortunes"
   find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -exec cp {} "$tmp/fortunes/" \;
   bible -f gen1:1-rev22:21 > "$tmp/kjv.txt"
-  tar -C "$tmp" -cJf "$DIR/texts.tar.xz.tmp" fortunes kjv.txt
+  "$PY" -c 'from harken.cloud.synth.text import wordnet_examples; print("\n".join(wordnet_examples()))' \
+    > "$tmp/wordnet.txt"
+  tar -C "$tmp" -cJf "$DIR/texts.tar.xz.tmp" fortunes kjv.txt wordnet.txt
   mv "$DIR/texts.tar.xz.tmp" "$DIR/texts.tar.xz"
   rm -rf "$tmp"
 fi

@@ -4,7 +4,7 @@
 #   PATH               an espeak-ng wrapper first: the carried binary with its own libraries and
 #                      data (LD_LIBRARY_PATH is set for espeak-ng alone, never for Python)
 #   PYTHONPATH         the repo root and the carried wheels (when they are for this Python)
-#   HARKEN_TEXT_DIR    the corpus text (fortune files, the KJV)
+#   HARKEN_TEXT_DIR    the corpus text (fortune files, the KJV, WordNet's examples)
 # Usage: source deploy/device/setup.sh CARRY_DIR
 CARRY=$(cd "${1:?usage: source deploy/device/setup.sh CARRY_DIR}" && pwd)
 PREFIX=${PREFIX:-/tmp/harken-device}
@@ -53,5 +53,5 @@ else
   export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
-if [ ! -f "$PREFIX/texts/kjv.txt" ] && [ -f "$CARRY/texts.tar.xz" ]; then tar -C "$PREFIX/texts" -xJf "$CARRY/texts.tar.xz"; fi
+if [ ! -f "$PREFIX/texts/wordnet.txt" ] && [ -f "$CARRY/texts.tar.xz" ]; then tar -C "$PREFIX/texts" -xJf "$CARRY/texts.tar.xz"; fi
 export HARKEN_TEXT_DIR="$PREFIX/texts"

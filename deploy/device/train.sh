@@ -42,7 +42,7 @@ cores=$(nproc)
 espeak-ng -q -x "the device speaks" >/dev/null  # fail here, clearly, if the carried espeak-ng cannot run
 
 if [ "$TOY" = 1 ]; then
-  args=(--tiny --warmstart "${WARMSTART:-none}" --utterances 6 --phrases 3 --texts 5 --jumbles 2 --jumble-texts 3 --prose-texts 2 --prose-utterances 2 --steps "${STEPS:-2}" --piper-share 0 --bf16
+  args=(--tiny --warmstart "${WARMSTART:-none}" --utterances 6 --phrases 3 --texts 5 --jumbles 2 --jumble-texts 3 --prose-texts 2 --prose-utterances 2 --wordnet-texts 2 --wordnet-utterances 2 --steps "${STEPS:-2}" --piper-share 0 --bf16
         --eval-every 1000 --eval-n "$EVAL_N" --threads 1 --workers 1 --batch-frames 3000 --save-every 1)
 else
   workers=$(( cores > 4 ? cores - 2 : 2 ))
