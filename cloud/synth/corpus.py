@@ -130,7 +130,7 @@ def plan_prose(seed: int, i: int, piper_share: float = PIPER_SHARE) -> Utterance
     return Utterance(speech.sample_recipe(r, sentence, held_out=False, piper_share=piper_share), source)
 
 
-# WordNet's usage examples (from step ~70,900): held-out fortunes and verses read at 44% / 34% WER
+# WordNet's usage examples (from step 71,074): held-out fortunes and verses read at 44% / 34% WER
 # and trained ones at 13-34% / 10-23% (step 65,600), held-out meeting talk at 3% in the same held-out
 # voices: the model reads the open text it was given, not open text, so it gets more distinct text
 WORDNET_WEIGHTS = {"wordnet": 1.0}
@@ -157,9 +157,9 @@ def text_file(out: Path, kind: str, k: int) -> Path:
 def build_text_phonemes(out: str | Path, n: int, seed: int = 0, progress=None, kind: str = "text",
                         workers: int = 1) -> list[Path]:
     """Text without audio: `n` training texts (picked as utterances are; `kind` "jumble": jumbles,
-    "prose": fortunes and Bible verses only, `PROSE_WEIGHTS`; "wordnet": WordNet's examples) with espeak-ng's phonemes in a random
-    English accent, in files (`text_file`) of `TEXT_LINES` lines (resuming: finished files are kept).
-    They teach the decoder words no utterance has spoken yet."""
+    "prose": fortunes and Bible verses only, `PROSE_WEIGHTS`; "wordnet": WordNet's examples) with
+    espeak-ng's phonemes in a random English accent, in files (`text_file`) of `TEXT_LINES` lines
+    (resuming: finished files are kept). They teach the decoder words no utterance has spoken yet."""
     files = [("text", kind, k, n) for k in range(-(-n // TEXT_LINES))]
     return build_files(out, files, seed, workers, progress)
 

@@ -58,7 +58,7 @@ fi
 
 # --- the corpus text -----------------------------------------------------------------------------
 # (a carry made before WordNet came, 2026-11-28, lacks wordnet.txt: made again)
-if [ ! -f "$DIR/texts.tar.xz" ] || ! tar -tJf "$DIR/texts.tar.xz" | grep -qx wordnet.txt; then
+if [ ! -f "$DIR/texts.tar.xz" ] || ! tar -tJf "$DIR/texts.tar.xz" | grep -x wordnet.txt >/dev/null; then
   tmp=$(mktemp -d)
   mkdir -p "$tmp/fortunes"
   find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -exec cp {} "$tmp/fortunes/" \;
