@@ -132,7 +132,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                              phrases=args.phrases, texts=args.texts, jumbles=args.jumbles,
                              jumble_texts=args.jumble_texts, prose_texts=args.prose_texts,
                              prose_utterances=args.prose_utterances, wordnet_texts=args.wordnet_texts,
-                             wordnet_utterances=args.wordnet_utterances,
+                             wordnet_utterances=args.wordnet_utterances, text_batch=args.text_batch,
                              threads=args.threads, workers=args.workers, seed=args.seed, tiny=args.tiny,
                              eval_every=args.eval_every, eval_n=args.eval_n, batch_frames=args.batch_frames,
                              device=args.device, init_from=args.init_from, lr=args.lr,

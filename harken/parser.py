@@ -167,6 +167,9 @@ def _train_parser(sub: Subparsers) -> None:
                         "other sources never had (default 40000)")
     s.add_argument("--wordnet-utterances", type=int, default=4000,
                    help="utterances of WordNet's usage examples (shards wordnet-*) (default 4000)")
+    s.add_argument("--text-batch", type=int, default=4,
+                   help="texts without audio per step, read by the decoder from rows made of their phonemes "
+                        "(default 4; `make train` uses 16)")
     s.add_argument("--corpus", help="corpus directory (default OUTDIR/corpus)")
     s.add_argument("--steps", type=int, default=None, help="optimiser steps (default 20000; synth-align 2000)")
     s.add_argument("--batch-frames", type=int, default=None,

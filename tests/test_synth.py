@@ -399,13 +399,14 @@ def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6", "--phrases", "3", "--texts", "5", "--jumbles", "2", "--jumble-texts", "3", "--prose-texts", "2", "--prose-utterances", "2",
-           "--wordnet-texts", "0", "--wordnet-utterances", "0", "--steps", "2", "--eval-every", "2", "--eval-n", "3", "--threads", "1", "--workers", "1", "--batch-frames", "3000"]
+           "--wordnet-texts", "0", "--wordnet-utterances", "0", "--text-batch", "6", "--steps", "2", "--eval-every", "2", "--eval-n", "3", "--threads", "1", "--workers", "1", "--batch-frames", "3000"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     cmd[cmd.index("--steps") + 1] = "3"
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "resumed at step 2" in second.stderr
+    assert torch.load(out / "state.pt", weights_only=False)["recipe"]["text_batch"] == 6  # --text-batch, recorded
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [2, 3] and all(0.0 <= r["heldout_wer"] for r in log)
     assert all(0.0 <= r["heldout_per"] for r in log)  # the encoder's phoneme error beside the WER

@@ -29,7 +29,8 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
                   lr_hold: int = 100, warmstart: str | None = "repo", pack: bool = False,
                   time_limit: float | None = None, corpus_only: bool = False, save_every: float = 300.0,
                   piper_share: float = 0.25, bf16: bool | None = None, piper_repeat: int = 2,
-                  prose_repeat: int = 2, average_decay: float = 0.999, corpus_first: bool = False) -> int:
+                  prose_repeat: int = 2, average_decay: float = 0.999, corpus_first: bool = False,
+                  text_batch: int = 4) -> int:
     """Build the corpus in a process beside training (training starts on the first shards), then
     train (or resume training: OUTDIR/state.pt, else the warm-start state committed in the repo).
     `corpus_first`: a run that resumes builds whatever the corpus lacks first, `workers` files at a
@@ -40,6 +41,8 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
     for flag, n in (("--piper-repeat", piper_repeat), ("--prose-repeat", prose_repeat)):
         if n < 1:
             raise HarkenError(f"{flag} {n}: each utterance at least once a pass (>= 1)")
+    if text_batch < 0:
+        raise HarkenError(f"--text-batch {text_batch}: texts without audio per step (>= 0; 0: none)")
     if not 0.0 <= average_decay < 1.0:
         raise HarkenError(f"--average-decay {average_decay}: a decay per step in [0, 1) (0: no average)")
     if pack:
@@ -85,7 +88,7 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
                             device=device, init_from=Path(init_from) if init_from else None, lr=lr,
                             hold_steps=lr_hold, warmstart=ws, time_limit_s=time_limit,
                             save_every_s=save_every, bf16=bf16, piper_repeat=piper_repeat,
-                            prose_repeat=prose_repeat, average_decay=average_decay)
+                            prose_repeat=prose_repeat, average_decay=average_decay, text_batch=text_batch)
         ckpt = train(opts, log=lambda s: print(s, file=sys.stderr, flush=True))
     finally:
         if builder is not None and builder.poll() is None:

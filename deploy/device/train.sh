@@ -46,7 +46,7 @@ if [ "$TOY" = 1 ]; then
         --eval-every 1000 --eval-n "$EVAL_N" --threads 1 --workers 1 --batch-frames 3000 --save-every 1)
 else
   workers=$(( cores > 4 ? cores - 2 : 2 ))
-  args=(--warmstart "${WARMSTART:-repo}" --utterances 60000 --phrases 20000 --texts 40000 --piper-share 0
+  args=(--warmstart "${WARMSTART:-repo}" --utterances 60000 --phrases 20000 --texts 40000 --text-batch 64 --piper-share 0
         --workers "$workers" --threads 2 --batch-frames "${BATCH_FRAMES:-16000}" --lr 1e-3 --lr-hold 5000
         --eval-every 1000000 --eval-n "$EVAL_N" --steps 10000000 --save-every 60 --time-limit "$TRAIN_S")
 fi
