@@ -130,6 +130,28 @@ def _make_tiny_model_parser(sub: Subparsers) -> None:
                    help="attention head size (default 16; vLLM's kernels need 32 or more)")
 
 
+# synth-en's corpus sizes beside --utterances (`commands.CORPUS_FILES`): flag, default, what it is
+_CORPUS_SIZES = (
+    ("--phrases", 20000, "short phrases (1-6 words of a training text) beside the utterances: where the decoder "
+                         "first learns to find words in the audio"),
+    ("--texts", 40000, "training texts without audio, as espeak-ng phonemes: the decoder reads them from "
+                       "phoneme-embedding rows and learns words no utterance has spoken"),
+    ("--jumbles", 8000, "jumbles: 3-12 words drawn from different training texts, in no predictable order, spoken "
+                        "by espeak-ng voices: the decoder can only get them right by reading the audio"),
+    ("--jumble-texts", 20000, "jumbles without audio, read from phoneme-embedding rows like --texts"),
+    ("--prose-texts", 40000, "fortunes and Bible verses without audio (no meeting talk), read like --texts: open "
+                             "text, where the decoder is weakest"),
+    ("--prose-utterances", 8000, "utterances of the fortunes and the Bible only (shards prose-*), beside "
+                                 "--utterances' mix with meeting talk: more open text spoken, where the model is "
+                                 "weakest and had begun to learn its training texts by heart"),
+    ("--wordnet-texts", 40000, "WordNet 3.0's usage examples without audio (Debian wordnet-base; ~47,000 distinct "
+                               "sentences and phrases of everyday English), read like --texts: words and text the "
+                               "other sources never had"),
+    ("--wordnet-utterances", 4000, "utterances of WordNet's usage examples (shards wordnet-*)"),
+)
+_SIZE_NOTES = {"--phrases": ", ~8 h", "--jumbles": ", ~8 h", "--prose-utterances": ", ~14 h"}
+
+
 def _train_parser(sub: Subparsers) -> None:
     s = sub.add_parser("train", help="train harken's own small model (synth-en) on synthetic speech",
                        description="Build the synthetic English corpus (espeak-ng voices and Piper joe, "
@@ -142,31 +164,8 @@ def _train_parser(sub: Subparsers) -> None:
     s.add_argument("out", metavar="OUTDIR", help="output directory (corpus, state, checkpoint, log)")
     s.add_argument("--utterances", type=int, default=None,
                    help="corpus size (default 16000, ~25 h; synth-align: 1000 espeak-ng utterances)")
-    s.add_argument("--phrases", type=int, default=20000,
-                   help="short phrases (1-6 words of a training text) beside the utterances: where the "
-                        "decoder first learns to find words in the audio (default 20000, ~8 h)")
-    s.add_argument("--texts", type=int, default=40000,
-                   help="training texts without audio, as espeak-ng phonemes: the decoder reads them from "
-                        "phoneme-embedding rows and learns words no utterance has spoken (default 40000)")
-    s.add_argument("--jumbles", type=int, default=8000,
-                   help="jumbles: 3-12 words drawn from different training texts, in no predictable order, "
-                        "spoken by espeak-ng voices: the decoder can only get them right by reading the "
-                        "audio (default 8000, ~8 h)")
-    s.add_argument("--jumble-texts", type=int, default=20000,
-                   help="jumbles without audio, read from phoneme-embedding rows like --texts (default 20000)")
-    s.add_argument("--prose-texts", type=int, default=40000,
-                   help="fortunes and Bible verses without audio (no meeting talk), read like --texts: "
-                        "open text, where the decoder is weakest (default 40000)")
-    s.add_argument("--prose-utterances", type=int, default=8000,
-                   help="utterances of the fortunes and the Bible only (shards prose-*), beside --utterances' "
-                        "mix with meeting talk: more open text spoken, where the model is weakest and had "
-                        "begun to learn its training texts by heart (default 8000, ~14 h)")
-    s.add_argument("--wordnet-texts", type=int, default=40000,
-                   help="WordNet 3.0's usage examples without audio (Debian wordnet-base; ~47,000 distinct "
-                        "sentences and phrases of everyday English), read like --texts: words and text the "
-                        "other sources never had (default 40000)")
-    s.add_argument("--wordnet-utterances", type=int, default=4000,
-                   help="utterances of WordNet's usage examples (shards wordnet-*) (default 4000)")
+    for flag, default, text in _CORPUS_SIZES:
+        s.add_argument(flag, type=int, default=default, help=f"{text} (default {default}{_SIZE_NOTES.get(flag, '')})")
     s.add_argument("--text-batch", type=int, default=4,
                    help="texts without audio per step, read by the decoder from rows made of their phonemes "
                         "(default 4; `make train` uses 16)")
