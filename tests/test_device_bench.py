@@ -12,7 +12,7 @@ import sys
 import zlib
 from pathlib import Path
 
-from harken.bench.engine_load import _raster_plot
+from harken.bench.engine_load_plot import _raster_plot
 from harken.cloud.synth import state as warm
 
 ROOT = Path(__file__).resolve().parents[1]
