@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 import random
 import subprocess
 import sys
@@ -390,6 +391,34 @@ def test_pseudo_rows_spell_the_phonemes_in_order():
     assert torch.equal(rows, again)
 
 
+def test_text_batches_are_length_bucketed_uniform_draws():
+    """Texts without audio come 16 a step, padded to the longest: bucketing within a draw of 8
+    batches must fill the padded length far better than 16 texts at random, while each text is
+    still drawn uniformly and texts added later are drawn too."""
+    from harken.cloud.synth.examples import TextExample, text_batches
+
+    rng = random.Random(0)
+    lengths = [int(rng.paretovariate(1.5) * 20) for _ in range(400)]  # a long tail, as fortunes give
+    texts = [TextExample(list(range(n)), list(range(n)), [0]) for n in lengths]
+    draws = text_batches(texts, random.Random(1), 16)
+    batches = [next(draws) for _ in range(2000)]
+    assert all(len(b) == 16 for b in batches)
+
+    def fill(group):
+        n = [len(t.target) + len(t.phones) for t in group]
+        return sum(n) / (len(n) * max(n))
+
+    bucketed = sum(fill(b) for b in batches) / len(batches)
+    flat = [t for b in batches for t in b]
+    random.Random(2).shuffle(flat)
+    unbucketed = sum(fill(flat[i:i + 16]) for i in range(0, len(flat), 16)) / len(batches)
+    assert bucketed > 0.75 and bucketed > 1.5 * unbucketed
+    counts = Counter(id(t) for t in flat)  # 32,000 draws of 400 texts: 80 each expected
+    assert len(counts) == 400 and min(counts.values()) > 40 and max(counts.values()) < 130
+    texts.append(TextExample([1] * 7, [2] * 7, [0]))  # a text file taken in later
+    assert any(t is texts[-1] for _ in range(300) for t in next(draws))
+
+
 def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
     """`harken train synth-en --tiny`: a few steps on a tiny corpus, resumed, gives a checkpoint in
     the official layout (harken and qwen-asr both load it; untrained vocabulary rows are zero)."""
@@ -521,8 +550,6 @@ def test_losses_under_bf16_autocast_are_fp32_and_match_an_fp32_recompute():
 def test_batches_cover_each_utterance_once_in_shuffled_length_buckets():
     """`batches`: every utterance short enough once a pass (the Piper voice's `piper_repeat` times),
     each batch within its frame budget, and the batches of a chunk not in length order."""
-    from collections import Counter
-
     from harken.cloud.synth.examples import Example, batches
 
     rng = random.Random(0)

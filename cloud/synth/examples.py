@@ -161,3 +161,17 @@ def batches(examples: list[Example], rng: random.Random, batch_frames: int, max_
             groups.append(group)
         rng.shuffle(groups)
         yield from groups
+
+
+def text_batches(texts: list[TextExample], rng: random.Random, size: int, per_draw: int = 8):
+    """Endless batches of `size` texts without audio, each text drawn uniformly with replacement
+    from `texts` (which may grow between draws), length-bucketed within each draw of `per_draw`
+    batches and served in random order. A batch is padded to its longest row sequence: on the
+    training corpus's 120,000 texts, 16 texts drawn at random fill 43% of their padded length (a
+    long fortune beside WordNet phrases), 16 of a sorted draw of 128 fill 84%."""
+    while True:
+        drawn = sorted((texts[rng.randrange(len(texts))] for _ in range(size * per_draw)),
+                       key=lambda t: len(t.phones) + len(t.target))
+        groups = [drawn[i:i + size] for i in range(0, len(drawn), size)]
+        rng.shuffle(groups)
+        yield from groups

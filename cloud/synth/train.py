@@ -55,7 +55,8 @@ from harken.cloud.synth.averaging import WeightAverage
 from harken.cloud.synth.evaluation import (audio_gain, evaluate, export_checkpoint, held_out_set, held_out_split,
                                            phoneme_hyps, phoneme_rate, plot_curve)
 from harken.cloud.synth.examples import (TARGET_PREFIX, Example, TextExample, Vocab, batches, corpus_shards,
-                                         load_examples, load_texts, phone_table_of, target_ids, text_files)
+                                         load_examples, load_texts, phone_table_of, target_ids, text_batches,
+                                         text_files)
 from harken.cloud.synth.pieces import Pieces
 
 # bf16 matrix products on the CPU are oneDNN kernels compiled per shape, and batch shapes vary step
@@ -482,6 +483,7 @@ def train(opts: TrainOptions, log=print) -> Path:
 
     log_path = out / "log.jsonl"
     texts: list[TextExample] = []
+    text_draws = text_batches(texts, rng, max(opts.text_batch, 1))
     text_paths: list[Path] = []
     last_save, t0, seen_frames = time.time(), time.time(), 0
     avg: dict[str, float] = {}
@@ -556,7 +558,7 @@ def train(opts: TrainOptions, log=print) -> Path:
             if "guide" in parts:
                 loss = loss + batch.guide * parts["guide"]
             if texts and opts.w_text > 0 and opts.text_batch > 0:
-                picked = [texts[rng.randrange(len(texts))] for _ in range(opts.text_batch)]
+                picked = next(text_draws)
                 rows = pseudo_rows(model, [t.phones for t in picked], [t.words for t in picked], rng)
                 text_batch = Batch([], [t.target for t in picked], [], len(target_prefix), opts.corrupt)
                 with kernels():
