@@ -146,7 +146,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         from harken.cloud.synth.commands import eval_command
 
         return eval_command(args.model, held_set=args.held_set, n=args.n, as_json=args.json,
-                            device=args.device, dtype=args.dtype, language=args.language)
+                            device=args.device, dtype=args.dtype, language=args.language, hyps_path=args.hyps_path)
     if args.command == "make-tiny-model":
         from harken.cloud.commands import make_tiny_model_command
 

@@ -231,7 +231,10 @@ def _eval_parser(sub: Subparsers) -> None:
                    help="held-out (default) or a JSONL file of recipes")
     s.add_argument("-n", type=int, help="only the first N utterances")
     s.add_argument("--language", help="force the language (a name or code: English, en, en-US)")
-    s.add_argument("--json", action="store_true", help='print {"wer", "n_words", "wer_by_source", ...}')
+    s.add_argument("--json", action="store_true",
+                   help='print {"wer", "n_words", "wer_by_source", "wer_by_voice", ...}')
+    s.add_argument("--hyps", dest="hyps_path", metavar="FILE",
+                   help="write each utterance's source, voice, reference and hypothesis to FILE (JSONL)")
     s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
 

@@ -451,6 +451,22 @@ def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
     assert round(wer([d["ref"] for d in rows], [d["hyp"] for d in rows]), 4) == log[-1]["heldout_wer"]
     assert (out / "curve.png").stat().st_size > 1000
     ckpt = Path(json.loads(second.stdout)["checkpoint"])
+    # `harken eval` on that checkpoint: its WERs (all, by source, by voice) are the ones its own
+    # hypotheses give, and the references are the held-out set's
+    got = subprocess.run([sys.executable, "-m", "harken.cli", "eval", "--model", str(ckpt), "-n", "3", "--json",
+                          "--device", "cpu", "--hyps", str(tmp_path / "hyps.jsonl")],
+                         capture_output=True, text=True, timeout=600)
+    assert got.returncode == 0, got.stderr[-2000:]
+    result = json.loads(got.stdout)
+    scored = [json.loads(line) for line in (tmp_path / "hyps.jsonl").read_text().splitlines()]
+    assert [(d["ref"], d["source"]) for d in scored] == [(u.recipe.text, u.source) for u in held]
+    assert [d["voice"] for d in scored] == ["piper", "piper", "espeak-ng"]
+    assert result["n_utterances"] == 3 and result["n_words"] == sum(len(d["ref"].split()) for d in scored)
+    assert result["wer"] == round(wer([d["ref"] for d in scored], [d["hyp"] for d in scored]), 4)
+    for key, field in (("wer_by_source", "source"), ("wer_by_voice", "voice")):
+        assert result[key] == {g: round(wer([d["ref"] for d in scored if d[field] == g],
+                                            [d["hyp"] for d in scored if d[field] == g]), 4)
+                               for g in {d[field] for d in scored}}
     w = load_file(str(ckpt / "model.safetensors"))
     emb = w["thinker.model.embed_tokens.weight"]
     zero_rows = (emb == 0).all(axis=1)

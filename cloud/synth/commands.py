@@ -196,11 +196,13 @@ def _wait_for_first_shards(cdir: Path, builder: subprocess.Popen | None, sizes: 
 
 
 def eval_command(model: str, held_set: str = "held-out", n: int | None = None, as_json: bool = False,
-                 device: str | None = None, dtype: str | None = None, language: str | None = None) -> int:
+                 device: str | None = None, dtype: str | None = None, language: str | None = None,
+                 hyps_path: str | None = None) -> int:
     """Offline WER of a model on the held-out set (or a JSONL of recipes): the edge's exact log-mel
-    of each synthesised utterance -> one greedy pass -> jiwer after the Whisper normaliser."""
+    of each synthesised utterance -> one greedy pass -> jiwer after the Whisper normaliser; by text
+    source and by voice family (espeak-ng, piper), each utterance's hypothesis to `hyps_path`."""
     from harken.cloud.model.asr import Qwen3ASR
-    from harken.cloud.synth import corpus
+    from harken.cloud.synth import corpus, speech
     from harken.cloud.synth.evaluation import wer
 
     path = corpus.HELD_OUT_FILE if held_set == "held-out" else Path(held_set)
@@ -219,14 +221,20 @@ def eval_command(model: str, held_set: str = "held-out", n: int | None = None, a
     result: dict[str, Any] = {"model": model, "set": str(path) if held_set != "held-out" else "held-out",
               "n_utterances": len(items), "n_words": sum(len(r.split()) for r in refs),
               "audio_s": round(audio_s, 1), "wer": round(wer(refs, hyps), 4),
-              "wer_by_source": {}, "seconds": round(time.time() - t0, 1)}
-    for source in sorted({u.source for u in items}):
-        idx = [i for i, u in enumerate(items) if u.source == source]
-        result["wer_by_source"][source] = round(wer([refs[i] for i in idx], [hyps[i] for i in idx]), 4)
+              "wer_by_source": {}, "wer_by_voice": {}, "seconds": round(time.time() - t0, 1)}
+    voices = ["piper" if u.recipe.voice == speech.PIPER else "espeak-ng" for u in items]
+    for key, groups in (("wer_by_source", [u.source for u in items]), ("wer_by_voice", voices)):
+        for group in sorted(set(groups)):
+            idx = [i for i, g in enumerate(groups) if g == group]
+            result[key][group] = round(wer([refs[i] for i in idx], [hyps[i] for i in idx]), 4)
+    if hyps_path:
+        Path(hyps_path).write_text("".join(json.dumps({"source": u.source, "voice": v, "ref": r, "hyp": h}) + "\n"
+                                           for u, v, r, h in zip(items, voices, refs, hyps)), encoding="utf-8")
     if as_json:
         print(json.dumps(result))
     else:
         print(f"WER {100 * result['wer']:.2f}% on {result['n_utterances']} utterances "
               f"({result['n_words']} words); by source: "
-              + ", ".join(f"{k} {100 * v:.1f}%" for k, v in result["wer_by_source"].items()))
+              + ", ".join(f"{k} {100 * v:.1f}%" for k, v in result["wer_by_source"].items())
+              + "; by voice: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in result["wer_by_voice"].items()))
     return 0
