@@ -215,6 +215,9 @@ def _train_parser(sub: Subparsers) -> None:
     s.add_argument("--prose-repeat", type=int, default=2,
                    help="synth-en: utterances of the fortunes and the Bible this many times a pass (default 2: "
                         "meeting talk is 55%% of the corpus and its language model drowns the rest)")
+    s.add_argument("--cooldown", type=int, default=0, metavar="N",
+                   help="synth-en: the learning rate falls linearly to 0 over the last N steps before --steps "
+                        "(a branch of a run, e.g. to measure what a cooldown gives before shipping; default 0)")
     s.add_argument("--average-decay", type=float, default=0.999, metavar="D",
                    help="synth-en: evaluate, export and pack an exponential moving average of the weights "
                         "with this decay per step (default 0.999; 0: the raw weights)")

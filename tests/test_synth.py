@@ -391,6 +391,27 @@ def test_pseudo_rows_spell_the_phonemes_in_order():
     assert torch.equal(rows, again)
 
 
+def test_learning_rate_schedule_and_cooldown(tmp_path):
+    """Warm-up, hold, 1/sqrt decay; a re-warm-up after a resume; `--cooldown N`: linear to 0 over
+    the last N steps before --steps, the schedule untouched before them."""
+    from harken.cloud.synth.train import TrainOptions, learning_rate
+
+    plain = TrainOptions(corpus=Path("."), out=Path("."), steps=80_000, lr=1e-3, hold_steps=5000)
+    cool = TrainOptions(corpus=Path("."), out=Path("."), steps=80_000, lr=1e-3, hold_steps=5000, cooldown=1000)
+    assert learning_rate(plain, 0) == pytest.approx(1e-5) and learning_rate(plain, 3000) == 1e-3
+    assert learning_rate(plain, 20_000 - 1) == pytest.approx(5e-4)  # 1e-3 * sqrt(5000 / 20000)
+    assert learning_rate(plain, 74_000, rewarm_from=73_950) == pytest.approx(learning_rate(plain, 74_000) * 51 / 100)
+    assert all(learning_rate(cool, s) == learning_rate(plain, s) for s in (0, 50_000, 79_000))
+    assert learning_rate(cool, 79_500) == pytest.approx(learning_rate(plain, 79_500) / 2)
+    assert learning_rate(cool, 80_000) == 0.0
+    lrs = [learning_rate(cool, s) for s in range(79_000, 80_001)]
+    assert all(a > b for a, b in zip(lrs, lrs[1:]))
+    bad = subprocess.run([sys.executable, "-m", "harken.cli", "train", "synth-en", str(tmp_path / "run"),
+                          "--steps", "5", "--cooldown", "10"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--cooldown 10" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_text_batches_are_length_bucketed_uniform_draws():
     """Texts without audio come 16 a step, padded to the longest: bucketing within a draw of 8
     batches must fill the padded length far better than 16 texts at random, while each text is

@@ -316,6 +316,18 @@ def _corrupt(t: torch.Tensor, keep: int, p: float, n: int) -> torch.Tensor:
 
 # --- the loop -----------------------------------------------------------------------------------
 
+def learning_rate(opts: TrainOptions, s: int, rewarm_from: int | None = None) -> float:
+    """The learning rate at step `s`: a warm-up to `opts.lr`, held to `hold_steps`, then falling as
+    1/sqrt(step); warmed up again from `rewarm_from` (a fresh optimiser or a new schedule); and with
+    `cooldown`, linearly to 0 over the last `cooldown` steps before `opts.steps`."""
+    lr = opts.lr * min((s + 1) / opts.warmup, 1.0, math.sqrt(max(opts.hold_steps, opts.warmup) / (s + 1)))
+    if rewarm_from is not None:
+        lr *= min(1.0, (s - rewarm_from + 1) / opts.warmup)
+    if opts.cooldown > 0:
+        lr *= min(1.0, max(0.0, (opts.steps - s) / opts.cooldown))
+    return lr
+
+
 @dataclass
 class TrainOptions:
     corpus: Path
@@ -344,6 +356,9 @@ class TrainOptions:
     # (no encoder at all), held-out fortunes came out at 41% WER against 44% from the audio, and trained
     # ones at 27%, with each text seen less than once a session at 4 a step
     text_batch: int = 4
+    # the learning rate falls linearly to 0 over the last `cooldown` steps before `steps` (a branch
+    # of the run to measure or ship: the main run goes on at its schedule)
+    cooldown: int = 0
     guide_steps: int = 12000
     tiny: bool = False
     max_shards: int | None = None
@@ -476,10 +491,7 @@ def train(opts: TrainOptions, log=print) -> Path:
             yield
 
     def lr_at(s: int) -> float:
-        lr = opts.lr * min((s + 1) / opts.warmup, 1.0, math.sqrt(max(opts.hold_steps, opts.warmup) / (s + 1)))
-        if rewarm_from is not None:  # after a warm start: warm the fresh optimiser up again
-            lr *= min(1.0, (s - rewarm_from + 1) / opts.warmup)
-        return lr
+        return learning_rate(opts, s, rewarm_from)
 
     log_path = out / "log.jsonl"
     texts: list[TextExample] = []
