@@ -60,8 +60,14 @@ from harken.cloud.synth.examples import (TARGET_PREFIX, Example, TextExample, Vo
 from harken.cloud.synth.pieces import Pieces
 
 # bf16 matrix products on the CPU are oneDNN kernels compiled per shape, and batch shapes vary step
-# to step: with the default cache of 1,024 kernels, 8% of a step went on compiling them again
-ONEDNN_CACHE = 65536
+# to step: with the default cache of 1,024 kernels, 8% of a step went on compiling them again. Each
+# kernel kept holds ~0.85 MB (600 shapes of one bf16 linear layer, forward and backward, under
+# jemalloc: 1.7 GB with a cache of 65,536, 0.5 GB with none), and with 65,536 and the texts without
+# audio length-bucketed (step 74,506) the trainer grew by ~150 MB a minute. So the cache is capped
+# at 4,096 and the decoder's sequences are padded to a multiple of SEQ_QUANTUM positions (right
+# padding, harmless under the causal mask): a text batch (always 16) has ~40 shapes, not ~600.
+ONEDNN_CACHE = 4096
+SEQ_QUANTUM = 16
 
 
 def synth_en_config() -> Qwen3ASRConfig:
@@ -214,7 +220,7 @@ def losses(model: Trainee, batch: Batch, prompt_ids: tuple[list[int], list[int]]
         # input: prefix, audio, suffix, target[:-1]; predict the target at the last len(target) places
         seqs.append(torch.cat([pre, a, suf, t_in]))
         tgt_pos.append((b, len(prefix) + a.shape[0] + len(suffix) - 1, t_in.shape[0] + 1))
-    S = max(s.shape[0] for s in seqs)
+    S = -(-max(s.shape[0] for s in seqs) // SEQ_QUANTUM) * SEQ_QUANTUM  # few distinct shapes (ONEDNN_CACHE)
     x = torch.stack([F.pad(s, (0, 0, 0, S - s.shape[0])) for s in seqs])  # right pad: causal, harmless
     guided = batch.guide > 0 and not roll_audio and not text_only
     h, attn = model.decode_hidden(x, guided_heads(len(model.layers)) if guided else None)
