@@ -1,9 +1,12 @@
-"""The `harken` command's argument parser: one small function per command and per benchmark, in the
-order `harken --help` lists them. No imports beyond argparse, so parsing costs nothing."""
+"""The `harken` command's argument parser: one small function per command, in the order `harken
+--help` lists them (the benchmarks' in `bench_parser.py`). No imports beyond argparse, so parsing
+costs nothing."""
 
 from __future__ import annotations
 
 import argparse
+
+from harken.bench_parser import _bench_parser
 
 DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
 DEFAULT_ALIGNER = "Qwen/Qwen3-ForcedAligner-0.6B"
@@ -22,7 +25,7 @@ def _build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# ---- one function per command (and per benchmark), in the order `harken --help` lists them -------
+# ---- one function per command, in the order `harken --help` lists them ----------------------------
 
 def _demo_parser(sub: Subparsers) -> None:
     s = sub.add_parser("demo", help="the whole system on the bundled sample: server + edge agent, live transcript",
@@ -365,237 +368,6 @@ def _health_parser(sub: Subparsers) -> None:
     s.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer (default 3)")
 
 
-def _bench_parser(sub: Subparsers) -> None:
-    s = sub.add_parser("bench", help="benchmarks; print JSON",
-                       description="Benchmarks. Each prints one JSON object; ratios are measured side "
-                                   "by side in one run.")
-    bsub = s.add_subparsers(dest="bench", required=True, metavar="WHAT")
-    for add in _BENCH_PARSERS:
-        add(bsub)
-
-
-def _bench_edge_parser(bsub: Subparsers) -> None:
-    b = bsub.add_parser("edge", help="edge CPU cost and wire bitrate vs PCM16 and Opus",
-                        description="One thread: real-time factors of VAD, log-mel and codec; for each "
-                                    "codec mode kbps during speech and log-mel error; PCM16 and Opus "
-                                    "16/24/32 kbps on the same audio, side by side.")
-    b.add_argument("input", nargs="?", help="audio file (default: the bundled sample)")
-    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
-    b.add_argument("--repeats", type=int, default=3, help="timing repeats; the fastest counts (default 3)")
-
-
-def _bench_model_parser(bsub: Subparsers) -> None:
-    b = bsub.add_parser("model", help="Qwen3-ASR encoder/prefill/decode throughput (tiny and 0.6B dims)",
-                        description="Random-weight models: encoder ms per audio second (full vs "
-                                    "incremental), prefill tokens/s, decode tokens/s at batch 1/8/32.")
-    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
-    b.add_argument("--real-dims", action="store_true", help="only the real 0.6B dims (default: tiny and 0.6B)")
-    b.add_argument("--tiny-only", action="store_true", help="only the tiny dims")
-    b.add_argument("--quick", action="store_true", help="a smoke run: the tiny dims' figures from a few samples")
-    b.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-    b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
-    b.add_argument("--out", metavar="FILE", help="also write the JSON to FILE, rewritten after each part (a "
-                   "model's encoder, its decoder) with part_seconds, so a run cut short keeps what it measured")
-
-
-def _bench_stream_parser(bsub: Subparsers) -> None:
-    b = bsub.add_parser("stream", help="streaming engine vs the re-encode-everything baseline (Phase 1)",
-                        description="Tiled sample speech on audio time through harken's engine (N "
-                                    "sessions batched, and one at a time) and through Phase 1 (every "
-                                    "update re-encodes and re-prefills all audio so far), in one run: "
-                                    "update_growth, phase1_speedup, throughput_rtf, p50/p95_update_ms, "
-                                    "batching_gain.")
-    b.add_argument("--model", default="tiny",
-                   help="checkpoint dir, Hugging Face id, 'tiny', 'tiny-untied' (never stops) or 'synth-en' "
-                        "(default tiny); a comma-separated list (e.g. tiny,tiny-untied,synth-en,real-dims) "
-                        "runs each kind side by side and prints {\"runs\": [...]}")
-    b.add_argument("--real-dims", action="store_true",
-                   help="random weights with the real 0.6B dims instead of --model (short --seconds on CPU)")
-    b.add_argument("--seconds", type=float, default=60.0, help="audio per stream (default 60)")
-    b.add_argument("--streams", type=int, default=1, help="concurrent streams N (default 1)")
-    b.add_argument("--update-interval", type=float, default=2.0,
-                   help="audio seconds between updates, engine and Phase 1 alike (default 2.0)")
-    b.add_argument("--phase1-max-seconds", type=float, default=600.0,
-                   help="above this estimated Phase-1 compute, run every K-th Phase-1 update and "
-                        "integrate (default 600; 0 = always full)")
-    b.add_argument("--repeats", type=int, default=1,
-                   help="repeat every measured run, the fastest counts (default 1)")
-    b.add_argument("--language", help="force the language on every side (a name or code: English, en); default: detect")
-    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
-    b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
-
-
-def _bench_ray_parser(bsub: Subparsers) -> None:
-    b = bsub.add_parser("ray", help="Ray Serve on this machine: throughput with 2 replicas vs 1, the proxy's latency",
-                        description="Start a local Ray cluster; print ray_scaling (aggregate throughput with 2 "
-                                    "replicas over 1) and proxy_p50_ms / proxy_p95_ms (update latency through "
-                                    "Serve's proxy minus an in-process server's). Definitions: bench/ray_scaling.py.")
-    b.add_argument("--streams", type=int, default=4, help="concurrent streams N (default 4)")
-    b.add_argument("--seconds", type=float, default=10.0, help="audio per stream (default 10)")
-    b.add_argument("--model", default="tiny", help="model of every replica (default tiny)")
-    b.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray cluster (default 2)")
-    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
-
-
-def _bench_engine_load_parser(bsub: Subparsers) -> None:
-    b = bsub.add_parser("engine-load", help="live streams one engine serves in real time (GPU serving figures)",
-                        description="The engine driven directly (no gRPC, no clients) with the sample's "
-                                    "precomputed packets paced in real time, at N = 1, 8, 16, 64, 128, 256, "
-                                    "512 streams (more while the p95 holds): p50/p95 update and first-partial "
-                                    "latency, memory per stream, batching gain, GPU-seconds per stream-hour, "
-                                    "the largest N with p95 update <= 300 ms (definitions: bench/engine_load.py).")
-    b.add_argument("--streams", default="1,8,16,64,128,256,512", help="levels N, comma-separated")
-    b.add_argument("--no-more", action="store_true", help="only the listed levels (default: grow past them while "
-                                                          "the p95 holds and the KV cache has room)")
-    b.add_argument("--keep-going", action="store_true",
-                   help="run the listed levels after one that did not hold (default: cut them)")
-    b.add_argument("--seconds", type=float, default=10.0, help="audio per stream per level (default 10)")
-    b.add_argument("--model", default="real-dims",
-                   help="real-dims (random weights, the 0.6B dims; default) or a checkpoint (tiny, a dir, a Hub id)")
-    b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
-    b.add_argument("--decode-step", choices=["plain", "static", "graphs"],
-                   help="the engine's decode step (default: graphs on CUDA, plain on CPU)")
-    b.add_argument("--max-batch", type=int, default=256, help="passes batched in one tick (default 256)")
-    b.add_argument("--drain-s", type=float, default=3.0, help="wait after a level's last packet (default 3)")
-    b.add_argument("--time-budget-s", type=float, default=150.0,
-                   help="the whole run; levels that would not finish inside it are cut (default 150)")
-    b.add_argument("--max-streams", type=int, default=2048, help="never more sessions than this (default 2048)")
-    b.add_argument("--profile-s", type=float, default=3.0,
-                   help="then this much audio at the largest level under torch.profiler: the engine's phases, "
-                        "device kernel time vs busy time, top operators (default 3; 0: none)")
-    b.add_argument("--threads", type=int, help="torch CPU threads (CPU only)")
-    b.add_argument("--out", help="also write engine-load.json and engine-load.png into this folder")
-    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
-
-
-def _bench_load_parser(bsub: Subparsers) -> None:
-    b = bsub.add_parser("load", help="N live clients against a server: update, first-partial, final latency",
-                        description="N concurrent SDK clients each stream S seconds of the bundled sample "
-                                    "(tiled) in real time, 100 ms pieces; p50/p95 latency of updates, first "
-                                    "partials and finals as the clients see them, errors by gRPC code, "
-                                    "realtime_ok (definitions: bench/load.py).")
-    b.add_argument("--server", help="HOST:PORT of a harken server")
-    b.add_argument("--self-serve", action="store_true", help="start an in-process server (--model) on a free port")
-    b.add_argument("--model", default="tiny",
-                   help="model for --self-serve: checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' "
-                        "(default tiny)")
-    b.add_argument("--streams", type=int, default=4, help="concurrent streams N (default 4)")
-    b.add_argument("--seconds", type=float, default=20.0, help="audio per stream (default 20)")
-    b.add_argument("--api-key", help="API key for --server (default: $HARKEN_API_KEY)")
-    b.add_argument("--tls-ca", help="PEM root certificate: connect to --server over TLS")
-    b.add_argument("--language", help="force the language; default: detect, but English with --self-serve "
-                                      "--model tiny (its random weights write text only then)")
-    b.add_argument("--decoder", default="own",
-                   help="--self-serve's text decoder: own (default), vllm, or a comma list (own,vllm) run one "
-                        "after the other and printed side by side as {\"runs\": [...]}")
-    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
-
-
-def _bench_fuzz_parser(bsub: Subparsers) -> None:
-    b = bsub.add_parser("fuzz", help="fuzz the wire decoders and the served session: inputs tried, crashes",
-                        description="A seeded fuzzing run (bench/fuzz.py): codec payloads, wire "
-                                    "messages, data-channel frames (both sides) and whole streams through "
-                                    "the served session (tiny model), beside a reference session whose "
-                                    "transcript must not change. Prints tried, crashes, rejections_by_code, "
-                                    "by_target, others_affected, leaked_sessions; exits 1 on any failure.")
-    b.add_argument("--examples", type=int, default=100_000, help="inputs to try (default 100000)")
-    b.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    b.add_argument("--session-share", type=float, default=0.1,
-                   help="share of the examples that are whole streams through the served session (default 0.1)")
-    b.add_argument("--concurrency", type=int, default=16, help="fuzzed streams in flight at once (default 16)")
-    b.add_argument("--http-examples", type=int, default=0,
-                   help="also this many requests and Realtime sessions against a served HTTP port's OpenAI "
-                        "endpoints (bench/fuzz_http.py; default 0)")
-    b.add_argument("--model", default="tiny", help="model of the served session (default tiny)")
-    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
-
-
-def _bench_soak_parser(bsub: Subparsers) -> None:
-    b = bsub.add_parser("soak", help="one long live stream: RSS and update latency sampled every minute",
-                        description="An in-process server (--model) and one SDK client streaming the bundled "
-                                    "sample tiled without end, paced like a microphone (--speed x real time), "
-                                    "for --minutes; every --sample-s the process's RSS and the p50/p95 update "
-                                    "latency of that minute. Prints samples, rss_growth_mb, "
-                                    "rss_slope_mb_per_hour, p95_update_ms_first/last (definitions: "
-                                    "bench/soak.py).")
-    b.add_argument("--minutes", type=float, default=30.0, help="wall minutes of streaming (default 30)")
-    b.add_argument("--speed", type=float, default=1.0,
-                   help="audio seconds handed over per wall second (default 1: real time)")
-    b.add_argument("--sample-s", type=float, default=60.0, help="seconds between samples (default 60)")
-    b.add_argument("--model", default="tiny-untied",
-                   help="model of the in-process server (default tiny-untied: a tiny random checkpoint that "
-                        "never ends its answer, so every update decodes however long the stream runs)")
-    b.add_argument("--language", default="English",
-                   help="forced language (default English: the tiny models' random weights write text only then)")
-    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
-
-
-def _bench_overload_parser(bsub: Subparsers) -> None:
-    b = bsub.add_parser("overload", help="2x the admitted sessions, and clients trying to push others out",
-                        description="Three runs on fresh in-process servers (bench/overload.py): M users "
-                                    "alone; M users while M more try to open streams again and again "
-                                    "(RESOURCE_EXHAUSTED, and how fast); the same with an attacker key "
-                                    "over-claiming frames, flooding 8 frames per byte and holding an idle "
-                                    "stream. Prints each run's p50/p95 update latency and errors, the p95 "
-                                    "ratios to alone, the refusals' p50/p95/max ms, pushed_out, the attacker's "
-                                    "outcomes.")
-    b.add_argument("--sessions", type=int, default=4, help="users admitted, M (default 4)")
-    b.add_argument("--seconds", type=float, default=20.0, help="audio per user (default 20)")
-    b.add_argument("--attacker-share", type=int, default=2,
-                   help="the per-key session limit, which the attacker fills with its flood and idle streams "
-                        "(default 2)")
-    b.add_argument("--model", default="tiny", help="model of the in-process servers (default tiny)")
-    b.add_argument("--max-audio-speed", type=float, default=4.0,
-                   help="the servers' pace of a live stream, x real time (harken serve's flag; default %(default)s)")
-    b.add_argument("--audio-burst-s", type=float, default=30.0,
-                   help="... and the audio a stream may send ahead of it (default %(default)s)")
-    b.add_argument("--rounds", type=int, default=1,
-                   help="run alone, overload and attacked this many times, interleaved, and pool each kind's "
-                        "latencies (a shared machine's load then falls on every kind alike; default 1)")
-    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
-
-
-def _bench_wer_parser(bsub: Subparsers) -> None:
-    b = bsub.add_parser("wer", help="WER, kbps, per-word latency and partial churn of every path, one run",
-                        description="Render held-out recipes once and send the same audio down every path: "
-                                    "offline, stream (in-process engine, paced in real time: per-word "
-                                    "latency and partial churn), served_features_{hifi,balanced,low} (an "
-                                    "in-process server + the SDK), served_audio (thin client), "
-                                    "opus_{16,24,32} (Opus round trip, server-side features), webrtc (data "
-                                    "channel). Prints wer_<path>, kbps_<path>, partial/commit_latency_p50/"
-                                    "p95_s, partial_churn, n_words (definitions: bench/wer.py).")
-    b.add_argument("--model", required=True,
-                   help="checkpoint dir, Hugging Face id, 'tiny' or 'synth-en'")
-    b.add_argument("--set", dest="held_set", default="held-out",
-                   help="held-out (default) or a JSONL file of recipes")
-    b.add_argument("--n", type=int, help="only the first N utterances")
-    b.add_argument("--paths", help="comma-separated subset of the paths (default: all)")
-    b.add_argument("--language", help="force the language on every path (a name or code); default: detect")
-    b.add_argument("--fast", action="store_true",
-                   help="the stream path on a fake clock instead of in real time: latencies on audio time, "
-                        "compute counted as instant")
-    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
-    b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
-    b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
-
-
-def _bench_web_parser(bsub: Subparsers) -> None:
-    b = bsub.add_parser("web", help="the browser page's bytes on the wire, features vs Opus, and its features vs Python",
-                        description="An in-process server and the page in headless chromium (fake microphone "
-                                    "playing the sample, then 10 s of quiet noise), features mode and Opus mode: "
-                                    "features_kbps_speech/_silence, opus_kbps_speech/_silence, "
-                                    "features_max_abs_vs_python (definitions: bench/web.py).")
-    b.add_argument("--model", default="tiny", help="the server's model (default tiny)")
-    b.add_argument("--input", help="speech WAV (default: the bundled sample)")
-    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
-
-
 _PARSERS = (_demo_parser, _vad_parser, _features_parser, _transcribe_parser, _align_parser,
             _make_tiny_model_parser,
             _train_parser, _eval_parser, _stream_parser, _serve_parser, _health_parser, _bench_parser)
-_BENCH_PARSERS = (_bench_edge_parser, _bench_model_parser, _bench_stream_parser, _bench_ray_parser,
-                  _bench_load_parser, _bench_engine_load_parser, _bench_fuzz_parser, _bench_soak_parser, _bench_overload_parser,
-                  _bench_wer_parser, _bench_web_parser)

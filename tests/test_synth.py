@@ -174,7 +174,7 @@ def test_corpus_only_builds_every_kind_and_then_counts_as_complete(tmp_path):
     and prose texts without audio, prose utterances; the trainer's check then finds nothing left to build."""
     from harken.cloud.synth import commands
     from harken.cloud.synth.examples import corpus_shards
-    from harken.cloud.synth.train import TrainOptions
+    from harken.cloud.synth.options import TrainOptions
 
     sizes = {"utterances": 2, "phrases": 2, "texts": 2, "jumbles": 3, "jumble_texts": 2, "prose_texts": 2,
              "prose_utterances": 2, "wordnet_texts": 2, "wordnet_utterances": 2}
@@ -394,7 +394,7 @@ def test_pseudo_rows_spell_the_phonemes_in_order():
 def test_learning_rate_schedule_and_cooldown(tmp_path):
     """Warm-up, hold, 1/sqrt decay; a re-warm-up after a resume; `--cooldown N`: linear to 0 over
     the last N steps before --steps, the schedule untouched before them."""
-    from harken.cloud.synth.train import TrainOptions, learning_rate
+    from harken.cloud.synth.options import TrainOptions, learning_rate
 
     plain = TrainOptions(corpus=Path("."), out=Path("."), steps=80_000, lr=1e-3, hold_steps=5000)
     cool = TrainOptions(corpus=Path("."), out=Path("."), steps=80_000, lr=1e-3, hold_steps=5000, cooldown=1000)

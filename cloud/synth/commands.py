@@ -59,7 +59,8 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
     if corpus_only:
         build_corpus(cdir, sizes, seed, workers, piper_share)
         return 0
-    from harken.cloud.synth.train import TrainOptions, train
+    from harken.cloud.synth.options import TrainOptions
+    from harken.cloud.synth.train import train
 
     # glibc's malloc made CPU steps ~1.7x slower than jemalloc once the heap holds the corpus (Makefile `train`)
     print("allocator: " + ("jemalloc" if jemalloc_loaded() else

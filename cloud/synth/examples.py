@@ -18,7 +18,7 @@ from harken.cloud.synth.alignment import word_structure
 from harken.cloud.synth.pieces import Pieces
 
 if TYPE_CHECKING:
-    from harken.cloud.synth.train import TrainOptions
+    from harken.cloud.synth.options import TrainOptions
 
 TARGET_PREFIX = "language English<asr_text>"
 
