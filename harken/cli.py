@@ -141,7 +141,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                              save_every=args.save_every, piper_share=args.piper_share, bf16=args.bf16,
                              piper_repeat=args.piper_repeat, prose_repeat=args.prose_repeat,
                              corpus_first=args.corpus_first,
-                             average_decay=args.average_decay, cooldown=args.cooldown)
+                             average_decay=args.average_decay, cooldown=args.cooldown,
+                             decoder_layers=args.decoder_layers)
     if args.command == "eval":
         from harken.cloud.synth.commands import eval_command
 

@@ -196,7 +196,7 @@ def _train_parser(sub: Subparsers) -> None:
                         "cloud/synth/warmstart/, so training goes on across machines), a warm-start directory, "
                         "or 'none' (from scratch); with --pack, where to write")
     s.add_argument("--pack", action="store_true",
-                   help="pack OUTDIR/state.pt and its evaluations into the warm-start files (fp16, zstd, at "
+                   help="pack OUTDIR/state.pt and its evaluations into the warm-start files (bf16, zstd, at "
                         "most 16 MB; cloud/synth/warmstart/ unless --warmstart DIR) and stop")
     s.add_argument("--time-limit", type=float, metavar="S",
                    help="stop after S seconds of training: evaluate, save the state (a lent GPU's call ends)")
@@ -221,6 +221,10 @@ def _train_parser(sub: Subparsers) -> None:
     s.add_argument("--cooldown", type=int, default=0, metavar="N",
                    help="synth-en: the learning rate falls linearly to 0 over the last N steps before --steps "
                         "(a branch of a run, e.g. to measure what a cooldown gives before shipping; default 0)")
+    s.add_argument("--decoder-layers", type=int, metavar="N",
+                   help="the decoder's depth (default: synth-en 6, --tiny 1); a saved run with fewer layers is "
+                        "grown to N by zeroed copies of its layers, which compute the same function, and goes on "
+                        "with a fresh optimiser")
     s.add_argument("--average-decay", type=float, default=0.999, metavar="D",
                    help="synth-en: evaluate, export and pack an exponential moving average of the weights "
                         "with this decay per step (default 0.999; 0: the raw weights)")

@@ -309,6 +309,7 @@ def _tokenizer_dir(out: Path) -> Path:
 
 
 def train_aligner(opts: AlignTrainOptions, log=print) -> dict:
+    from harken.cloud.synth import growth
     from harken.cloud.synth import state as warm
     from harken.cloud.synth.train import synth_en_config, tiny_train_config
 
@@ -343,6 +344,7 @@ def train_aligner(opts: AlignTrainOptions, log=print) -> dict:
         step, history = resume["step"], resume.get("history", [])
         log(f"resumed at step {step}")
     elif init is not None:
+        growth.fit(init, cfg.text.num_hidden_layers)  # a state from before synth-en's decoder grew
         log(f"initialised {model.warm_start(init)} tensors from synth-en (step {init.get('step')})")
     log(f"{len(examples)} utterances ({sum(e.feats.shape[1] for e in examples) / 360000:.2f} h), "
         f"{sum(len(e.words) for e in examples)} words; {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "

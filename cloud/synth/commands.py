@@ -30,7 +30,7 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
                   time_limit: float | None = None, corpus_only: bool = False, save_every: float = 300.0,
                   piper_share: float = 0.25, bf16: bool | None = None, piper_repeat: int = 2,
                   prose_repeat: int = 2, average_decay: float = 0.999, corpus_first: bool = False,
-                  text_batch: int = 4, cooldown: int = 0) -> int:
+                  text_batch: int = 4, cooldown: int = 0, decoder_layers: int | None = None) -> int:
     """Build the corpus in a process beside training (training starts on the first shards), then
     train (or resume training: OUTDIR/state.pt, else the warm-start state committed in the repo).
     `corpus_first`: a run that resumes builds whatever the corpus lacks first, `workers` files at a
@@ -44,6 +44,8 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
     if cooldown < 0 or cooldown > steps:
         raise HarkenError(f"--cooldown {cooldown}: steps before --steps {steps} over which the learning rate "
                           "falls to 0 (0 <= N <= --steps)")
+    if decoder_layers is not None and decoder_layers < 1:
+        raise HarkenError(f"--decoder-layers {decoder_layers}: at least 1")
     if text_batch < 0:
         raise HarkenError(f"--text-batch {text_batch}: texts without audio per step (>= 0; 0: none)")
     if not 0.0 <= average_decay < 1.0:
@@ -93,7 +95,7 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
                             hold_steps=lr_hold, warmstart=ws, time_limit_s=time_limit,
                             save_every_s=save_every, bf16=bf16, piper_repeat=piper_repeat,
                             prose_repeat=prose_repeat, average_decay=average_decay, text_batch=text_batch,
-                            cooldown=cooldown)
+                            cooldown=cooldown, decoder_layers=decoder_layers)
         ckpt = train(opts, log=lambda s: print(s, file=sys.stderr, flush=True))
     finally:
         if builder is not None and builder.poll() is None:

@@ -48,7 +48,7 @@ from harken.cloud.model.decoder import DecoderLayer, Qwen3Decoder, precompute_ro
 from harken.cloud.model.encoder import AudioEncoder
 from harken.cloud.model.prompt import build_prompt
 from harken.cloud.model.tokenizer import Tokenizer
-from harken.cloud.synth import corpus, pieces
+from harken.cloud.synth import corpus, growth, pieces
 from harken.cloud.synth import state as warm
 from harken.cloud.synth.alignment import guided_attention_loss, guided_heads, token_rows
 from harken.cloud.synth.averaging import WeightAverage
@@ -71,24 +71,29 @@ ONEDNN_CACHE = 4096
 SEQ_QUANTUM = 16
 
 
-def synth_en_config() -> Qwen3ASRConfig:
-    """synth-en dims: encoder 6 x d256, decoder 4 x h256 (head_dim 64, so vLLM can serve it)."""
+# synth-en's decoder depth: 4 layers to step 77,606, then grown (`growth.py`) where the warm-start
+# state's bf16 planes made room in its 16 MiB
+DECODER_LAYERS = 6
+
+
+def synth_en_config(decoder_layers: int = DECODER_LAYERS) -> Qwen3ASRConfig:
+    """synth-en dims: encoder 6 x d256, decoder `decoder_layers` x h256 (head_dim 64, so vLLM can serve it)."""
     return Qwen3ASRConfig(
         audio=AudioEncoderConfig(d_model=256, encoder_layers=6, encoder_attention_heads=4,
                                  encoder_ffn_dim=1024, output_dim=256, downsample_hidden_size=64),
-        text=TextDecoderConfig(hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+        text=TextDecoderConfig(hidden_size=256, intermediate_size=768, num_hidden_layers=decoder_layers,
                                num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                                rope_scaling={"mrope_section": [12, 10, 10], "interleaved": True,
                                              "rope_type": "default"}),
     )
 
 
-def tiny_train_config() -> Qwen3ASRConfig:
+def tiny_train_config(decoder_layers: int = 1) -> Qwen3ASRConfig:
     """For the smoke test: the same structure, a few hundred kB of weights besides embeddings."""
     return Qwen3ASRConfig(
         audio=AudioEncoderConfig(d_model=32, encoder_layers=1, encoder_attention_heads=2,
                                  encoder_ffn_dim=64, output_dim=64, downsample_hidden_size=8),
-        text=TextDecoderConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+        text=TextDecoderConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=decoder_layers,
                                num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                                rope_scaling={"mrope_section": [6, 5, 5], "interleaved": True,
                                              "rope_type": "default"}),
@@ -329,7 +334,8 @@ def train(opts: TrainOptions, log=print) -> Path:
     torch.set_num_threads(opts.threads)
     out = opts.out
     out.mkdir(parents=True, exist_ok=True)
-    cfg = tiny_train_config() if opts.tiny else synth_en_config()
+    layers = {} if opts.decoder_layers is None else {"decoder_layers": opts.decoder_layers}
+    cfg = tiny_train_config(**layers) if opts.tiny else synth_en_config(**layers)
     tok_dir = out / "checkpoint"
     if not (tok_dir / "tokenizer.json").exists():
         from harken.cloud.model.tiny import write_tokenizer_files
@@ -352,6 +358,7 @@ def train(opts: TrainOptions, log=print) -> Path:
                                       f"{config_name}")
         if saved is not None and not (out / "log.jsonl").exists():  # the curve goes on from the earlier sessions
             (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in warm.history(saved["meta"])))
+    grown = growth.fit(saved, cfg.text.num_hidden_layers) if saved else None
     prior = saved or init
     table: dict[str, int] = dict(prior["phones"]) if prior else phone_table_of(shards[:1])
     phone_chars = sorted(table, key=table.__getitem__)
@@ -381,12 +388,15 @@ def train(opts: TrainOptions, log=print) -> Path:
             rng.setstate(st["rng"])
         else:  # a warm-start state: a fresh RNG of its own for this step
             rng = random.Random(f"synth-en:{opts.seed}:resume:{step}")
-        if "opt" not in st:  # a warm-start state keeps no optimiser moments: a fresh AdamW, warmed up
+        if "meta" in st:  # a warm-start state keeps no optimiser moments: a fresh AdamW, warmed up
             rewarm_from = step
             m = st["meta"]
             log(f"resumed at step {step} from the warm-start state {opts.warmstart} "
                 f"({m.get('audio_hours_seen', 0)} h of audio seen; held-out WER {m.get('heldout_wer')} at step "
                 f"{m.get('heldout_wer_step')}, on {m.get('machine')})")
+        elif grown:  # the moments were of the shallower decoder: a fresh AdamW, warmed up
+            rewarm_from = step
+            log(f"resumed at step {step}")
         elif missing:  # a state from before these parameters: warm start, a fresh optimiser
             if "ph_emb.weight" in missing:
                 init_phone_embeddings(model, examples)
@@ -402,6 +412,9 @@ def train(opts: TrainOptions, log=print) -> Path:
         warm_start(model, init)
         log(f"step 0: weights from {opts.init_from} (step {init['step']}), "
             f"{len(vocab)} vocabulary rows mapped by token id")
+    if grown:
+        log(f"decoder grown from {grown[0]} to {grown[1]} layers at step {step}: zeroed copies of layers "
+            f"{', '.join(map(str, growth.copied_after(*grown)))} (the same function; `growth.py`)")
     average = (WeightAverage(model, opts.average_decay, saved.get("average") if saved else None)
                if opts.average_decay > 0 else None)
     n_params = sum(p.numel() for p in model.parameters())
@@ -415,7 +428,8 @@ def train(opts: TrainOptions, log=print) -> Path:
               "w_ctc_tok": opts.w_ctc_tok, "w_ctc_ph": opts.w_ctc_ph, "w_match": opts.w_match,
               "w_text": opts.w_text, "w_guide": opts.w_guide, "guide_steps": opts.guide_steps,
               "corrupt": opts.corrupt, "vocab_rows": len(vocab), "piper_repeat": opts.piper_repeat,
-              "prose_repeat": opts.prose_repeat, "average_decay": opts.average_decay, "text_batch": opts.text_batch}
+              "prose_repeat": opts.prose_repeat, "average_decay": opts.average_decay, "text_batch": opts.text_batch,
+              "decoder_layers": cfg.text.num_hidden_layers}
 
     def save():
         tmp = out / "state.pt.tmp"
