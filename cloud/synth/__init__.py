@@ -12,6 +12,7 @@ Data flow, one module each:
     train.py       `harken train synth-en OUTDIR` (torch): the model, its losses, the loop
     averaging.py   the weights' moving average; evaluation.py held-out WER, audio_gain, export
     state.py       the warm-start state committed in the repo (pack, resume)
+    growth.py      a saved run's decoder made deeper without changing what it computes
     commands.py    the `train` and `eval` commands
     align_*.py, word_timing.py   synth-align, a forced aligner for word times
 """
