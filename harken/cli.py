@@ -142,7 +142,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                              piper_repeat=args.piper_repeat, prose_repeat=args.prose_repeat,
                              corpus_first=args.corpus_first,
                              average_decay=args.average_decay, cooldown=args.cooldown,
-                             decoder_layers=args.decoder_layers)
+                             decoder_layers=args.decoder_layers, no_build=args.no_build)
     if args.command == "eval":
         from harken.cloud.synth.commands import eval_command
 

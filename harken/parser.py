@@ -206,6 +206,10 @@ def _train_parser(sub: Subparsers) -> None:
                    help="a run that resumes (OUTDIR/state.pt or a warm-start state) builds whatever its corpus "
                         "lacks first, --workers files at a time, then trains on all of it, rather than "
                         "starting on the first shards while the rest are built (make train on a fresh machine)")
+    s.add_argument("--no-build", action="store_true",
+                   help="train on the shards already in the corpus directory and build nothing (a fresh "
+                        "machine's session that has built most of the corpus and would rather spend its last "
+                        "hours training; the rest is built by a later run)")
     s.add_argument("--corpus-only", action="store_true",
                    help="build the corpus and stop (training runs this in a process beside itself)")
     s.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,

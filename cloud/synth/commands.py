@@ -30,11 +30,14 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
                   time_limit: float | None = None, corpus_only: bool = False, save_every: float = 300.0,
                   piper_share: float = 0.25, bf16: bool | None = None, piper_repeat: int = 2,
                   prose_repeat: int = 2, average_decay: float = 0.999, corpus_first: bool = False,
-                  text_batch: int = 4, cooldown: int = 0, decoder_layers: int | None = None) -> int:
+                  text_batch: int = 4, cooldown: int = 0, decoder_layers: int | None = None,
+                  no_build: bool = False) -> int:
     """Build the corpus in a process beside training (training starts on the first shards), then
     train (or resume training: OUTDIR/state.pt, else the warm-start state committed in the repo).
     `corpus_first`: a run that resumes builds whatever the corpus lacks first, `workers` files at a
-    time, and trains on all of it. `pack`: OUTDIR/state.pt -> the repo's warm-start files, nothing else."""
+    time, and trains on all of it. `no_build`: train on the shards already built, build nothing.
+    `pack`: OUTDIR/state.pt -> the repo's warm-start files, nothing else."""
+    from harken.cloud.synth import corpus
     from harken.cloud.synth import state as warm
 
     outdir = Path(out)
@@ -50,6 +53,8 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
         raise HarkenError(f"--text-batch {text_batch}: texts without audio per step (>= 0; 0: none)")
     if not 0.0 <= average_decay < 1.0:
         raise HarkenError(f"--average-decay {average_decay}: a decay per step in [0, 1) (0: no average)")
+    if no_build and (corpus_first or corpus_only):
+        raise HarkenError("--no-build trains on the corpus as it is: not with --corpus-first or --corpus-only")
     if pack:
         target = Path(warmstart) if warmstart not in (None, "repo", "none") else warm.WARMSTART_DIR
         print(json.dumps(warm.pack_run(outdir, target)))
@@ -86,9 +91,11 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
         print("corpus: building what is missing before training resumes (--corpus-first)", file=sys.stderr,
               flush=True)
         build_corpus(cdir, sizes, seed, workers, piper_share)
-    builder = _start_corpus_builder(out, cdir, sizes, seed, workers, piper_share)
+    if no_build and not corpus.shard_path(cdir, "train", 0).exists():
+        raise HarkenError(f"--no-build: {cdir} has no utterance shard yet (train without --no-build to build it)")
+    builder = None if no_build else _start_corpus_builder(out, cdir, sizes, seed, workers, piper_share)
     try:
-        _wait_for_first_shards(cdir, builder, sizes, any_shard=resuming)
+        _wait_for_first_shards(cdir, builder, sizes, any_shard=resuming or no_build)
         opts = TrainOptions(corpus=cdir, out=outdir, steps=steps, threads=threads, seed=seed, tiny=tiny,
                             eval_every=eval_every, eval_n=eval_n, batch_frames=batch_frames,
                             device=device, init_from=Path(init_from) if init_from else None, lr=lr,
