@@ -15,11 +15,12 @@ on elsewhere, in `cloud/synth/warmstart/`:
 
 The optimiser's moments do not fit in the 16 MB the repo grants (they would triple the size): a run
 resumed from the warm-start state starts a fresh AdamW and warms its learning rate up again over
-the first steps (`train.py`'s `rewarm_from`). bf16 rounding moves a weight by at most 2^-9 of its
-value: below one step's update at the learning rates this run trains at, and what its bf16 autocast
-multiplies with anyway. bf16 packs in 10.8 bits a weight where fp16 took 13.6 (step 77,606's 8.8M
-weights: 11.9 against 15.0 MB), which is room for a deeper decoder (`growth.py`). Where the run keeps an average of its weights (`averaging.py`),
-the average is packed: it is what the evaluations measured and exported.
+the first steps (`train.py`'s `rewarm_from`). bf16 rounding moves a weight by at most 2^-8 of its
+value: ~2e-4 for a matrix weight of typical size (0.05), about one AdamW step at the learning rate
+the run is at (~2.5e-4), and the matrices are what its bf16 autocast multiplies with anyway. bf16
+packs in 10.8 bits a weight where fp16 took 13.6 (step 77,606's 8.8M weights: 11.9 against 15.0
+MB), which made room for a deeper decoder (`growth.py`). Where the run keeps an average of its
+weights (`averaging.py`), the average is packed: it is what the evaluations measured and exported.
 
     harken train synth-en OUTDIR --pack    OUTDIR/state.pt (+ log.jsonl) -> cloud/synth/warmstart/
 """
