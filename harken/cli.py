@@ -140,6 +140,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                              time_limit=args.time_limit, corpus_only=args.corpus_only,
                              save_every=args.save_every, piper_share=args.piper_share, bf16=args.bf16,
                              piper_repeat=args.piper_repeat, prose_repeat=args.prose_repeat,
+                             freq_mask=args.freq_mask, time_mask=args.time_mask,
                              corpus_first=args.corpus_first,
                              average_decay=args.average_decay, cooldown=args.cooldown,
                              decoder_layers=args.decoder_layers, no_build=args.no_build)

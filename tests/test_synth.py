@@ -612,6 +612,34 @@ def test_batches_cover_each_utterance_once_in_shuffled_length_buckets():
             for e in examples if e.feats.shape[1] <= 1200} == counts
 
 
+def test_spec_augment_masks_bands_and_stretches_with_the_utterance_mean():
+    """`spec_augment`: every changed entry lies in one of at most two mel bands of <= F bins or
+    one time stretch of <= T frames per 200 frames, takes the utterance's mean, and the rest is
+    untouched; the same RNG state gives the same masks; F = T = 0 changes nothing."""
+    from harken.cloud.synth.examples import spec_augment
+
+    x = np.random.default_rng(0).normal(size=(128, 1000)).astype(np.float32)
+    for seed in range(20):
+        y = spec_augment(x.copy(), random.Random(seed), 16, 30)
+        assert np.array_equal(y, spec_augment(x.copy(), random.Random(seed), 16, 30))
+        changed = y != x
+        assert np.all(y[changed] == np.float32(x.mean()))
+        rows = changed.all(axis=1)  # bands: whole rows
+        cols = changed.all(axis=0)  # stretches: whole columns
+        assert np.array_equal(changed, rows[:, None] | cols[None, :])
+        assert rows.sum() <= 2 * 16 and cols.sum() <= 5 * 30
+
+        def runs(m):
+            edges = np.flatnonzero(np.diff(np.concatenate([[0], m.astype(int), [0]])))
+            return edges[1::2] - edges[::2]
+
+        assert len(runs(rows)) <= 2 and len(runs(cols)) <= 5
+        assert all(n <= 30 for n in runs(cols)) or len(runs(cols)) < 5  # touching stretches merge
+    masked = np.mean([(spec_augment(x.copy(), random.Random(s), 16, 30) != x).mean() for s in range(50)])
+    assert 0.05 < masked < 0.35
+    assert np.array_equal(spec_augment(x.copy(), random.Random(0), 0, 0), x)
+
+
 def test_examples_know_the_piper_voice_from_their_shard(tmp_path):
     """`load_examples` marks an utterance spoken by the Piper voice (its shard's recipe), which
     `batches` takes `piper_repeat` times a pass; espeak-ng voices are not marked."""

@@ -163,6 +163,28 @@ def batches(examples: list[Example], rng: random.Random, batch_frames: int, max_
         yield from groups
 
 
+def spec_augment(feats: np.ndarray, rng: random.Random, freq_bins: int, time_frames: int,
+                 freq_masks: int = 2, frames_per_time_mask: int = 200) -> np.ndarray:
+    """SpecAugment's masks (Park et al. 2019) on a float32 log-mel [128, T], in place, filled with its
+    mean: `freq_masks` bands of 0..`freq_bins` mel bins, and one stretch of 0..`time_frames` frames per
+    `frames_per_time_mask` frames (at least one). At step 80,003, 40 training fortunes and verses in
+    the Piper voice read at 17.6% WER from their training audio and at 37.6% from a new rendering of
+    the same text at another training speed (espeak-ng voices: 13.5%, 18.8% in held-out voices):
+    the model had learnt its training audio, and the masks keep any one rendering from being learnt
+    whole. 0 turns a kind of mask off."""
+    n_mel, T = feats.shape
+    fill = float(feats.mean())
+    for _ in range(freq_masks if freq_bins > 0 else 0):
+        w = rng.randint(0, min(freq_bins, n_mel))
+        f0 = rng.randint(0, n_mel - w)
+        feats[f0:f0 + w] = fill
+    for _ in range(max(1, T // frames_per_time_mask) if time_frames > 0 else 0):
+        w = rng.randint(0, min(time_frames, T))
+        t0 = rng.randint(0, T - w)
+        feats[:, t0:t0 + w] = fill
+    return feats
+
+
 def text_batches(texts: list[TextExample], rng: random.Random, size: int, per_draw: int = 8):
     """Endless batches of `size` texts without audio, each text drawn uniformly with replacement
     from `texts` (which may grow between draws), length-bucketed within each draw of `per_draw`
