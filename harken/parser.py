@@ -248,7 +248,8 @@ def _eval_parser(sub: Subparsers) -> None:
     s.add_argument("--model", default="synth-en", help="checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' "
                                                         "(default synth-en)")
     s.add_argument("--set", dest="held_set", default="held-out",
-                   help="held-out (default) or a JSONL file of recipes")
+                   help="held-out (default) or a JSONL file of recipes: lines like cloud/synth/heldout.jsonl's, "
+                        "or a corpus shard's .jsonl (its training utterances, rendered again from their recipes)")
     s.add_argument("-n", type=int, help="only the first N utterances")
     s.add_argument("--language", help="force the language (a name or code: English, en, en-US)")
     s.add_argument("--json", action="store_true",

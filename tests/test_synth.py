@@ -236,6 +236,26 @@ def test_held_out_file_is_what_the_generator_makes():
     assert speech.PIPER in voices and len(voices) >= 6
 
 
+def test_recipe_files_take_corpus_lines_and_refuse_other_lines(tmp_path):
+    """`read_held_out` (`harken eval --set`) reads a corpus shard's `.jsonl` lines (the recipe
+    nested, beside text, frames and phonemes) as the same utterances as `heldout.jsonl`'s flat
+    form; a line that is not a recipe is an error naming the file and line, from the CLI too."""
+    utts = [corpus.plan(0, i) for i in range(3)]
+    flat = tmp_path / "flat.jsonl"
+    flat.write_text("".join(json.dumps({"source": u.source, **u.recipe.to_json()}) + "\n" for u in utts))
+    nested = tmp_path / "train-00000.jsonl"
+    nested.write_text("".join(json.dumps({"text": u.recipe.text, "source": u.source, "frames": 100,
+                                          "phonemes": "x", "recipe": u.recipe.to_json()}) + "\n" for u in utts))
+    assert corpus.read_held_out(flat) == corpus.read_held_out(nested) == utts
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(flat.read_text().splitlines()[0] + "\n" + json.dumps({"text": "hi", "speaker": "me"}) + "\n")
+    with pytest.raises(corpus.RecipeFileError, match=r"bad.jsonl:2: not a recipe"):
+        corpus.read_held_out(bad)
+    run = subprocess.run([sys.executable, "-m", "harken", "eval", "--model", "tiny", "--set", str(bad)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "bad.jsonl:2: not a recipe" in run.stderr and "Traceback" not in run.stderr
+
+
 def test_corpus_is_deterministic(tmp_path):
     a = [corpus.plan(0, i) for i in range(20)]
     assert a == [corpus.plan(0, i) for i in range(20)]

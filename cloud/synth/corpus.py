@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from harken.cloud.synth import speech, text
+from harken.shared.errors import HarkenError
 
 # synth-en's users speak in meetings and everyday English: meeting talk first, then the fortunes'
 # quotes and jokes, and a little archaic verse (the held-out set is drawn with the same weights)
@@ -197,13 +198,23 @@ def write_held_out(path: Path = HELD_OUT_FILE, seed: int = 0, n: int = 300) -> P
     return path
 
 
+class RecipeFileError(HarkenError):
+    """A recipe file (`harken eval --set`) has a line that is not a recipe."""
+
+
 def read_held_out(path: Path = HELD_OUT_FILE) -> list[Utterance]:
+    """The utterances of a recipe file: lines of `heldout.jsonl`'s form (a recipe's fields and its
+    `source`), or a corpus shard's `.jsonl` lines (`recipe` nested: training utterances, to tell what
+    the model learnt by heart from what it can read)."""
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
-            d = json.loads(line)
-            source = d.pop("source", "")
-            out.append(Utterance(speech.Recipe(**d), source))
+            try:
+                d = json.loads(line)
+                fields = d["recipe"] if "recipe" in d else {k: v for k, v in d.items() if k != "source"}
+                out.append(Utterance(speech.Recipe(**fields), d.get("source", "")))
+            except (ValueError, TypeError, AttributeError) as e:
+                raise RecipeFileError(f"{path}:{n}: not a recipe ({e})") from None
     return out
 
 
