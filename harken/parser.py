@@ -225,9 +225,9 @@ def _train_parser(sub: Subparsers) -> None:
     s.add_argument("--freq-mask", type=int, default=16, metavar="BINS",
                    help="synth-en: SpecAugment on training audio, two bands of up to BINS of the 128 mel bins "
                         "(default 16; 0: none)")
-    s.add_argument("--time-mask", type=int, default=30, metavar="FRAMES",
+    s.add_argument("--time-mask", type=int, default=0, metavar="FRAMES",
                    help="synth-en: SpecAugment on training audio, a stretch of up to FRAMES 10 ms frames every "
-                        "2 s (default 30; 0: none)")
+                        "2 s (default 0, none: with 30 the decoder learnt to guess what it did not hear)")
     s.add_argument("--cooldown", type=int, default=0, metavar="N",
                    help="synth-en: the learning rate falls linearly to 0 over the last N steps before --steps "
                         "(a branch of a run, e.g. to measure what a cooldown gives before shipping; default 0)")

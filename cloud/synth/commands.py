@@ -31,7 +31,7 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
                   piper_share: float = 0.25, bf16: bool | None = None, piper_repeat: int = 2,
                   prose_repeat: int = 2, average_decay: float = 0.999, corpus_first: bool = False,
                   text_batch: int = 4, cooldown: int = 0, decoder_layers: int | None = None,
-                  no_build: bool = False, freq_mask: int = 16, time_mask: int = 30) -> int:
+                  no_build: bool = False, freq_mask: int = 16, time_mask: int = 0) -> int:
     """Build the corpus in a process beside training (training starts on the first shards), then
     train (or resume training: OUTDIR/state.pt, else the warm-start state committed in the repo).
     `corpus_first`: a run that resumes builds whatever the corpus lacks first, `workers` files at a
