@@ -141,6 +141,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
                              save_every=args.save_every, piper_share=args.piper_share, bf16=args.bf16,
                              piper_repeat=args.piper_repeat, prose_repeat=args.prose_repeat,
                              freq_mask=args.freq_mask, time_mask=args.time_mask,
+                             tempo=args.tempo, tempo_local=args.tempo_local, vtlp=args.vtlp,
                              corpus_first=args.corpus_first,
                              average_decay=args.average_decay, cooldown=args.cooldown,
                              decoder_layers=args.decoder_layers, no_build=args.no_build)

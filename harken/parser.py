@@ -228,6 +228,14 @@ def _train_parser(sub: Subparsers) -> None:
     s.add_argument("--time-mask", type=int, default=0, metavar="FRAMES",
                    help="synth-en: SpecAugment on training audio, a stretch of up to FRAMES 10 ms frames every "
                         "2 s (default 0, none: with 30 the decoder learnt to guess what it did not hear)")
+    s.add_argument("--tempo", type=float, default=0.1, metavar="X",
+                   help="synth-en: each training utterance read at a pace of 1 +- X, drawn anew each time it is "
+                        "seen (default 0.1; 0: its own)")
+    s.add_argument("--tempo-local", type=float, default=0.15, metavar="X",
+                   help="synth-en: and the pace moved by 1 +- X every 0.25 s (default 0.15; 0: even)")
+    s.add_argument("--vtlp", type=float, default=0.1, metavar="X",
+                   help="synth-en: vocal tract length perturbation, each training utterance's frequencies "
+                        "scaled by 1 +- X (default 0.1; 0: none)")
     s.add_argument("--cooldown", type=int, default=0, metavar="N",
                    help="synth-en: the learning rate falls linearly to 0 over the last N steps before --steps "
                         "(a branch of a run, e.g. to measure what a cooldown gives before shipping; default 0)")

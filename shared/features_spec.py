@@ -45,12 +45,24 @@ def slaney_mel_filters(n_freqs: int = N_FFT // 2 + 1, n_mels: int = N_MELS, f_mi
     import numpy as np
 
     fft_hz = np.linspace(0.0, sample_rate / 2, n_freqs)
-    hz_points = _mel_to_hz_slaney(np.linspace(_hz_to_mel_slaney(f_min), _hz_to_mel_slaney(f_max), n_mels + 2))
+    hz_points = _mel_points_hz(n_mels, f_min, f_max)
     widths = np.diff(hz_points)
     slopes = hz_points[None, :] - fft_hz[:, None]  # [n_freqs, n_mels + 2]
     filters = np.maximum(0.0, np.minimum(-slopes[:, :-2] / widths[:-1], slopes[:, 2:] / widths[1:]))
     # each filter has unit area, so wide high-frequency filters are not louder
     return filters * (2.0 / (hz_points[2:] - hz_points[:-2]))[None, :]
+
+
+def mel_centres_hz(n_mels: int = N_MELS, f_min: float = 0.0, f_max: float = SAMPLE_RATE / 2):
+    """[n_mels] float64: the frequency at which each filter of `slaney_mel_filters` peaks."""
+    return _mel_points_hz(n_mels, f_min, f_max)[1:-1]
+
+
+def _mel_points_hz(n_mels: int, f_min: float, f_max: float):
+    # the n_mels + 2 triangle corners, evenly spaced in mel
+    import numpy as np
+
+    return _mel_to_hz_slaney(np.linspace(_hz_to_mel_slaney(f_min), _hz_to_mel_slaney(f_max), n_mels + 2))
 
 
 def samples_needed(frame: int) -> int:

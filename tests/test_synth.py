@@ -429,6 +429,9 @@ def test_learning_rate_schedule_and_cooldown(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "harken.cli", "train", "synth-en", str(tmp_path / "run"),
                           "--steps", "5", "--cooldown", "10"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--cooldown 10" in bad.stderr and "Traceback" not in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "harken.cli", "train", "synth-en", str(tmp_path / "run"),
+                          "--vtlp", "0.6"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--vtlp 0.6" in bad.stderr and "Traceback" not in bad.stderr
     assert not (tmp_path / "run").exists()
 
 
@@ -469,14 +472,16 @@ def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "harken.cli", "train", "synth-en", str(out), "--tiny", "--utterances", "6", "--phrases", "3", "--texts", "5", "--jumbles", "2", "--jumble-texts", "3", "--prose-texts", "2", "--prose-utterances", "2",
-           "--wordnet-texts", "0", "--wordnet-utterances", "0", "--text-batch", "6", "--steps", "2", "--eval-every", "2", "--eval-n", "3", "--threads", "1", "--workers", "1", "--batch-frames", "3000"]
+           "--wordnet-texts", "0", "--wordnet-utterances", "0", "--text-batch", "6", "--steps", "2", "--eval-every", "2", "--eval-n", "3", "--threads", "1", "--workers", "1", "--batch-frames", "3000",
+           "--tempo", "0.05"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     cmd[cmd.index("--steps") + 1] = "3"
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "resumed at step 2" in second.stderr
-    assert torch.load(out / "state.pt", weights_only=False)["recipe"]["text_batch"] == 6  # --text-batch, recorded
+    recipe = torch.load(out / "state.pt", weights_only=False)["recipe"]
+    assert recipe["text_batch"] == 6 and recipe["tempo"] == 0.05  # --text-batch, --tempo: recorded
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [2, 3] and all(0.0 <= r["heldout_wer"] for r in log)
     assert all(0.0 <= r["heldout_per"] for r in log)  # the encoder's phoneme error beside the WER
@@ -658,6 +663,57 @@ def test_spec_augment_masks_bands_and_stretches_with_the_utterance_mean():
     masked = np.mean([(spec_augment(x.copy(), random.Random(s), 16, 30) != x).mean() for s in range(50)])
     assert 0.05 < masked < 0.35
     assert np.array_equal(spec_augment(x.copy(), random.Random(0), 0, 0), x)
+
+
+def test_time_warp_changes_the_pace_monotonically_within_its_bounds():
+    """`time_warp` on a ramp (frame t holds t): the output is a monotone walk from the first
+    source frame to the last, as long as the drawn rates allow; with no local change, the steps
+    are even and equal the drawn tempo; every value interpolates two neighbouring source frames;
+    the same RNG state gives the same output; 0, 0 returns the frames unchanged."""
+    from harken.cloud.synth.examples import time_warp
+
+    T = 1000
+    ramp = np.tile(np.arange(T, dtype=np.float32), (128, 1))
+    for seed in range(20):
+        y = time_warp(ramp, random.Random(seed), 0.1, 0.15)
+        assert np.array_equal(y, time_warp(ramp, random.Random(seed), 0.1, 0.15))
+        assert np.all(y == y[0])  # every mel bin moved alike
+        steps = np.diff(y[0].astype(np.float64))
+        assert y[0, 0] == 0 and abs(y[0, -1] - (T - 1)) < 1.1 * 1.15
+        assert np.all(steps > 0) and steps.max() <= 1.1 * 1.15 + 1e-3 and steps.min() >= 0.9 * 0.85 - 1e-3
+        assert T / (1.1 * 1.15) - 2 <= y.shape[1] <= T / (0.9 * 0.85) + 2
+        r = random.Random(seed)
+        rate = r.uniform(0.9, 1.1)
+        even = time_warp(ramp, random.Random(seed), 0.1, 0.0)[0].astype(np.float64)
+        assert np.allclose(np.diff(even), rate, atol=1e-3)
+        assert even.shape[0] == int((T - 1) / rate) + 1
+    x = np.random.default_rng(0).normal(size=(128, 300)).astype(np.float32)
+    y = time_warp(x, random.Random(1), 0.1, 0.15)
+    lo = np.minimum(x[:, :-1], x[:, 1:]).min(axis=1)
+    hi = np.maximum(x[:, :-1], x[:, 1:]).max(axis=1)
+    assert np.all(y >= lo[:, None] - 1e-6) and np.all(y <= hi[:, None] + 1e-6)
+    assert time_warp(x, random.Random(0), 0.0, 0.0) is x
+
+
+def test_vocal_tract_warp_moves_a_formant_by_its_factor():
+    """`warp_vocal_tract`: a formant (a peak across the mel bins) at frequency f comes out at
+    f x the factor drawn from 1 +- warp, to within the spacing of the bins around it; every frame
+    alike; 0 returns the frames unchanged."""
+    from harken.cloud.synth.examples import warp_vocal_tract
+    from harken.shared.features_spec import mel_centres_hz
+
+    centres = mel_centres_hz()
+    for seed in range(20):
+        factor = random.Random(seed).uniform(0.9, 1.1)
+        for peak_bin in (20, 60, 100):
+            f = centres[peak_bin]
+            x = np.exp(-0.5 * ((np.arange(128) - peak_bin) / 2.0) ** 2).astype(np.float32)[:, None].repeat(5, 1)
+            y = warp_vocal_tract(x, random.Random(seed), 0.1)
+            assert np.all(y == y[:, :1])
+            b = int(np.argmax(y[:, 0]))
+            assert centres[max(b - 1, 0)] <= f * factor <= centres[min(b + 1, 127)]
+    x = np.random.default_rng(0).normal(size=(128, 50)).astype(np.float32)
+    assert warp_vocal_tract(x, random.Random(0), 0.0) is x
 
 
 def test_examples_know_the_piper_voice_from_their_shard(tmp_path):

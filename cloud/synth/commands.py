@@ -31,7 +31,8 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
                   piper_share: float = 0.25, bf16: bool | None = None, piper_repeat: int = 2,
                   prose_repeat: int = 2, average_decay: float = 0.999, corpus_first: bool = False,
                   text_batch: int = 4, cooldown: int = 0, decoder_layers: int | None = None,
-                  no_build: bool = False, freq_mask: int = 16, time_mask: int = 0) -> int:
+                  no_build: bool = False, freq_mask: int = 16, time_mask: int = 0,
+                  tempo: float = 0.1, tempo_local: float = 0.15, vtlp: float = 0.1) -> int:
     """Build the corpus in a process beside training (training starts on the first shards), then
     train (or resume training: OUTDIR/state.pt, else the warm-start state committed in the repo).
     `corpus_first`: a run that resumes builds whatever the corpus lacks first, `workers` files at a
@@ -50,6 +51,9 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
     for flag, n in (("--freq-mask", freq_mask), ("--time-mask", time_mask)):
         if n < 0:
             raise HarkenError(f"{flag} {n}: the widest mask (>= 0; 0: none)")
+    for flag, x in (("--tempo", tempo), ("--tempo-local", tempo_local), ("--vtlp", vtlp)):
+        if not 0.0 <= x < 0.5:
+            raise HarkenError(f"{flag} {x}: the largest relative change, in [0, 0.5) (0: none)")
     if decoder_layers is not None and decoder_layers < 1:
         raise HarkenError(f"--decoder-layers {decoder_layers}: at least 1")
     if text_batch < 0:
@@ -106,7 +110,7 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
                             save_every_s=save_every, bf16=bf16, piper_repeat=piper_repeat,
                             prose_repeat=prose_repeat, average_decay=average_decay, text_batch=text_batch,
                             cooldown=cooldown, decoder_layers=decoder_layers, freq_mask=freq_mask,
-                            time_mask=time_mask)
+                            time_mask=time_mask, tempo=tempo, tempo_local=tempo_local, vtlp=vtlp)
         ckpt = train(opts, log=lambda s: print(s, file=sys.stderr, flush=True))
     finally:
         if builder is not None and builder.poll() is None:

@@ -16,6 +16,7 @@ from harken.cloud.model.tokenizer import Tokenizer
 from harken.cloud.synth import corpus, speech
 from harken.cloud.synth.alignment import word_structure
 from harken.cloud.synth.pieces import Pieces
+from harken.shared.features_spec import mel_centres_hz
 
 if TYPE_CHECKING:
     from harken.cloud.synth.options import TrainOptions
@@ -184,6 +185,55 @@ def spec_augment(feats: np.ndarray, rng: random.Random, freq_bins: int, time_fra
         t0 = rng.randint(0, T - w)
         feats[:, t0:t0 + w] = fill
     return feats
+
+
+def time_warp(feats: np.ndarray, rng: random.Random, tempo: float, local: float,
+              segment: int = 25) -> np.ndarray:
+    """The utterance read at another pace, on its log-mel [128, T] frames: a tempo drawn from
+    1 +- `tempo` for the whole of it, times one drawn from 1 +- `local` for each `segment` frames
+    (a speaker who speeds up and slows down within a sentence), each output frame linearly
+    interpolated between the two source frames around its place. Pitch and spectra stay: a change
+    of pace, not of voice (the corpus's resampling moves both). At step 80,003 the same 40 training
+    texts in the Piper voice read at 17.6% WER from their training audio and at 37.6% from a new
+    rendering at another length scale: each pass showed the model the same frames. 0, 0: unchanged."""
+    if tempo <= 0 and local <= 0:
+        return feats
+    T = feats.shape[1]
+    overall = rng.uniform(1 - tempo, 1 + tempo) if tempo > 0 else 1.0
+    src = np.append(np.arange(0, T - 1, segment, dtype=np.float64), T - 1)  # segment bounds in source frames
+    rates = [overall * (rng.uniform(1 - local, 1 + local) if local > 0 else 1.0) for _ in range(len(src) - 1)]
+    dst = np.concatenate([[0.0], np.cumsum(np.diff(src) / np.array(rates))])  # where they land
+    pos = np.interp(np.arange(int(dst[-1]) + 1), dst, src)  # each output frame's place in the source
+    lo = np.minimum(pos.astype(np.int64), T - 1)
+    hi = np.minimum(lo + 1, T - 1)
+    frac = (pos - lo).astype(np.float32)
+    return feats[:, lo] * (1 - frac) + feats[:, hi] * frac
+
+
+def warp_vocal_tract(feats: np.ndarray, rng: random.Random, warp: float) -> np.ndarray:
+    """Vocal tract length perturbation (Jaitly & Hinton 2013) on log-mel [128, T] frames: every
+    frequency scaled by a factor drawn from 1 +- `warp` (a longer or shorter vocal tract moves the
+    formants together), each mel bin taking the value at its centre frequency / factor,
+    interpolated between the bins around it; above the top bin's centre, the top bin. Held-out
+    espeak-ng voices read 40 training texts at 18.8% WER, their training voices at 13.5%. 0: unchanged."""
+    if warp <= 0:
+        return feats
+    factor = rng.uniform(1 - warp, 1 + warp)
+    centres = mel_centres_hz(feats.shape[0])
+    src = np.interp(centres / factor, centres, np.arange(len(centres)))
+    lo = np.minimum(src.astype(np.int64), len(centres) - 1)
+    hi = np.minimum(lo + 1, len(centres) - 1)
+    frac = (src - lo).astype(np.float32)[:, None]
+    return feats[lo] * (1 - frac) + feats[hi] * frac
+
+
+def augment(feats: np.ndarray, rng: random.Random, opts: TrainOptions) -> np.ndarray:
+    """A training utterance's fp16 frames as one step sees them (float32): its pace warped, its
+    vocal tract warped, then SpecAugment's masks, each as `opts` sets it (0: off)."""
+    x = feats.astype(np.float32)
+    x = time_warp(x, rng, opts.tempo, opts.tempo_local)
+    x = warp_vocal_tract(x, rng, opts.vtlp)
+    return spec_augment(x, rng, opts.freq_mask, opts.time_mask)
 
 
 def text_batches(texts: list[TextExample], rng: random.Random, size: int, per_draw: int = 8):

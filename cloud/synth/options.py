@@ -33,6 +33,11 @@ class TrainOptions:
     # decoder learnt to guess what it did not hear, `audio_gain` fell 7.21 -> 6.47; off since); 0: none
     freq_mask: int = 16
     time_mask: int = 0
+    # the pace (`examples.time_warp`): a tempo of 1 +- `tempo` over the utterance, times 1 +- `tempo_local`
+    # every 0.25 s; the vocal tract (`examples.warp_vocal_tract`): frequencies scaled by 1 +- `vtlp`
+    tempo: float = 0.1
+    tempo_local: float = 0.15
+    vtlp: float = 0.1
     average_decay: float = 0.999  # evaluate and export an average of the weights (`averaging.py`); 0: the raw ones
     w_guide: float = 1.0  # guided attention (`guided_attention_loss`) while step < guide_steps
     w_match: float = 0.1  # encoder rows towards their phonemes' embeddings

@@ -55,7 +55,7 @@ from harken.cloud.synth.averaging import WeightAverage
 from harken.cloud.synth.evaluation import (audio_gain, evaluate, export_checkpoint, held_out_set, held_out_split,
                                            phoneme_hyps, phoneme_rate, plot_curve)
 from harken.cloud.synth.examples import (TARGET_PREFIX, Example, TextExample, Vocab, batches, corpus_shards,
-                                         load_examples, load_texts, phone_table_of, spec_augment, target_ids,
+                                         load_examples, load_texts, phone_table_of, augment, target_ids,
                                          text_batches, text_files)
 from harken.cloud.synth.options import TrainOptions, learning_rate
 from harken.cloud.synth.pieces import Pieces
@@ -429,6 +429,7 @@ def train(opts: TrainOptions, log=print) -> Path:
               "w_text": opts.w_text, "w_guide": opts.w_guide, "guide_steps": opts.guide_steps,
               "corrupt": opts.corrupt, "vocab_rows": len(vocab), "piper_repeat": opts.piper_repeat,
               "prose_repeat": opts.prose_repeat, "freq_mask": opts.freq_mask, "time_mask": opts.time_mask,
+              "tempo": opts.tempo, "tempo_local": opts.tempo_local, "vtlp": opts.vtlp,
               "average_decay": opts.average_decay, "text_batch": opts.text_batch,
               "decoder_layers": cfg.text.num_hidden_layers}
 
@@ -527,7 +528,7 @@ def train(opts: TrainOptions, log=print) -> Path:
             if step >= opts.steps or out_of_time():
                 break
             model.train()
-            feats = [spec_augment(e.feats.astype(np.float32), rng, opts.freq_mask, opts.time_mask) for e in group]
+            feats = [augment(e.feats, rng, opts) for e in group]
             batch = Batch([torch.from_numpy(f).to(opts.device) for f in feats],
                           [e.target for e in group], [e.phones for e in group], len(target_prefix),
                           opts.corrupt, opts.w_guide if step < opts.guide_steps else 0.0,
