@@ -214,7 +214,7 @@ def warp_vocal_tract(feats: np.ndarray, rng: random.Random, warp: float) -> np.n
     """Vocal tract length perturbation (Jaitly & Hinton 2013) on log-mel [128, T] frames: every
     frequency scaled by a factor drawn from 1 +- `warp` (a longer or shorter vocal tract moves the
     formants together), each mel bin taking the value at its centre frequency / factor,
-    interpolated between the bins around it; above the top bin's centre, the top bin. Held-out
+    interpolated between the bins around it; beyond the outer bins' centres, the outer bins. Held-out
     espeak-ng voices read 40 training texts at 18.8% WER, their training voices at 13.5%. 0: unchanged."""
     if warp <= 0:
         return feats
