@@ -107,7 +107,7 @@ TRAIN_DIR ?= ../synth-run
 # --wordnet-texts/--wordnet-utterances (from step 71,074): WordNet's usage examples, more distinct text
 # --text-batch 16 (from step ~71,300; 4 before): the decoder reading texts from their phonemes is
 # where held-out prose fails (41% WER on held-out fortunes with no encoder at all)
-# --piper-repeat 3 (from step 86,809; 2 before): the Piper voice is the larger error and, with each
+# --piper-repeat 3 (from step 87,001; 2 before): the Piper voice is the larger error and, with each
 # drawing warped anew, seeing its utterances more often no longer means learning their audio by heart
 TRAIN_ARGS ?= --utterances 16000 --prose-utterances 8000 --phrases 8000 --texts 20000 --wordnet-texts 40000 \
 	--wordnet-utterances 4000 --text-batch 16 --lr 1e-3 --lr-hold 5000 --eval-every 400 \
