@@ -105,12 +105,13 @@ TRAIN_DIR ?= ../synth-run
 # core, so the resumed model does not go round its first shards again and again while it is built.
 # --prose-utterances (from step 46,920): spoken fortunes and verses, where the model is weakest
 # --wordnet-texts/--wordnet-utterances (from step 71,074): WordNet's usage examples, more distinct text
-# --text-batch 16 (from step ~71,300; 4 before): the decoder reading texts from their phonemes is
-# where held-out prose fails (41% WER on held-out fortunes with no encoder at all)
+# --text-batch 16 (from step ~71,300; 4 before), 24 from step ~90,900: the decoder reading texts from
+# their phonemes is where held-out prose fails (41% WER on held-out fortunes with no encoder at all;
+# at 86,809 many errors are misspelt pieces of words the training text has)
 # --piper-repeat 3 (from step 87,001; 2 before): the Piper voice is the larger error and, with each
 # drawing warped anew, seeing its utterances more often no longer means learning their audio by heart
 TRAIN_ARGS ?= --utterances 16000 --prose-utterances 8000 --phrases 8000 --texts 20000 --wordnet-texts 40000 \
-	--wordnet-utterances 4000 --text-batch 16 --lr 1e-3 --lr-hold 5000 --eval-every 400 \
+	--wordnet-utterances 4000 --text-batch 24 --lr 1e-3 --lr-hold 5000 --eval-every 400 \
 	--eval-n 40 --threads 2 --workers $(shell nproc) --corpus-first --steps 1000000 --piper-repeat 3
 # jemalloc, not glibc's malloc: an hour into a run (a 9 GB heap of examples and texts) 27% of the
 # trainer's samples were in glibc's posix_memalign under torch's CPU allocator; with jemalloc a
