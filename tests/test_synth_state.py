@@ -149,13 +149,16 @@ def test_a_run_resumes_from_a_packed_state_with_its_step_weights_and_curve(tmp_p
         {k.replace("layers.0.", "layers.1.") for k in c_state["model"] if k.startswith("layers.0.")}
     log = [json.loads(line) for line in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [2, 3, 4]
-    # --no-build: what is built is trained on and nothing more is built, whatever the sizes ask
+    # --no-build: what is built is trained on and nothing more is built, whatever the sizes ask; and
+    # without --decoder-layers the grown run keeps its own depth (the plain `make train` goes on)
     files = sorted(p.name for p in b_corpus.iterdir())
-    as_built = _train(tmp_path / "b", "--steps", "5", "--corpus", str(b_corpus), "--decoder-layers", "2",
+    as_built = _train(tmp_path / "b", "--steps", "5", "--corpus", str(b_corpus),
                       "--no-build", "--utterances", "2000", "--texts", "900")
     assert as_built.returncode == 0, as_built.stderr[-2000:]
     assert sorted(p.name for p in b_corpus.iterdir()) == files
-    assert torch.load(tmp_path / "b" / "state.pt", weights_only=False)["step"] == 5
+    e_state = torch.load(tmp_path / "b" / "state.pt", weights_only=False)
+    assert e_state["step"] == 5 and e_state["recipe"]["decoder_layers"] == 2 and "decoder grown" not in as_built.stderr
+    assert e_state["model"].keys() == d_state["model"].keys()
     nothing = _train(tmp_path / "c", "--steps", "1", "--corpus", str(tmp_path / "empty"), "--no-build")
     assert nothing.returncode != 0 and "has no utterance shard yet" in nothing.stderr
     assert "Traceback" not in nothing.stderr

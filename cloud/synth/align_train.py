@@ -322,7 +322,6 @@ def train_aligner(opts: AlignTrainOptions, log=print) -> dict:
     if not examples:
         raise HarkenError("the align corpus is empty")
     tok = Tokenizer.from_dir(_tokenizer_dir(out))
-    cfg = tiny_train_config() if opts.tiny else synth_en_config()
     eval_items = held_out_items(opts.eval_n)
     word_ids = {t for ex in examples for w in ex.words for t in tok.encode(w)}
     word_ids |= {t for _, text, _ in eval_items for w in split_words(text) for t in tok.encode(w)}  # rows only
@@ -334,6 +333,9 @@ def train_aligner(opts: AlignTrainOptions, log=print) -> dict:
     if resume is None and not opts.tiny and opts.init_from != "none":
         init = warm.load() if opts.init_from in (None, "repo") else torch.load(opts.init_from, map_location="cpu",
                                                                                 weights_only=False)
+    depth = growth.decoder_layers_of((resume or init or {}).get("model", {}))  # synth-en's, however deep it grew
+    layers = {"decoder_layers": depth} if depth else {}
+    cfg = tiny_train_config(**layers) if opts.tiny else synth_en_config(**layers)
     vocab = sorted(word_ids | set(specials) | set(init["vocab"] if init else []) | set(resume["vocab"] if resume else []))
     model = AlignTrainee(cfg, vocab, SYNTH_CLASSIFY_NUM, opts.seed).to(opts.device)
     opt = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=0.01)
@@ -344,7 +346,6 @@ def train_aligner(opts: AlignTrainOptions, log=print) -> dict:
         step, history = resume["step"], resume.get("history", [])
         log(f"resumed at step {step}")
     elif init is not None:
-        growth.fit(init, cfg.text.num_hidden_layers)  # a state from before synth-en's decoder grew
         log(f"initialised {model.warm_start(init)} tensors from synth-en (step {init.get('step')})")
     log(f"{len(examples)} utterances ({sum(e.feats.shape[1] for e in examples) / 360000:.2f} h), "
         f"{sum(len(e.words) for e in examples)} words; {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "

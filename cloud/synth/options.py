@@ -51,7 +51,7 @@ class TrainOptions:
     cooldown: int = 0
     guide_steps: int = 12000
     tiny: bool = False
-    decoder_layers: int | None = None  # None: the config's (`synth_en_config`); a saved run shallower is grown
+    decoder_layers: int | None = None  # None: a saved run's own depth, else the config's; a shallower saved run is grown
     max_shards: int | None = None
     device: str = "cpu"  # "cuda" when a GPU is lent: the same run in minutes
     init_from: Path | None = None  # a new run starts from another run's state.pt (`warm_start`)

@@ -334,8 +334,6 @@ def train(opts: TrainOptions, log=print) -> Path:
     torch.set_num_threads(opts.threads)
     out = opts.out
     out.mkdir(parents=True, exist_ok=True)
-    layers = {} if opts.decoder_layers is None else {"decoder_layers": opts.decoder_layers}
-    cfg = tiny_train_config(**layers) if opts.tiny else synth_en_config(**layers)
     tok_dir = out / "checkpoint"
     if not (tok_dir / "tokenizer.json").exists():
         from harken.cloud.model.tiny import write_tokenizer_files
@@ -358,6 +356,10 @@ def train(opts: TrainOptions, log=print) -> Path:
                                       f"{config_name}")
         if saved is not None and not (out / "log.jsonl").exists():  # the curve goes on from the earlier sessions
             (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in warm.history(saved["meta"])))
+    # the depth: --decoder-layers, else the saved run's own (grown once, it stays grown), else the config's
+    depth = opts.decoder_layers or (growth.decoder_layers_of(saved["model"]) if saved else 0)
+    layers = {"decoder_layers": depth} if depth else {}
+    cfg = tiny_train_config(**layers) if opts.tiny else synth_en_config(**layers)
     grown = growth.fit(saved, cfg.text.num_hidden_layers) if saved else None
     prior = saved or init
     table: dict[str, int] = dict(prior["phones"]) if prior else phone_table_of(shards[:1])
