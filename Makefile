@@ -110,9 +110,13 @@ TRAIN_DIR ?= ../synth-run
 # at 86,809 many errors are misspelt pieces of words the training text has)
 # --piper-repeat 3 (from step 87,001; 2 before): the Piper voice is the larger error and, with each
 # drawing warped anew, seeing its utterances more often no longer means learning their audio by heart
+# --average-decay 0.9997 (from step 99,817; 0.999 before): the uniform mean of the three committed states
+# 94,002, 96,804 and 99,607 read 15.9% on the 300 against 16.2% for 99,607's own 1,000-step average,
+# so the measured and packed weights average ~3,300 steps
 TRAIN_ARGS ?= --utterances 16000 --prose-utterances 8000 --phrases 8000 --texts 20000 --wordnet-texts 40000 \
 	--wordnet-utterances 4000 --text-batch 24 --lr 1e-3 --lr-hold 5000 --eval-every 400 \
-	--eval-n 40 --threads 2 --workers $(shell nproc) --corpus-first --steps 1000000 --piper-repeat 3
+	--eval-n 40 --threads 2 --workers $(shell nproc) --corpus-first --steps 1000000 --piper-repeat 3 \
+	--average-decay 0.9997
 # jemalloc, not glibc's malloc: an hour into a run (a 9 GB heap of examples and texts) 27% of the
 # trainer's samples were in glibc's posix_memalign under torch's CPU allocator; with jemalloc a
 # step took 0.43 s against 0.75 s (2026-11-28, py-spy --native, steps counted over a minute). The
