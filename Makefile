@@ -110,7 +110,7 @@ TRAIN_DIR ?= ../synth-run
 # at 86,809 many errors are misspelt pieces of words the training text has)
 # --piper-repeat 3 (from step 87,001; 2 before): the Piper voice is the larger error and, with each
 # drawing warped anew, seeing its utterances more often no longer means learning their audio by heart
-# --average-decay 0.9997 (from step 99,817; 0.999 before): the uniform mean of the three committed states
+# --average-decay 0.9997 (from step 99,974; 0.999 before): the uniform mean of the three committed states
 # 94,002, 96,804 and 99,607 read 15.9% on the 300 against 16.2% for 99,607's own 1,000-step average,
 # so the measured and packed weights average ~3,300 steps
 TRAIN_ARGS ?= --utterances 16000 --prose-utterances 8000 --phrases 8000 --texts 20000 --wordnet-texts 40000 \
