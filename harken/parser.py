@@ -240,9 +240,9 @@ def _train_parser(sub: Subparsers) -> None:
                    help="synth-en: the learning rate falls linearly to 0 over the last N steps before --steps "
                         "(a branch of a run, e.g. to measure what a cooldown gives before shipping; default 0)")
     s.add_argument("--decoder-layers", type=int, metavar="N",
-                   help="the decoder's depth (default: the saved run's, else synth-en 6, --tiny 1); a saved run with fewer layers is "
-                        "grown to N by zeroed copies of its layers, which compute the same function, and goes on "
-                        "with a fresh optimiser")
+                   help="the decoder's depth (default: the saved run's, else synth-en 6, --tiny 1); a saved run "
+                        "with fewer layers is grown to N by zeroed copies of its layers, which compute the same "
+                        "function, and goes on with a fresh optimiser")
     s.add_argument("--average-decay", type=float, default=0.999, metavar="D",
                    help="synth-en: evaluate, export and pack an exponential moving average of the weights "
                         "with this decay per step (default 0.999; 0: the raw weights)")
