@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: demo test typecheck test-gpu bench proto sysdeps venv clean web setup-vllm test-vllm \
+.PHONY: ship demo test typecheck test-gpu bench proto sysdeps venv clean web setup-vllm test-vllm \
 	train train-device device-carry pack-state bench-device
 
 $(STAMP): pyproject.toml Makefile
@@ -130,6 +130,12 @@ pack-state: $(STAMP)
 	@# [h]: the pattern must not match this recipe's own shell, whose command line holds it too
 	-pkill -TERM -f "[h]arken train synth-en $(TRAIN_DIR) " && while pgrep -f "[h]arken train synth-en $(TRAIN_DIR) " >/dev/null; do sleep 2; done
 	$(VENV)/bin/harken train synth-en $(TRAIN_DIR) --pack
+
+# Ship (issue 25: when `harken eval` on the run's averaged checkpoint reads held-out WER <= 15%):
+# pack TRAIN_DIR/checkpoint into cloud/synth/synth-en.safetensors.zst + synth-en.json (fp16, zstd
+# 19), the files `--model synth-en` unpacks.
+ship: $(STAMP)
+	$(VENV)/bin/python -m harken.cloud.model.shipped $(TRAIN_DIR)/checkpoint
 
 # A lent GPU (the device tool): `make device-carry` here gathers what the device image lacks into
 # .device-carry/ (espeak-ng's .debs, wheels for its Python 3.12, the corpus text, the held-out

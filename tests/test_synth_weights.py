@@ -200,3 +200,37 @@ def test_model_synth_en_without_shipped_files_is_one_clear_error(tmp_path, monke
     monkeypatch.setenv("HARKEN_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ModelError, match="not in this checkout"):
         Checkpoint.open(SYNTH_EN)
+
+
+# --- the packing command --------------------------------------------------------------------------
+
+
+def test_packing_command_writes_what_pack_writes(root, original, shipped):
+    """`python -m harken.cloud.model.shipped CHECKPOINT_DIR OUT_DIR` (what `make ship` and the error
+    above name) packs the same tensors as `pack`, at the shipped compression level."""
+    import subprocess
+    import sys
+
+    out = root / "by_command"
+    r = subprocess.run([sys.executable, "-m", "harken.cloud.model.shipped", str(original), str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert str(out / WEIGHTS_FILE) in r.stdout
+    meta, want = json.loads((out / META_FILE).read_text()), json.loads((shipped / META_FILE).read_text())
+    assert {k: v for k, v in meta.items() if k != "harken_sha256"} == \
+        {k: v for k, v in want.items() if k != "harken_sha256"}
+    assert meta["harken_sha256"] == hashlib.sha256((out / WEIGHTS_FILE).read_bytes()).hexdigest()
+    got = ensure_synth_en(source_dir=out, cache_root=root / "cache_by_command")
+    a, b = load_file(str(got / "model.safetensors")), load_file(str(original / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k].half().float()) for k in b)
+
+
+def test_packing_command_on_a_missing_checkpoint_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "harken.cloud.model.shipped", str(tmp_path / "nope")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "nope").exists()

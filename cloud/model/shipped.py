@@ -17,7 +17,7 @@ directory; a stale one is never reused.
 
 Packing a trained checkpoint (e.g. OUTDIR/checkpoint of `harken train synth-en`):
 
-    python -m harken.cloud.synth.weights OUTDIR/checkpoint
+    python -m harken.cloud.model.shipped OUTDIR/checkpoint
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def _read_meta(src: Path) -> dict:
         missing = weights if meta_path.exists() else meta_path
         raise ModelError(f"the synth-en weights are not in this checkout ({missing} is missing); "
                          f"use another --model, or pack a trained checkpoint with "
-                         f"`python -m harken.cloud.synth.weights CHECKPOINT_DIR`")
+                         f"`python -m harken.cloud.model.shipped CHECKPOINT_DIR`")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -178,18 +178,18 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m harken.cloud.synth.weights CHECKPOINT_DIR [OUT_DIR]`: pack and print the sizes."""
+    """`python -m harken.cloud.model.shipped CHECKPOINT_DIR [OUT_DIR]`: pack and print the sizes."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (1, 2):
         print(__doc__.strip().splitlines()[0], file=sys.stderr)
-        print("usage: python -m harken.cloud.synth.weights CHECKPOINT_DIR [OUT_DIR]", file=sys.stderr)
+        print("usage: python -m harken.cloud.model.shipped CHECKPOINT_DIR [OUT_DIR]", file=sys.stderr)
         return 2
     from harken.shared.errors import HarkenError
 
     try:
         out = pack(args[0], args[1] if len(args) == 2 else SHIPPED_DIR)
     except HarkenError as e:
-        print(f"harken.cloud.synth.weights: error: {e}", file=sys.stderr)
+        print(f"harken.cloud.model.shipped: error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB) and {out.with_name(META_FILE)}")
     return 0
