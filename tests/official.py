@@ -100,3 +100,23 @@ def use_windowed_attention(model):
     AttentionInterface.register(WINDOWED_ATTENTION, windowed)
     tower.config._attn_implementation = WINDOWED_ATTENTION
     return model
+
+
+EOS = (151645, 151643)  # <|im_end|>, <|endoftext|>
+
+
+def official_generate(off, wav, language: str | None, context: str, max_new_tokens: int):
+    """The official transformers-backend path of `transcribe()` for one item (`off` a
+    Qwen3ASRModel, `wav` 16 kHz float32), keeping the ids: (prompt ids, generated ids without the
+    final EOS)."""
+    from harken.cloud.model.prompt import forced_language
+
+    text = off._build_text_prompt(context=context, force_language=forced_language(language))
+    inputs = off.processor(text=[text], audio=[wav], return_tensors="pt", padding=True)
+    inputs = inputs.to(off.model.device).to(off.model.dtype)
+    seq = off.model.generate(**inputs, max_new_tokens=max_new_tokens).sequences[0]
+    prompt = inputs["input_ids"][0].tolist()
+    new = seq[len(prompt):].tolist()
+    if new and new[-1] in EOS:
+        new = new[:-1]
+    return prompt, new

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from official import official_model, use_windowed_attention
+from official import official_generate, official_model, use_windowed_attention
 from signals import SR, concat, noise, silence, speech
 
 from harken.cloud.model.asr import Qwen3ASR
@@ -39,7 +39,6 @@ from harken.cloud.model.tokenizer import Tokenizer
 from harken.shared.errors import ModelError
 
 MAX_NEW = 24
-EOS = (151645, 151643)
 
 
 # --- fixtures -------------------------------------------------------------------------------------
@@ -119,21 +118,6 @@ def official_features(off, wav: np.ndarray) -> np.ndarray:
     out = off.processor.feature_extractor(wav, sampling_rate=SR, padding=True, truncation=False,
                                           return_attention_mask=True, return_tensors="np")
     return out["input_features"][0][:, :int(out["attention_mask"][0].sum())]
-
-
-def official_generate(off, wav: np.ndarray, language: str | None, context: str):
-    """The official transformers-backend path of `transcribe()` for one item, keeping the ids:
-    (prompt ids, generated ids without the final EOS)."""
-    lang = forced_language(language)
-    text = off._build_text_prompt(context=context, force_language=lang)
-    inputs = off.processor(text=[text], audio=[wav], return_tensors="pt", padding=True)
-    inputs = inputs.to(off.model.device).to(off.model.dtype)
-    seq = off.model.generate(**inputs, max_new_tokens=MAX_NEW).sequences[0]
-    prompt = inputs["input_ids"][0].tolist()
-    new = seq[len(prompt):].tolist()
-    if new and new[-1] in EOS:
-        new = new[:-1]
-    return prompt, new
 
 
 # --- prompt and parsing ---------------------------------------------------------------------------
@@ -332,7 +316,7 @@ def test_transcribe_token_ids_match_official(pair, audio):
         assert ours_feats.shape == feats.shape
         assert np.abs(ours_feats - feats).max() <= 1e-4, name
         for language, context in REQUESTS:
-            _, expected = official_generate(off, wav, language, context)
+            _, expected = official_generate(off, wav, language, context, MAX_NEW)
             got = asr.transcribe(feats, language=language, context=context)
             assert got.token_ids == expected, (name, language)
             # text and language as official transcribe() makes them from this generation

@@ -48,6 +48,19 @@ def export_checkpoint(model: Trainee, out: Path) -> Path:
     return out
 
 
+def export_state(state: dict[str, Any], out: Path) -> Path:
+    """A saved run state (`state.load()`'s warm start, or OUTDIR/state.pt) as an official-layout
+    checkpoint directory, at the depth its decoder has: what `harken eval --model DIR` reads."""
+    from harken.cloud.synth import growth
+    from harken.cloud.synth.examples import Vocab
+    from harken.cloud.synth.train import Trainee, synth_en_config
+
+    cfg = synth_en_config(growth.decoder_layers_of(state["model"]))
+    model = Trainee(cfg, Vocab(state["vocab"], cfg.text.vocab_size), len(state["phones"]), 0)
+    model.load_state_dict(state["model"], strict=True)
+    return export_checkpoint(model, out)
+
+
 # --- evaluation ---------------------------------------------------------------------------------
 
 @dataclass
