@@ -113,6 +113,36 @@ def test_silence_header():
     assert split_header("language None<asr_text>", None, False) == ("", "")
 
 
+def test_intermediate_commits_wait_for_a_spoken_header():
+    """Never a commit that ends inside the header or on a silence header: the model would be forced
+    to go on from it (`language` then not a language; `language None` then the speech)."""
+    text = ItemText(token_bytes, None)
+    assert text.committable([0, 1, 3, 4], 1) == 0  # "language"
+    assert text.committable([0, 1, 3, 4], 2) == 0  # "language English"
+    assert text.committable([0, 1, 3, 4], 3) == 3  # "language English<asr_text>": a spoken header
+    assert text.committable([0, 2, 3, 4], 3) == 0  # "language None<asr_text>": silence so far
+    assert text.committable([0, 2, 3, 4], 4) == 0
+    assert text.committable([17, 18, 1], 1) == 0  # "lang" may still become "language"
+    assert text.committable([4, 5, 6], 2) == 2  # no header at all: text
+    text.update([0, 1, 3], [], False)  # once the header is committed, the rule's count stands
+    assert text.committable([2, 3], 1) == 1
+    assert ItemText(token_bytes, "English").committable([0, 2], 1) == 1  # a forced language: all text
+
+
+@given(tokens, tokens, st.integers(0, 30))
+@settings(max_examples=300, deadline=None)
+def test_committable_is_all_or_nothing_and_never_ends_in_a_header(done, hyp, n):
+    text = ItemText(token_bytes, None)
+    text.update(done, [], False)
+    n = min(n, len(hyp))
+    got = text.committable(hyp, n)
+    assert got in (0, n)
+    if got and text.language is None:
+        raw = b"".join(token_bytes(t) for t in done + hyp[:n]).decode("utf-8", errors="replace")
+        language, _ = split_header(raw, None, False)
+        assert language or (language == "" and "<asr_text>" not in raw)
+
+
 def test_helpers():
     assert join_texts("a", "b") == " " and join_texts("你", "好") == "" and join_texts("", "x") == ""
     assert compose_context("hot words", "before") == "hot words\nbefore"

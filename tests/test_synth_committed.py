@@ -77,3 +77,11 @@ def test_committed_weights_recognise_held_out_meeting_talk(checkpoint, held_out)
     hyps = [asr.transcribe(log_mel(held_out[i][1]).astype(np.float32), limits=DecodeLimits()).text
             for i in MEETING]
     assert wer(refs, hyps) <= 0.15, list(zip(refs, hyps))
+
+
+def test_synth_en_streams_with_the_callers_context_only(tmp_path, monkeypatch):
+    """synth-en was trained with an empty system turn: a stream carries no earlier text into it
+    (with it, the sample's third sentence came out as `languageA the`); other models do."""
+    monkeypatch.setenv("HARKEN_CACHE", str(tmp_path))
+    assert Qwen3ASR.load("synth-en", dtype="fp32", device="cpu").reads_context is False
+    assert Qwen3ASR.load("tiny", dtype="fp32", device="cpu").reads_context is True

@@ -12,7 +12,9 @@ Rules (see `CommitPolicy.decide`):
 - "local-agreement" (default): commit the longest common prefix of this hypothesis and the previous
   one, but never any of the last `rollback_tokens` of this hypothesis;
 - "rollback-only" (what the official streaming does): commit all but the last `rollback_tokens`.
-Committed tokens are forced into the prompt afterwards, so they are never retracted.
+Committed tokens are forced into the prompt afterwards, so they are never retracted; hence an
+intermediate commit never ends inside the language header, nor on one that says silence
+(`ItemText.committable`): the final pass decides those.
 
 Text: the language header the model writes when no language is forced (`language English<asr_text>`)
 is part of the token stream but not of the text; `language None<asr_text>` means silence. The
@@ -196,6 +198,20 @@ class ItemText:
             raw = data[:complete_utf8_length(data)].decode("utf-8", errors="replace")
         language, body = split_header(raw, self.forced_language, final)
         return language, body.lstrip()
+
+    def committable(self, hypothesis: Sequence[int], n: int) -> int:
+        """How many of the `n` tokens a rule would commit may be committed by an intermediate
+        update: all of them, or none while they would end the committed tokens inside the language
+        header or on a header that says silence (`language None`, or one nothing can read). Committed
+        tokens are forced into every later pass, so a header committed early (speech may still
+        start) would make the model go on from a wrong or half-written header."""
+        if n == 0 or self.language is not None:  # forced, or the committed tokens settled it
+            return n
+        raw = (bytes(self.committed_bytes) + self.bytes_of(hypothesis[:n])).decode("utf-8", errors="replace")
+        language, _ = split_header(raw, None, final=False)
+        if language is None or (language == "" and ASR_TEXT in raw):
+            return 0
+        return n
 
     def update(self, new_committed: Sequence[int], hypothesis: Sequence[int], final: bool) -> TextView:
         """Add newly committed tokens; `hypothesis` is what stays uncommitted (for the partial).

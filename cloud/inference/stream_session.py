@@ -346,6 +346,8 @@ class StreamSession:
         """The user's context plus the carried committed text, the carried part shortened from its
         start until the system turn fits `MAX_CONTEXT_TOKENS`."""
         user, tail = self.state.options.context, self.state.context_tail
+        if not self.asr.reads_context:  # synth-en: the caller's context only
+            tail = ""
         while True:
             context = compose_context(user, tail)
             n = len(self.asr.tokenizer.encode(prompt_text_parts(context, None)[0]))
@@ -415,7 +417,8 @@ class StreamSession:
         if job.final:
             n = len(hyp)
         elif job.commits:
-            n = self.policy.decide(hyp, item.previous)
+            assert item.text is not None  # set when the item starts
+            n = item.text.committable(hyp, self.policy.decide(hyp, item.previous))
         else:
             n = 0
         stab = _stability(hyp, item.previous, n)

@@ -52,6 +52,9 @@ class Qwen3ASR:
         self.eos_ids = (tokenizer.token_id(IM_END), tokenizer.token_id(ENDOFTEXT))
         self._cache: KVCache | None = None  # one slot, regrown only when a request needs more
         self.source = ""  # what it was loaded from (`--model`: "tiny", a Hub id, a dir); "" if built here
+        # whether a stream's earlier committed text may go into its next item's context: synth-en
+        # was trained with an empty system turn only, and context text throws it off
+        self.reads_context = True
 
     @classmethod
     def load(cls, model: str = DEFAULT_MODEL, dtype: str | torch.dtype | None = None,
@@ -77,6 +80,7 @@ class Qwen3ASR:
             raise ModelError(f"{ckpt.path}: weights do not fit the config ({str(e).splitlines()[0][:200]})") from e
         asr = cls(cfg, encoder, decoder, tokenizer, max_new_tokens=max_new_tokens)
         asr.source = model
+        asr.reads_context = model != SYNTH_EN
         return asr
 
     def describe(self) -> dict:
