@@ -20,7 +20,7 @@ from harken.shared.features_spec import SAMPLE_RATE
 
 PIECE_S = 0.1
 SYNTH_EN_BANNER = (
-    "harken demo: Qwen/Qwen3-ASR-0.6B is not available here, so this runs synth-en, harken's own 22 MB "
+    "harken demo: Qwen/Qwen3-ASR-0.6B is not available here, so this runs synth-en, harken's own 19 MB "
     "Qwen3-ASR trained on synthetic English speech (a test instrument, not the real model).")
 TINY_DEMO_BANNER = (
     "harken demo: Qwen/Qwen3-ASR-0.6B is not available here (no cache, no network), so this runs the\n"
