@@ -11,8 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from harken.cloud.synth import corpus, speech
 from harken.cloud.synth import state as warm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,9 +35,6 @@ def _size(paths: list[Path]) -> int:
     return sum(p.stat().st_size for p in paths if p.is_file() and not p.is_symlink())
 
 
-@pytest.mark.xfail(strict=True, reason="known failure since synth-en shipped (2026-11-30): the 19.1 MB of "
-                   "shipped weights travel with the tree, so tree + carry is ~74 MB at the warm-start cap, "
-                   "over the device's 64 MiB; the carry must shrink by ~11 MB (issue 25 stays open for it)")
 def test_what_the_device_call_carries_stays_under_60_mib(carry):
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                             capture_output=True, check=True).stdout.split(b"\0")
@@ -43,6 +42,7 @@ def test_what_the_device_call_carries_stays_under_60_mib(carry):
     carried = _size(list(carry.rglob("*")))
     assert any((carry / "debs").glob("libjemalloc2_*.deb"))
     assert any((carry / "debs").glob("espeak-ng_*.deb")) and len(list((carry / "wheels").glob("*.whl"))) >= 5
+    assert not any((carry / "wheels").glob("zstandard-*.whl"))  # 5.5 MB; backports.zstd's is 0.5
     assert any("cp312" in w.name for w in (carry / "wheels").glob("*.whl"))  # for the device's Python
     # the warm-start state may grow to its 16 MiB cap: count the cap, not today's size
     ws_now = _size(list(warm.WARMSTART_DIR.glob("*"))) if warm.WARMSTART_DIR.exists() else 0
@@ -53,7 +53,7 @@ def test_what_the_device_call_carries_stays_under_60_mib(carry):
 def _device_run(tmp: Path, out: Path, carry: Path, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "deploy/device/train.sh"], cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "PY": sys.executable, "CARRY": str(carry), "PREFIX": str(tmp / "prefix"),
-                               "RUN": str(tmp / "run"), "OUT": str(out), "TOY": "1", "EVAL_N": "2", **env})
+                               "RUN": str(tmp / "run"), "OUT": str(out), "TOY": "1", "EVAL_N": "3", **env})
 
 
 GLIBC = ("linux-vdso.so", "libc.so", "libm.so", "ld-linux-x86-64.so", "libpthread.so", "libdl.so", "librt.so")
@@ -77,6 +77,21 @@ def _libraries_outside(prefix: Path) -> list[str]:
     return outside
 
 
+def _speaks_like_the_full_espeak_ng(carried: Path) -> None:
+    """The carried espeak-ng, its data cut to English (deploy/device/carry.sh), gives the same audio,
+    byte for byte, as this machine's with Debian's whole espeak-ng-data, in every accent the corpus
+    speaks and across its variants; and it has no other language."""
+    text = "Please add Ravi to the data channel at 11:20 am: $1,234, the 3rd of May."
+    for k, accent in enumerate(speech.ESPEAK_ACCENTS):
+        for variant in ("", speech.ESPEAK_VARIANTS[1 + k % 7], speech.ESPEAK_VARIANTS[8 + k % 5]):
+            voice = f"{accent}+{variant}" if variant else accent
+            args = ["-v", voice, "-s", "170", "-p", "40", "--stdout", "--", text]
+            here = subprocess.run(["espeak-ng", *args], capture_output=True, check=True).stdout
+            there = subprocess.run([str(carried), *args], capture_output=True, check=True).stdout
+            assert len(here) > 10_000 and here == there, voice
+    assert subprocess.run([str(carried), "-v", "de", "--stdout", "hallo"], capture_output=True).stdout == b""
+
+
 def test_train_device_runs_at_toy_size_and_resumes_what_it_wrote(tmp_path, carry):
     first = _device_run(tmp_path / "one", tmp_path / "out1", carry)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -89,6 +104,17 @@ def test_train_device_runs_at_toy_size_and_resumes_what_it_wrote(tmp_path, carry
     assert "train-device: allocator jemalloc" in device
     assert "allocator: jemalloc" in (out / "train.log").read_text()
     assert _libraries_outside(tmp_path / "one" / "prefix") == []
+    _speaks_like_the_full_espeak_ng(tmp_path / "one" / "prefix" / "bin" / "espeak-ng")
+    # the held-out set there: the Piper-voiced features as carried, the espeak-ng ones rendered there
+    # with the carried espeak-ng (English data alone) exactly as here with Debian's whole package
+    held = corpus.read_held_out()[:3]
+    assert [u.recipe.voice == speech.PIPER for u in held] == [True, True, False]
+    with np.load(carry / "heldout-40.npz") as z:
+        assert "f2" not in z.files
+        carried = {k: z[k] for k in ("f0", "f1")}
+    with np.load(tmp_path / "one" / "run" / "heldout-3.npz") as z:
+        assert np.array_equal(z["f0"], carried["f0"]) and np.array_equal(z["f1"], carried["f1"])
+        assert np.array_equal(z["f2"], corpus.render_features(held[2].recipe).astype(np.float16))
     meta = warm.read_meta(out / "warmstart")
     assert meta is not None and meta["step"] == 2 and meta["heldout_wer_step"] == 2
     assert meta["recipe"]["config"] == "tiny" and meta["machine"].startswith("cpu")

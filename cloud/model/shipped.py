@@ -84,10 +84,9 @@ def _to_fp16(name: str, t: torch.Tensor) -> torch.Tensor:
 
 
 def _compress(data: bytes, level: int) -> bytes:
-    import zstandard
+    from harken.cloud import zstd
 
-    # single-threaded (a training run may own the other cores); the frame records its content size
-    return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(data)
+    return zstd.compress(data, level)
 
 
 # --- unpacking ----------------------------------------------------------------------------------
@@ -163,11 +162,11 @@ def _unpack(weights: Path, meta: dict, out: Path) -> None:
 
 
 def _decompress(data: bytes) -> bytes:
-    import zstandard
+    from harken.cloud import zstd
 
     try:
-        return zstandard.ZstdDecompressor().decompress(data)
-    except zstandard.ZstdError as e:
+        return zstd.decompress(data)
+    except zstd.ZstdError as e:
         raise ModelError(f"{WEIGHTS_FILE}: not a zstd frame ({e})") from e
 
 

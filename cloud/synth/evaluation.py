@@ -74,19 +74,24 @@ class HeldOut:
 
 
 def held_out_set(out: Path, n: int, table: dict[str, int]) -> HeldOut:
-    """The held-out utterances' features from OUTDIR/heldout-N.npz (any rendered copy of at least n:
-    a lent GPU gets one, it has no Piper voice), else rendered here and saved there."""
+    """The held-out utterances' features from OUTDIR/heldout-N.npz (any rendered copy of at least n),
+    else rendered here and saved there. A copy may hold some of them only (a lent GPU gets the
+    Piper-voiced ones, as it has no Piper voice: deploy/device/carry_parts.py): the rest are
+    rendered here and the whole set saved."""
     from harken.cloud.synth import corpus, speech
 
     held = corpus.read_held_out()[:n]
     rendered = sorted((p for p in out.glob("heldout-*.npz") if p.stem.split("-")[1].isdigit()
                        and int(p.stem.split("-")[1]) >= len(held)), key=lambda p: int(p.stem.split("-")[1]))
+    found: dict[int, np.ndarray] = {}
     if rendered:
         with np.load(rendered[0]) as z:
-            feats = [z[f"f{i}"] for i in range(len(held))]
-    else:
-        feats = [corpus.render_features(u.recipe).astype(np.float16) for u in held]
-        np.savez(out / f"heldout-{n}.npz", **{f"f{i}": f for i, f in enumerate(feats)})
+            found = {i: z[f"f{i}"] for i in range(len(held)) if f"f{i}" in z.files}
+    feats = [found[i] if i in found else corpus.render_features(u.recipe).astype(np.float16)
+             for i, u in enumerate(held)]
+    if len(found) < len(held):
+        whole: dict[str, Any] = {f"f{i}": f for i, f in enumerate(feats)}
+        np.savez(out / f"heldout-{n}.npz", **whole)
     return HeldOut(feats, [u.recipe.text for u in held], [voice_family(u.recipe.voice) for u in held],
                    [u.source for u in held],
                    [[table[c] for c in speech.phonemes(u.recipe.text, u.recipe.voice) if c in table] for u in held])

@@ -81,7 +81,7 @@ def pack(state: dict[str, Any], meta: dict[str, Any], out_dir: Path = WARMSTART_
     run's facts (step, WER, recipe, history, ...). Returns the directory and the bytes written. A
     state over `MAX_BYTES` is an error, not a silent truncation. `fmt` 1 writes the fp16 planes of
     earlier sessions (for the tests that read them)."""
-    import zstandard
+    from harken.cloud import zstd
 
     model: dict[str, torch.Tensor] = state["model"]
     index, blobs, offset = {}, [], 0
@@ -96,7 +96,7 @@ def pack(state: dict[str, Any], meta: dict[str, Any], out_dir: Path = WARMSTART_
         index[name] = {"shape": list(t.shape), "offset": offset, "bytes": len(blob)}
         blobs.append(blob)
         offset += len(blob)
-    data = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True).compress(b"".join(blobs))
+    data = zstd.compress(b"".join(blobs), ZSTD_LEVEL)
     full = {"format": fmt, **meta, "step": int(state["step"]), "frames_seen": int(state.get("frames_seen", 0)),
             "vocab": [int(i) for i in state["vocab"]], "phones": [list(p) for p in state["phones"]],
             "tensors": index, "sha256": hashlib.sha256(data).hexdigest()}
@@ -131,7 +131,7 @@ def read_meta(src: Path = WARMSTART_DIR) -> dict[str, Any] | None:
 def load(src: Path = WARMSTART_DIR) -> dict[str, Any] | None:
     """The warm-start state as a train.py state dict without optimiser or RNG ("model" in fp32,
     "step", "frames_seen", "vocab", "phones", plus "meta": state.json), or None where `src` has none."""
-    import zstandard
+    from harken.cloud import zstd
 
     meta = read_meta(src)
     if meta is None:
@@ -143,7 +143,7 @@ def load(src: Path = WARMSTART_DIR) -> dict[str, Any] | None:
         raise WarmStartError(f"{path}: missing ({e}); restore it from git") from e
     if hashlib.sha256(data).hexdigest() != meta["sha256"]:
         raise WarmStartError(f"{path}: corrupted (its sha256 does not match {META_FILE}); restore it from git")
-    raw = zstandard.ZstdDecompressor().decompress(data)
+    raw = zstd.decompress(data)
     dtype = READS[meta["format"]]
     model = {name: _unplanes(raw[d["offset"]:d["offset"] + d["bytes"]], d["shape"], dtype).float()
              for name, d in meta["tensors"].items()}

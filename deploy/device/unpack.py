@@ -35,9 +35,12 @@ def unpack_deb(deb: Path, root: Path) -> None:
         raise ValueError(f"{deb}: no data.tar member")
     payload = members[name]
     if name.endswith(".zst"):
-        import zstandard  # Python < 3.14 has no zstd of its own; the carried wheel
+        if sys.version_info >= (3, 14):
+            from compression import zstd
+        else:
+            from backports import zstd  # the carried wheel: Python < 3.14 has no zstd of its own
 
-        payload = zstandard.ZstdDecompressor().decompressobj().decompress(payload)
+        payload = zstd.decompress(payload)
     with tarfile.open(fileobj=io.BytesIO(payload), mode="r:*") as tar:
         tar.extractall(root, filter="tar")
 
