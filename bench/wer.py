@@ -16,6 +16,11 @@ Each held-out recipe (`synth/heldout.jsonl`, or a JSONL of recipes) is rendered 
     webrtc                    the SDK over a WebRTC data channel (`WebRTCTranscriptionClient`),
                               balanced features
 
+The served paths send `concurrency` utterances at once (one SDK client each, default 8), so the
+server's engine batches their passes as it batches live streams: every session's text is what it
+would be alone (the engine's batched passes equal one-at-a-time ones, tests/test_bench_wer.py checks
+the transcripts here), only the wall time shrinks.
+
 WER: `synth.evaluation.wer` (jiwer after the Whisper English normaliser) over all utterances.
 kbps during speech: feature paths, codec payload bytes per second of feature frames sent (the VAD's
 speech; nothing is sent in silence); served_audio and opus, payload bytes per second of audio (they
@@ -62,6 +67,7 @@ class WerBenchOptions:
     realtime: bool = True
     device: str | None = None
     dtype: str | None = None
+    concurrency: int = 8  # utterances in flight at once on each served path
 
     def __post_init__(self):
         unknown = [p for p in self.paths if p not in PATHS]
@@ -69,6 +75,8 @@ class WerBenchOptions:
             raise HarkenError(f"unknown path(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(PATHS)}")
         if self.n is not None and self.n < 1:
             raise HarkenError("--n must be >= 1")
+        if not 1 <= self.concurrency <= 16:  # the in-process server's default session limit
+            raise HarkenError("--concurrency must be 1..16")
 
 
 @dataclass(frozen=True)
@@ -219,23 +227,35 @@ def run_stream(asr, utterances: list[BenchUtterance], language: str | None, cloc
     return result, latencies, churn
 
 
-async def _served(client, sources: list[np.ndarray]) -> PathResult:
-    """Every utterance through one SDK client, as fast as it goes."""
+async def _served(make_client, sources: list[np.ndarray], concurrency: int) -> PathResult:
+    """Every utterance through an SDK client of its own, `concurrency` of them at once, as fast as
+    they go; the results in the utterances' order."""
     from harken.edge.front_end import audio_pieces
 
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(source: np.ndarray) -> tuple[str | HarkenError, int, int]:
+        async with gate:
+            client = make_client()
+            try:
+                text: str | HarkenError = await client.transcribe(audio_pieces(source, int(PIECE_S * 1000)))
+            except HarkenError as e:
+                text = e
+            return text, client.stats.payload_bytes_produced, client.stats.frames_produced
+
     result = PathResult()
-    for i, source in enumerate(sources):
-        try:
-            result.hyps.append(await client.transcribe(audio_pieces(source, int(PIECE_S * 1000))))
-        except HarkenError as e:
-            result.failed(i, e)
-        result.payload_bytes += client.stats.payload_bytes_produced
-        result.speech_s += client.stats.frames_produced / FRAMES_PER_SECOND
+    for i, (text, size, frames) in enumerate(await asyncio.gather(*(one(s) for s in sources))):
+        if isinstance(text, HarkenError):
+            result.failed(i, text)
+        else:
+            result.hyps.append(text)
+        result.payload_bytes += size
+        result.speech_s += frames / FRAMES_PER_SECOND
     return result
 
 
 async def run_served(asr, utterances: list[BenchUtterance], paths: list[str], language: str | None,
-                     log) -> dict[str, PathResult]:
+                     log, concurrency: int = 1) -> dict[str, PathResult]:
     """The served paths against one in-process server (gRPC and WebRTC signaling on free ports)."""
     from harken.cloud.server import ServerOptions, start_server
     from harken.bench.opus_reference import opus_round_trip
@@ -250,24 +270,24 @@ async def run_served(asr, utterances: list[BenchUtterance], paths: list[str], la
             options = ClientOptions(language=language or "")
             audios = [u.audio for u in utterances]
             audio_s = sum(a.size for a in audios) / SAMPLE_RATE
+            grpc_client = lambda: TranscriptionClient(server.address, options=options)  # noqa: E731
             if path.startswith("served_features_"):
                 options.codec_mode = path.removeprefix("served_features_")
-                result = await _served(TranscriptionClient(server.address, options=options), audios)
+                result = await _served(grpc_client, audios, concurrency)
             elif path == "webrtc":
                 from harken.edge.webrtc_transport import WebRTCTranscriptionClient
 
-                client = WebRTCTranscriptionClient(f"http://127.0.0.1:{server.http_port}", options=options)
-                result = await _served(client, audios)
+                url = f"http://127.0.0.1:{server.http_port}"
+                result = await _served(lambda: WebRTCTranscriptionClient(url, options=options), audios, concurrency)
             elif path == "served_audio":
                 options.send_audio = True
-                result = await _served(TranscriptionClient(server.address, options=options), audios)
+                result = await _served(grpc_client, audios, concurrency)
                 result.payload_bytes, result.speech_s = 2 * sum(a.size for a in audios), audio_s  # PCM16
             else:  # opus_<kbps>
                 kbps = int(path.removeprefix("opus_"))
                 trips = [opus_round_trip(a, kbps) for a in audios]
                 options.send_audio = True
-                result = await _served(TranscriptionClient(server.address, options=options),
-                                       [t.decoded for t in trips])
+                result = await _served(grpc_client, [t.decoded for t in trips], concurrency)
                 result.payload_bytes, result.speech_s = sum(t.payload_bytes for t in trips), audio_s
             result.seconds = time.monotonic() - t0
             results[path] = result
@@ -305,7 +325,7 @@ def bench_wer(options: WerBenchOptions, log=lambda s: None) -> dict:
         log(f"stream: {results['stream'].seconds:.1f} s")
     served = [p for p in options.paths if p not in ("offline", "stream")]
     if served:
-        results.update(asyncio.run(run_served(asr, utterances, served, options.language, log)))
+        results.update(asyncio.run(run_served(asr, utterances, served, options.language, log, options.concurrency)))
 
     refs = [u.text for u in utterances]
     out: dict = {"model": options.model, "set": options.held_set, "n_utterances": len(utterances),
@@ -318,6 +338,7 @@ def bench_wer(options: WerBenchOptions, log=lambda s: None) -> dict:
     out.update(latency_summary(latencies, churn))
     out["latency_clock"] = "real-time" if options.realtime else "audio-time"
     out["n_timed_utterances"] = sum(1 for u in utterances if u.words is not None)
+    out["concurrency"] = options.concurrency
     out["seconds"] = {p: round(results[p].seconds, 1) for p in options.paths}
     out["errors"] = {p: results[p].errors for p in options.paths if results[p].errors}
     return out

@@ -87,15 +87,20 @@ class ModeParams:
     rd_lambda: float
 
 
+# balanced: step 0.38 since 2026-12-01 (0.327 before: 25.6 kbps during speech on the sample, 26.0 on
+# 100 held-out utterances, 0.99 dB), for 23.1 / 23.5 kbps at 1.16 dB, under issue 26's 24 kbps.
+# Raising the step buys rate more cheaply than widening the dead zones (rd_lambda 0.15 at step
+# 0.327: 23.1 kbps at 1.20 dB). synth-en on those 100 utterances, offline on the decoded frames:
+# 15.1% WER without the codec, 14.6% at 0.327, 16.0% at 0.38, 16.4% at 0.45 (docs/benchmarks.md).
 _MODE_PARAMS = {
     "hifi": ModeParams(step=0.10, rd_lambda=0.06),
-    "balanced": ModeParams(step=0.327, rd_lambda=0.06),
+    "balanced": ModeParams(step=0.38, rd_lambda=0.06),
     "low": ModeParams(step=0.68, rd_lambda=0.1),
 }
 _MODE_IDS = {name: i + 1 for i, name in enumerate(MODES)}
 # RMS error (dB, fidelity.feature_error_db) each mode stays under on noisy speech, with headroom
 # over what the bench measures (README): the tests hold the codec to these.
-ERROR_BOUND_DB = {"hifi": 0.33, "balanced": 1.1, "low": 2.6}
+ERROR_BOUND_DB = {"hifi": 0.33, "balanced": 1.28, "low": 2.6}
 
 
 # ---------------------------------------------------------------- mel layout (basis / dependents)

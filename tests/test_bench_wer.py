@@ -7,7 +7,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from harken.bench.wer import PATHS, AudioClock, WerBenchOptions, bench_wer, paced_pieces
+from harken.bench.wer import PATHS, AudioClock, WerBenchOptions, bench_wer, load_utterances, paced_pieces, run_served
 from harken.cloud.synth import speech
 from harken.cloud.synth.word_timing import WordTime, synthesize, word_ends, word_ends_dry
 from harken.bench.word_latency import TimedEvent, partial_churn, word_latencies
@@ -178,6 +178,28 @@ def test_bench_wer_runs_every_path(tmp_path):
         assert 0.5 * kbps < out[f"kbps_opus_{kbps}"] < 1.5 * kbps
 
 
+def test_served_paths_read_the_same_at_any_concurrency(tmp_path, asr):
+    """Utterances sent at once share the server's batched passes: each text, and the bytes sent,
+    must be what it is one at a time."""
+    import asyncio
+
+    from harken.cloud.synth import corpus
+
+    lines = corpus.HELD_OUT_FILE.read_text(encoding="utf-8").splitlines()
+    recipes = tmp_path / "three.jsonl"
+    recipes.write_text("\n".join(lines[4:7]) + "\n", encoding="utf-8")
+    utterances = load_utterances(str(recipes), None)
+    paths = ["served_features_balanced", "served_audio"]
+    alone = asyncio.run(run_served(asr, utterances, paths, "English", lambda s: None, concurrency=1))
+    together = asyncio.run(run_served(asr, utterances, paths, "English", lambda s: None, concurrency=3))
+    for path in paths:
+        assert together[path].hyps == alone[path].hyps and any(alone[path].hyps), path
+        assert together[path].payload_bytes == alone[path].payload_bytes > 0, path
+        assert not alone[path].errors and not together[path].errors
+
+
 def test_unknown_path_is_a_clear_error():
     with pytest.raises(HarkenError, match="unknown path"):
         WerBenchOptions(model="tiny", paths=("offline", "carrier_pigeon"))
+    with pytest.raises(HarkenError, match="--concurrency"):
+        WerBenchOptions(model="tiny", concurrency=0)

@@ -1,0 +1,62 @@
+"""The shipped synth-en model down the paths users take, on held-out speech: a broken path fails here.
+
+`harken bench wer` (bench/wer.py) on three held-out utterances, meeting talk in two espeak-ng
+accents and Piper's voice, with the model that `--model synth-en` loads: offline (the exact log-mel,
+one pass), stream (the in-process engine, 100 ms pieces; on the bench's audio clock, so no timing
+enters the test) and served_features_balanced (a real in-process `harken serve` on a free port and
+the SDK, the edge's VAD, log-mel and balanced codec). Each path's WER over the three must be at most
+15%, the shipping bar: a path that drops a segment, mangles a feature frame or loses committed text
+loses whole words. The utterances are ones the shipped model reads well offline (its held-out
+meeting talk is at ~1% WER), so the bar measures the path rather than the model.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harken.bench.wer import WerBenchOptions, bench_wer
+from harken.cloud.model.shipped import META_FILE, SHIPPED_DIR
+from harken.cloud.synth import corpus
+
+ROWS = [6, 21, 46]  # cloud/synth/heldout.jsonl: en-gb +m1, en-gb-x-rp +m5, piper-joe
+PATHS = ("offline", "stream", "served_features_balanced")
+MAX_WER = 0.15
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory, monkeypatch_module):
+    if not (SHIPPED_DIR / META_FILE).exists():
+        pytest.fail("this checkout does not carry synth-en's shipped weights (cloud/synth/synth-en.*)")
+    root = tmp_path_factory.mktemp("synth_paths")
+    monkeypatch_module.setenv("HARKEN_CACHE", str(root / "cache"))  # unpacked afresh, as on a new machine
+    lines = corpus.HELD_OUT_FILE.read_text(encoding="utf-8").splitlines()
+    recipes = root / "three.jsonl"
+    recipes.write_text("\n".join(lines[i] for i in ROWS) + "\n", encoding="utf-8")
+    return bench_wer(WerBenchOptions(model="synth-en", held_set=str(recipes), paths=PATHS, realtime=False,
+                                     concurrency=3))
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def test_the_three_utterances_are_the_ones_meant(result):
+    held = corpus.read_held_out()
+    assert [held[i].source for i in ROWS] == ["meeting"] * 3
+    assert {held[i].recipe.voice for i in ROWS} == {"en-gb", "en-gb-x-rp", "piper-joe"}
+    assert result["n_utterances"] == 3 and result["n_words"] == sum(len(held[i].recipe.text.split()) for i in ROWS)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_synth_en_reads_held_out_speech_on_every_path(result, path):
+    assert result["errors"].get(path) is None, result["errors"]
+    assert result[f"wer_{path}"] <= MAX_WER, (path, result)
+
+
+def test_the_balanced_features_are_what_the_codec_promises(result):
+    # feature frames cross the wire only during speech, at the balanced mode's rate
+    assert result["kbps_offline"] is None
+    assert 10.0 < result["kbps_served_features_balanced"] <= 24.0
+    assert result["kbps_stream"] == result["kbps_served_features_balanced"]
