@@ -439,3 +439,71 @@ def test_cuda_cached_decoding_and_graph_replay(decoder):
         results.append(out)
     for eager, replayed in zip(*results):
         assert torch.equal(eager, replayed)
+
+
+def test_output_head_skips_zero_rows_with_the_same_logits():
+    """A head most of whose rows are zero (a model trained on a part of the vocabulary, as synth-en)
+    computes the live rows only, on the CPU without gradients: the logits of the full product, the
+    zero rows exactly 0; with gradients it is the plain product; an edit of the weights is seen."""
+    from harken.cloud.model.decoder import OutputHead
+
+    torch.manual_seed(0)
+    head = OutputHead(32, 5000)
+    with torch.no_grad():
+        head.weight.zero_()
+        live = torch.randperm(5000)[:300]
+        head.weight[live] = torch.randn(300, 32)
+    x = torch.randn(2, 7, 32) * 4  # any leading shape
+    dense = torch.nn.functional.linear(x, head.weight).detach()
+    with torch.no_grad():
+        rows = head.live_rows()
+        assert rows is not None and sorted(rows[0].tolist()) == sorted(live.tolist())
+        sparse = head(x)
+    assert sparse.shape == dense.shape and torch.allclose(sparse, dense, rtol=0, atol=1e-5)
+    assert torch.equal(sparse.argmax(-1), dense.argmax(-1))
+    dead = torch.ones(5000, dtype=torch.bool)
+    dead[live] = False
+    assert torch.equal(sparse[..., dead], torch.zeros_like(sparse[..., dead]))
+    assert torch.equal(torch.softmax(sparse, -1).argmax(-1), torch.softmax(dense, -1).argmax(-1))
+
+    assert head.live_rows() is None  # gradients enabled: the plain product, which autograd differentiates
+    head(x).sum().backward()
+    assert head.weight.grad is not None and head.weight.grad[dead].abs().sum() > 0
+
+    with torch.no_grad():
+        head.weight[dead.nonzero()[0, 0]] = 1.0  # one more live row: found again
+        rows = head.live_rows()
+        assert rows is not None and rows[0].numel() == 301
+        assert torch.allclose(head(x), torch.nn.functional.linear(x, head.weight), rtol=0, atol=1e-5)
+        head.weight.fill_(1.0)  # no zero rows at all: the full product
+        assert head.live_rows() is None
+
+
+def test_decoder_output_head_is_the_embedding_when_tied(decoder):
+    """The tied head stays the embedding matrix (one parameter), and a decoder whose vocabulary is
+    mostly zero rows decodes the tokens it decodes with the full product."""
+    from harken.cloud.model.decoder import OutputHead
+
+    dec = copy.deepcopy(decoder)
+    assert isinstance(dec.lm_head, OutputHead)
+    assert dec.lm_head.weight is dec.model.embed_tokens.weight or not dec.tied
+    with torch.no_grad():
+        w = dec.lm_head.weight
+        keep = torch.zeros(w.shape[0], dtype=torch.bool)
+        keep[torch.randperm(w.shape[0])[: w.shape[0] // 4]] = True
+        w[~keep] = 0.0
+    embeds = prompt_embeds(dec, 9, seed=3)
+    cache = new_cache(dec)
+    slot = cache.allocate()
+    with torch.no_grad():
+        first = prefill(dec, cache, [slot], [embeds])
+        assert dec.lm_head.live_rows() is not None
+        got = greedy_decode(dec, cache, [slot], first, 12, eos_ids=set())
+    dense = copy.deepcopy(dec)
+    dense.lm_head = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+    dense.lm_head.weight = dense.model.embed_tokens.weight if dense.tied else torch.nn.Parameter(w.detach().clone())
+    cache2 = new_cache(dense)
+    slot2 = cache2.allocate()
+    with torch.no_grad():
+        want = greedy_decode(dense, cache2, [slot2], prefill(dense, cache2, [slot2], [embeds]), 12, eos_ids=set())
+    assert got == want
