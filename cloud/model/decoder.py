@@ -213,9 +213,9 @@ class OutputHead(nn.Linear):
         key = (w.data_ptr(), w._version, w.dtype, tuple(w.shape))
         if self._live is None or self._live[0] != key:
             with torch.no_grad():
-                rows = torch.nonzero(w.ne(0).any(dim=1)).flatten()
-            sparse = rows.numel() <= w.shape[0] // 2
-            self._live = (key, rows if sparse else None, w.detach()[rows].contiguous() if sparse else None)
+                found = torch.nonzero(w.ne(0).any(dim=1)).flatten()
+            sparse = found.numel() <= w.shape[0] // 2
+            self._live = (key, found if sparse else None, w.detach()[found].contiguous() if sparse else None)
         _, rows, weight = self._live
         return None if rows is None or weight is None else (rows, weight)
 
