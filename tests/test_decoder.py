@@ -217,6 +217,29 @@ def test_truncate_then_redecode_equals_fresh_decode(decoder):
     assert cache.length(slot) == cache.length(fresh) == 16 + 3 + 5 + 6
 
 
+def test_prefill_tails_are_the_logits_of_stepwise_decoding(decoder):
+    # what self-speculative decoding reads: the logits after each drafted token, from one prefill
+    dec, cache = decoder, new_cache(decoder)
+    prompts = [prompt_embeds(dec, 14, seed=20), prompt_embeds(dec, 9, seed=21)]
+    slots = [cache.allocate(), cache.allocate()]
+    refs = []
+    for slot, p in zip(slots, prompts):
+        tokens, logits = stepwise_decode(dec, cache, slot, prefill(dec, cache, [slot], [p])[0], 6)
+        refs.append((tokens, logits))
+    drafted = [cache.allocate(), cache.allocate()]
+    seqs = [torch.cat([p, dec.embed(torch.tensor(t[:k]))]) for p, (t, _), k in zip(prompts, refs, (5, 2))]
+    got = prefill(dec, cache, drafted, seqs, tails=[6, 3])
+    assert got.shape == (9, dec.lm_head.out_features)
+    assert (got[:6] - refs[0][1]).abs().max().item() <= 1e-5
+    assert (got[6:] - refs[1][1][:3]).abs().max().item() <= 1e-5
+    assert got[:6].argmax(-1).tolist() == refs[0][0]
+    assert cache.length(drafted[0]) == 14 + 5 and cache.length(drafted[1]) == 9 + 2
+    with pytest.raises(ValueError, match="tails"):
+        prefill(dec, cache, [drafted[0]], [seqs[0]], tails=[0])
+    with pytest.raises(ValueError, match="tails"):
+        prefill(dec, cache, [drafted[0]], [seqs[0][:3]], tails=[4])
+
+
 @pytest.mark.parametrize("n_slots, slots", [
     (6, [4, 1, 5, 0]),  # a short range with idle slots 2, 3: attention reads a view of the cache
     (12, [11, 0, 6, 3]),  # spread out: attention gathers the four slots

@@ -54,6 +54,18 @@ def test_batched_sessions_equal_separate_runs(talkative_asr, n, max_batch):
     assert any(any(e.committed_delta for e in a) for a in alone)
 
 
+def test_self_speculation_gives_plain_greedy_s_events(talkative_asr):
+    # drafts that the model confirms, drafts it rejects midway (the slot forgets the rest), passes
+    # cut by the budget and the loop guard: every event is plain greedy decoding's, batched as alone
+    work = workloads(6)
+    plain = Engine(talkative_asr, EngineConfig(max_sessions=6, max_batch=4, slot_policy=POLICY, speculate=False))
+    spec = Engine(talkative_asr, EngineConfig(max_sessions=6, max_batch=4, slot_policy=POLICY))
+    assert run_batched(spec, work) == run_batched(plain, work) == alone_runs(talkative_asr, 6)
+    assert plain.drafted_tokens == plain.verified_tokens == 0
+    assert 0 < spec.verified_tokens < spec.drafted_tokens  # confirmed and rejected drafts both happened
+    assert spec.decoded_tokens == plain.decoded_tokens
+
+
 def test_every_ready_session_is_served_each_tick(talkative_asr):
     """More ready sessions than the batch holds: one tick still serves each of them once (they join
     as places free up), and none twice."""
@@ -173,7 +185,9 @@ def test_an_ahead_pass_holds_still_while_live_ones_decode(asr, hold):
     slots = CommitPolicy(max_item_tokens=40, max_new_tokens_per_update=12, rollback_tokens=0)
     now = [0.0]
     (fseg,), (lseg,) = make_segments([20.0], [0.0], seed=7), make_segments([12.0], [0.0], seed=8)
-    engine = Engine(asr, EngineConfig(max_sessions=2, slot_policy=slots, hold_ahead=hold), clock=lambda: now[0])
+    # without self-speculation: drafts confirmed in the prefill leave the live pass no decode steps to hold for
+    engine = Engine(asr, EngineConfig(max_sessions=2, slot_policy=slots, hold_ahead=hold, speculate=False),
+                    clock=lambda: now[0])
     flood = engine.open_session(SessionOptions(language="English", policy=slots), "flood")
     live = engine.open_session(SessionOptions(language="English", policy=slots), "live")
     engine.ingest(flood, 0, 0, fseg.frames, True)

@@ -60,3 +60,35 @@ def test_the_balanced_features_are_what_the_codec_promises(result):
     assert result["kbps_offline"] is None
     assert 10.0 < result["kbps_served_features_balanced"] <= 24.0
     assert result["kbps_stream"] == result["kbps_served_features_balanced"]
+
+
+def test_self_speculation_on_synth_en_decodes_the_same_with_fewer_steps(result):
+    # `result` first: synth-en is unpacked into the module's fresh cache. A model that stops: most
+    # of each update's tokens are the previous update's uncommitted ones, which the prefill confirms
+    from harken.bench.wer import AudioClock, load_utterances, stream_timed
+    from harken.cloud.inference.engine import Engine, EngineConfig
+    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.model.asr import Qwen3ASR
+
+    asr = Qwen3ASR.load("synth-en")
+    lines = corpus.HELD_OUT_FILE.read_text(encoding="utf-8").splitlines()
+    utterances = load_utterances(str(_rows_file(lines)), None)
+    runs = {}
+    for speculate in (False, True):
+        engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, speculate=speculate))
+        events = [[t.event for t in stream_timed(u.audio, engine, SessionOptions(), AudioClock())]
+                  for u in utterances]
+        runs[speculate] = (events, engine)
+    (plain, plain_engine), (spec, spec_engine) = runs[False], runs[True]
+    assert spec == plain and any(e.committed_delta for evs in spec for e in evs if not e.is_final)
+    assert spec_engine.decoded_tokens == plain_engine.decoded_tokens
+    assert spec_engine.verified_tokens >= 0.25 * spec_engine.decoded_tokens
+
+
+def _rows_file(lines: list[str]):
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp()) / "three.jsonl"
+    path.write_text("\n".join(lines[i] for i in ROWS) + "\n", encoding="utf-8")
+    return path

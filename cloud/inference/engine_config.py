@@ -29,6 +29,9 @@ class EngineConfig:
     hold_ahead: a pass of a session ahead of real time takes no decode step while live passes
     decode (at most `MAX_HOLD_STEPS` steps; the own decoder). None: on a CPU, where a step's cost
     grows with its batch, not on a GPU, where holding would only add steps after the live ones.
+    speculate: each pass prefills the previous update's uncommitted tokens after its prompt and
+    keeps those that greedy decoding confirms (`Engine._verify`): the same tokens, fewer decode
+    steps (the own decoder; vLLM runs every pass as one request of its own).
     """
 
     max_sessions: int = 16
@@ -37,6 +40,7 @@ class EngineConfig:
     slot_policy: CommitPolicy = CommitPolicy()
     decode_step: str = "plain"
     hold_ahead: bool | None = None
+    speculate: bool = True
 
     def __post_init__(self):
         if self.decode_step not in DECODE_STEPS:

@@ -170,6 +170,7 @@ class Job:
     audio_bound: bool = False  # the budget is the audio-proportional one (reaching it truncates)
     model_free: bool = False  # an item without audio: nothing to run
     stable_windows: int = 0  # completed windows the slot keeps once this pass's prefill is done
+    draft: list[int] = field(default_factory=list)  # tokens prefilled after the prompt, to verify
 
 
 class StreamSession:
@@ -372,8 +373,16 @@ class StreamSession:
             item.consumed += take
             need -= take
 
-    def prefill_embeds(self, job: Job) -> torch.Tensor:
-        """The embeddings to prefill after the slot's kept `job.keep` positions: [S, hidden].
+    def draft(self, job: Job) -> list[int]:
+        """Tokens this pass will likely decode first: the previous update's uncommitted ones (what
+        the engine's self-speculative decode verifies in the prefill), at most `job.budget - 1` so
+        that verifying them never runs past the budget."""
+        previous = job.item.previous or []
+        return list(previous[:max(job.budget - 1, 0)])
+
+    def prefill_embeds(self, job: Job, draft: list[int] | tuple[int, ...] = ()) -> torch.Tensor:
+        """The embeddings to prefill after the slot's kept `job.keep` positions: [S, hidden], the
+        `draft` tokens (`draft(job)`) last when given.
         Call after the job's windows are encoded and committed to the item's encoder, and
         `prefilled(job)` once the prefill has run (a failed tick leaves the item as it was)."""
         item = job.item
@@ -393,7 +402,7 @@ class StreamSession:
         else:
             audio = enc.outputs()[kept_windows * wt:]  # nothing left to encode: no model call
         parts.append(audio.to(self.asr.dtype))
-        parts.append(embed(torch.tensor(item.tail_ids + item.committed, device=dev)))
+        parts.append(embed(torch.tensor(item.tail_ids + item.committed + list(draft), device=dev)))
         job.stable_windows = min(job.frames // self.window_frames, len(enc.completed_outputs))
         return torch.cat(parts)
 

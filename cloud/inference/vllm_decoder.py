@@ -302,6 +302,7 @@ class VllmEngine(Engine):
         self.vllm = VllmDecoder(asr, max_seqs=min(config.max_batch, config.max_sessions),
                                 max_model_len=slot_tokens(config.slot_policy), cached_seqs=config.max_sessions)
         super().__init__(asr, config, observer)
+        self.speculates = False  # each pass is a whole-prompt request: nothing to keep or verify
 
     def _new_cache(self):
         return SessionIds(self.config.max_sessions)

@@ -324,20 +324,29 @@ class Qwen3Decoder(nn.Module):
 
 @torch.no_grad()
 def prefill(decoder: Qwen3Decoder, cache: KVCache, slots: list[int], embeds: list[torch.Tensor],
-            kv_len: int | None = None) -> torch.Tensor:
+            kv_len: int | None = None, tails: list[int] | None = None) -> torch.Tensor:
     """Append `embeds[i]` ([S_i, hidden]) to slot `slots[i]`, at positions length(slot).., all
-    sequences in one batch. Returns the logits of each sequence's last new token, [B, vocab].
+    sequences in one batch. Returns the logits of each sequence's last new token, [B, vocab]; with
+    `tails`, those of sequence i's last `tails[i]` new positions (1 <= tails[i] <= S_i), sequence
+    after sequence, [sum(tails), vocab] (what verifying drafted tokens needs).
 
     Prefill after a kept prefix (e.g. after `cache.truncate`) is just this append.
     """
     if len(slots) != len(embeds) or not slots:
         raise ValueError(f"{len(slots)} slots for {len(embeds)} sequences")
-    decoder.check_cache(cache)
     counts = [e.shape[0] for e in embeds]
+    tails = [1] * len(counts) if tails is None else tails
+    if len(tails) != len(counts) or any(not 1 <= t <= c for t, c in zip(tails, counts)):
+        raise ValueError(f"tails {tails} for sequences of {counts} positions")
+    decoder.check_cache(cache)
     layout = plan_batch(cache, slots, counts, kv_len)
     h = decoder.forward_packed(torch.cat(embeds), layout, cache)  # [N, hidden]
-    last = torch.tensor(counts, device=h.device).cumsum(0) - 1  # [B]
-    return decoder.lm_head(h[last])
+    ends = 0
+    rows: list[int] = []
+    for c, t in zip(counts, tails):
+        ends += c
+        rows.extend(range(ends - t, ends))
+    return decoder.lm_head(h[torch.tensor(rows, device=h.device)])
 
 
 @torch.no_grad()
