@@ -54,12 +54,13 @@ def test_batched_sessions_equal_separate_runs(talkative_asr, n, max_batch):
     assert any(any(e.committed_delta for e in a) for a in alone)
 
 
-def test_self_speculation_gives_plain_greedy_s_events(talkative_asr):
+@pytest.mark.parametrize("decode_step", ["plain", "static"])
+def test_self_speculation_gives_plain_greedy_s_events(talkative_asr, decode_step):
     # drafts that the model confirms, drafts it rejects midway (the slot forgets the rest), passes
     # cut by the budget and the loop guard: every event is plain greedy decoding's, batched as alone
     work = workloads(6)
     plain = Engine(talkative_asr, EngineConfig(max_sessions=6, max_batch=4, slot_policy=POLICY, speculate=False))
-    spec = Engine(talkative_asr, EngineConfig(max_sessions=6, max_batch=4, slot_policy=POLICY))
+    spec = Engine(talkative_asr, EngineConfig(max_sessions=6, max_batch=4, slot_policy=POLICY, decode_step=decode_step))
     assert run_batched(spec, work) == run_batched(plain, work) == alone_runs(talkative_asr, 6)
     assert plain.drafted_tokens == plain.verified_tokens == 0
     assert 0 < spec.verified_tokens < spec.drafted_tokens  # confirmed and rejected drafts both happened
