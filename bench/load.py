@@ -38,6 +38,10 @@ Definitions (all in ms, over every stream's events):
   KV across updates instead of re-prefilling it).
 - `--decoder own,vllm`: one self-served run per decoder, one after the other (the own engine first:
   vLLM takes over torch's thread settings in its process), printed as {"runs": [...]}.
+- `--streams 1,4,8` (several levels): one run per level, one after the other (`--self-serve`: a
+  fresh server each), printed as {"levels": [...], "max_streams_ok": N}: the largest N whose run
+  had `realtime_ok` and `p95_update_ms` <= `TARGET_P95_MS` (300 ms, the engine-load target).
+- With no `--server`, `--self-serve` is implied.
 - `drain_ms`: last piece handed over -> stream complete (its last final in). Not part of
   `realtime_ok`: it is dominated by the final pass over the segment open at the end, whose length
   is the model's business (the random tiny model never emits EOS, so its final passes run to the
@@ -68,6 +72,7 @@ from harken.shared.transcript import TranscriptEvent
 
 PIECE_MS = 100
 KEEP_UP_UPDATE_MS = 1000.0  # CommitPolicy.update_interval_s, the server default
+TARGET_P95_MS = 300.0  # a level is "ok" at or under this p95 update latency (bench/engine_load.py's)
 
 
 @dataclass(frozen=True)
@@ -302,10 +307,36 @@ async def _start_self_served(options: LoadBenchOptions):
         max_sessions_per_key=max(16, options.streams), decoder=options.decoder))
 
 
-def bench_load_command(options: LoadBenchOptions) -> int:
-    if options.api_key is None and os.environ.get("HARKEN_API_KEY"):
-        from dataclasses import replace
+async def bench_load_levels(options: LoadBenchOptions, levels: Sequence[int]) -> dict:
+    """One run per level of streams, in order: {"levels": [...], "max_streams_ok": N or None}."""
+    runs = [await bench_load(replace(options, streams=n)) for n in levels]
 
+    def ok(run: dict) -> bool:
+        inner = run["runs"] if "runs" in run else [run]
+        return all(r["realtime_ok"] and r["p95_update_ms"] is not None and r["p95_update_ms"] <= TARGET_P95_MS
+                   for r in inner)
+
+    good = [n for n, run in zip(levels, runs) if ok(run)]
+    return {"levels": runs, "target_p95_update_ms": TARGET_P95_MS, "max_streams_ok": max(good) if good else None}
+
+
+def parse_levels(text: str) -> list[int]:
+    """`--streams`: one N or a comma list of levels."""
+    try:
+        levels = [int(n) for n in text.split(",") if n.strip()]
+    except ValueError:
+        raise HarkenError(f"--streams: a number or a comma list of numbers, got {text!r}") from None
+    if not levels or any(n < 1 for n in levels):
+        raise HarkenError("--streams must be >= 1")
+    return levels
+
+
+def bench_load_command(options: LoadBenchOptions, levels: Sequence[int] | None = None) -> int:
+    if options.api_key is None and os.environ.get("HARKEN_API_KEY"):
         options = replace(options, api_key=os.environ["HARKEN_API_KEY"])
-    print(json.dumps(asyncio.run(bench_load(options)), indent=1))
+    if levels is not None and len(levels) > 1:
+        result = asyncio.run(bench_load_levels(options, levels))
+    else:
+        result = asyncio.run(bench_load(options))
+    print(json.dumps(result, indent=1))
     return 0

@@ -122,11 +122,14 @@ def _bench_load_parser(bsub: Subparsers) -> None:
                                     "partials and finals as the clients see them, errors by gRPC code, "
                                     "realtime_ok (definitions: bench/load.py).")
     b.add_argument("--server", help="HOST:PORT of a harken server")
-    b.add_argument("--self-serve", action="store_true", help="start an in-process server (--model) on a free port")
+    b.add_argument("--self-serve", action="store_true",
+                   help="start an in-process server (--model) on a free port (the default without --server)")
     b.add_argument("--model", default="tiny",
                    help="model for --self-serve: checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' "
                         "(default tiny)")
-    b.add_argument("--streams", type=int, default=4, help="concurrent streams N (default 4)")
+    b.add_argument("--streams", default="4",
+                   help="concurrent streams N (default 4), or levels (1,4,8) run one after the other: "
+                        "{\"levels\": [...], \"max_streams_ok\": the most with p95 update <= 300 ms}")
     b.add_argument("--seconds", type=float, default=20.0, help="audio per stream (default 20)")
     b.add_argument("--api-key", help="API key for --server (default: $HARKEN_API_KEY)")
     b.add_argument("--tls-ca", help="PEM root certificate: connect to --server over TLS")

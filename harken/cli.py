@@ -169,14 +169,16 @@ def _dispatch(args: argparse.Namespace) -> int | None:
             update_interval_s=args.update_interval, phase1_max_seconds=args.phase1_max_seconds,
             repeats=args.repeats, language=args.language, device=args.device, dtype=args.dtype))
     if args.command == "bench" and args.bench == "load":
-        from harken.bench.load import LoadBenchOptions, bench_load_command
+        from harken.bench.load import LoadBenchOptions, bench_load_command, parse_levels
 
+        self_serve = args.self_serve or args.server is None
         language = args.language if args.language is not None else (
-            "English" if args.self_serve and args.model == "tiny" else "")
+            "English" if self_serve and args.model == "tiny" else "")
+        levels = parse_levels(args.streams)
         return bench_load_command(LoadBenchOptions(
-            server=args.server, streams=args.streams, seconds=args.seconds, api_key=args.api_key,
-            tls_ca=args.tls_ca, language=language, self_serve=args.self_serve, model=args.model,
-            decoder=args.decoder))
+            server=args.server, streams=levels[0], seconds=args.seconds, api_key=args.api_key,
+            tls_ca=args.tls_ca, language=language, self_serve=self_serve, model=args.model,
+            decoder=args.decoder), levels)
     if args.command == "bench" and args.bench == "engine-load":
         from harken.bench.engine_load import EngineLoadOptions, bench_engine_load_command
 

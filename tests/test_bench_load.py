@@ -76,3 +76,21 @@ def test_self_served_load_reports_the_contract(capsys):
     assert result["engine_compute_s"] > 0 and result["engine_compute_alone_s"] > 0
     assert result["batching_gain"] == pytest.approx(2 * result["engine_compute_alone_s"]
                                                     / result["engine_compute_s"], rel=1e-2)
+
+
+def test_levels_run_one_after_the_other_and_name_the_most_that_kept_up(capsys):
+    # no --server: an in-process server, as --self-serve
+    assert main(["bench", "load", "--model", "tiny", "--streams", "1,2", "--seconds", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [run["streams"] for run in result["levels"]] == [1, 2]
+    assert all(set(CONTRACT) <= set(run) and run["server"] == "self-serve" for run in result["levels"])
+    ok = [run["streams"] for run in result["levels"]
+          if run["realtime_ok"] and run["p95_update_ms"] is not None and run["p95_update_ms"] <= 300.0]
+    assert result["target_p95_update_ms"] == 300.0
+    assert result["max_streams_ok"] == (max(ok) if ok else None)
+
+
+@pytest.mark.parametrize("text", ["0", "1,x", ""])
+def test_bad_levels_are_a_clear_error(text, capsys):
+    assert main(["bench", "load", "--model", "tiny", "--streams", text, "--json"]) != 0
+    assert "--streams" in capsys.readouterr().err
