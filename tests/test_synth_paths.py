@@ -92,3 +92,43 @@ def _rows_file(lines: list[str]):
     path = Path(tempfile.mkdtemp()) / "three.jsonl"
     path.write_text("\n".join(lines[i] for i in ROWS) + "\n", encoding="utf-8")
     return path
+
+
+def test_a_one_window_segment_commits_its_own_offline_pass(result):
+    # the engine's final pass over a segment of at most one encoder window, with no intermediate
+    # commits, is the offline greedy decode of the same frames (the edge's, as the wire carries them)
+    import numpy as np
+
+    from harken.bench.edge import run_stream
+    from harken.cloud.inference.commit import CommitPolicy
+    from harken.cloud.inference.engine import Engine, EngineConfig
+    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.model.asr import Qwen3ASR
+    from harken.cloud.model.decode_limits import DecodeLimits
+    from harken.bench.wer import load_utterances
+    from harken.shared.codec import DEFAULT_MODE, decode_frames
+
+    asr = Qwen3ASR.load("synth-en")
+    lines = corpus.HELD_OUT_FILE.read_text(encoding="utf-8").splitlines()
+    policy = CommitPolicy(intermediate_commits=False)
+    engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=policy))
+    segments = 0
+    for u in load_utterances(str(_rows_file(lines)), None):
+        _, packets = run_stream(u.audio, DEFAULT_MODE)
+        for seg in sorted({p.segment_id for p in packets}):
+            mine = [p for p in packets if p.segment_id == seg]
+            frames = np.concatenate([decode_frames(p.payload) for p in mine], axis=1)
+            if frames.shape[1] > asr.encoder.window_frames:
+                continue
+            offline = asr.transcribe((frames + 4.0) / 4.0, limits=DecodeLimits())
+            sid = engine.open_session(SessionOptions(policy=policy))
+            events = []
+            for p in mine:
+                engine.ingest_packet(sid, p)
+                events += [e for _, e in engine.run_until_idle()]
+            engine.close_session(sid)
+            finals = [e for e in events if e.is_final]
+            assert len(finals) == 1 and list(finals[0].token_ids) == offline.token_ids
+            assert "".join(e.committed_delta for e in events).strip() == offline.text.strip()
+            segments += 1
+    assert segments >= 3
