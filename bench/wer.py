@@ -6,7 +6,9 @@ Each held-out recipe (`synth/heldout.jsonl`, or a JSONL of recipes) is rendered 
 
     offline                   the exact log-mel (`edge/features.log_mel`), one pass (`harken eval`)
     stream                    the in-process streaming engine (`embedded.stream_pieces`), default
-                              policy and codec; paced in real time: the latency figures come from here
+                              policy (or `--update-interval` / `--rollback-tokens`: `stream_policy`
+                              in the output) and codec; paced in real time: the latency figures
+                              come from here
     served_features_<mode>    `harken serve` in this process + the SDK (`TranscriptionClient`), the
                               edge's features with codec mode hifi / balanced / low
     served_audio              the thin client: PCM16 `Audio`, VAD and features on the server
@@ -68,6 +70,19 @@ class WerBenchOptions:
     device: str | None = None
     dtype: str | None = None
     concurrency: int = 8  # utterances in flight at once on each served path
+    update_interval_s: float | None = None  # the stream path's policy (None: CommitPolicy's default)
+    rollback_tokens: int | None = None
+
+    def stream_policy(self):
+        """The stream path's commit policy: the engine's default, with the knobs given here."""
+        from harken.cloud.inference.commit import CommitPolicy
+
+        knobs = {k: v for k, v in (("update_interval_s", self.update_interval_s),
+                                   ("rollback_tokens", self.rollback_tokens)) if v is not None}
+        try:
+            return CommitPolicy(**knobs)
+        except ValueError as e:
+            raise HarkenError(f"--update-interval / --rollback-tokens: {e}") from None
 
     def __post_init__(self):
         unknown = [p for p in self.paths if p not in PATHS]
@@ -77,6 +92,7 @@ class WerBenchOptions:
             raise HarkenError("--n must be >= 1")
         if not 1 <= self.concurrency <= 16:  # the in-process server's default session limit
             raise HarkenError("--concurrency must be 1..16")
+        self.stream_policy()
 
 
 @dataclass(frozen=True)
@@ -202,13 +218,14 @@ def run_offline(asr, utterances: list[BenchUtterance], language: str | None) -> 
     return result
 
 
-def run_stream(asr, utterances: list[BenchUtterance], language: str | None, clock: Clock
+def run_stream(asr, utterances: list[BenchUtterance], language: str | None, clock: Clock, policy=None
                ) -> tuple[PathResult, list[WordLatency], Churn]:
+    from harken.cloud.inference.commit import CommitPolicy
     from harken.cloud.inference.engine import Engine, EngineConfig
     from harken.cloud.inference.stream_session import SessionOptions
     from harken.shared.text import events_text
 
-    options = SessionOptions(language=language)
+    options = SessionOptions(language=language, policy=policy or CommitPolicy())
     engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
     result, latencies, churn = PathResult(), [], Churn()
     for i, u in enumerate(utterances):
@@ -320,7 +337,8 @@ def bench_wer(options: WerBenchOptions, log=lambda s: None) -> dict:
     if "stream" in options.paths:
         t0 = time.monotonic()
         clock: Clock = WallClock() if options.realtime else AudioClock()
-        results["stream"], latencies, churn = run_stream(asr, utterances, options.language, clock)
+        results["stream"], latencies, churn = run_stream(asr, utterances, options.language, clock,
+                                                         options.stream_policy())
         results["stream"].seconds = time.monotonic() - t0
         log(f"stream: {results['stream'].seconds:.1f} s")
     served = [p for p in options.paths if p not in ("offline", "stream")]
@@ -337,6 +355,9 @@ def bench_wer(options: WerBenchOptions, log=lambda s: None) -> dict:
         out[f"kbps_{path}"] = None if r.kbps is None else round(r.kbps, 2)
     out.update(latency_summary(latencies, churn))
     out["latency_clock"] = "real-time" if options.realtime else "audio-time"
+    policy = options.stream_policy()
+    out["stream_policy"] = {"update_interval_s": policy.update_interval_s, "rollback_tokens": policy.rollback_tokens,
+                            "agreement": policy.agreement}
     out["n_timed_utterances"] = sum(1 for u in utterances if u.words is not None)
     out["concurrency"] = options.concurrency
     out["seconds"] = {p: round(results[p].seconds, 1) for p in options.paths}

@@ -227,6 +227,12 @@ def _bench_wer_parser(bsub: Subparsers) -> None:
     b.add_argument("--concurrency", type=int, default=8,
                    help="utterances sent at once on each served path, one client each (default 8): the "
                         "server batches them as it batches live streams; the texts are the same at any value")
+    b.add_argument("--update-interval", type=float,
+                   help="the stream path's commit policy: audio seconds between updates (default: the "
+                        "engine's, 1.0); the served paths keep the server's")
+    b.add_argument("--rollback-tokens", type=int,
+                   help="the stream path's commit policy: last tokens of a hypothesis never committed by "
+                        "an update (default: the engine's, 5)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")

@@ -199,7 +199,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         paths = tuple(p.strip() for p in args.paths.split(",") if p.strip()) if args.paths else PATHS
         return bench_wer_command(WerBenchOptions(
             model=args.model, held_set=args.held_set, n=args.n, paths=paths, language=args.language,
-            realtime=not args.fast, device=args.device, dtype=args.dtype, concurrency=args.concurrency))
+            realtime=not args.fast, device=args.device, dtype=args.dtype, concurrency=args.concurrency,
+            update_interval_s=args.update_interval, rollback_tokens=args.rollback_tokens))
     if args.command == "bench" and args.bench == "web":
         from harken.bench.web import WebBenchOptions, bench_web_command
 

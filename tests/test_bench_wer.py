@@ -7,7 +7,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from harken.bench.wer import PATHS, AudioClock, WerBenchOptions, bench_wer, load_utterances, paced_pieces, run_served
+from harken.bench.wer import (PATHS, AudioClock, WerBenchOptions, bench_wer, load_utterances, paced_pieces, run_served,
+                              stream_timed)
 from harken.cloud.synth import speech
 from harken.cloud.synth.word_timing import WordTime, synthesize, word_ends, word_ends_dry
 from harken.bench.word_latency import TimedEvent, partial_churn, word_latencies
@@ -171,6 +172,7 @@ def test_bench_wer_runs_every_path(tmp_path):
     assert out["n_words"] == sum(len(u.recipe.text.split()) for u in corpus.read_held_out(recipes))
     assert out["n_utterances"] == 2 and out["n_timed_utterances"] == 1
     assert out["kbps_offline"] is None
+    assert out["stream_policy"] == {"update_interval_s": 1.0, "rollback_tokens": 5, "agreement": "local-agreement"}
     assert out["kbps_served_audio"] == pytest.approx(256.0)
     assert out["kbps_served_features_low"] < out["kbps_served_features_balanced"] < out["kbps_served_features_hifi"]
     assert out["kbps_webrtc"] == pytest.approx(out["kbps_served_features_balanced"])
@@ -203,3 +205,38 @@ def test_unknown_path_is_a_clear_error():
         WerBenchOptions(model="tiny", paths=("offline", "carrier_pigeon"))
     with pytest.raises(HarkenError, match="--concurrency"):
         WerBenchOptions(model="tiny", concurrency=0)
+    with pytest.raises(HarkenError, match="--update-interval"):
+        WerBenchOptions(model="tiny", update_interval_s=0.0)
+    policy = WerBenchOptions(model="tiny", update_interval_s=0.5, rollback_tokens=2).stream_policy()
+    assert (policy.update_interval_s, policy.rollback_tokens) == (0.5, 2)
+
+
+def test_the_stream_path_updates_on_the_policy_s_boundaries(tmp_path, asr):
+    # every non-final event covers audio up to an update boundary of its item: whole multiples of
+    # the interval from the segment's start (its items are shorter than the 30-s segment limit here)
+    from harken.cloud.inference.commit import CommitPolicy
+    from harken.cloud.synth import corpus
+
+    lines = corpus.HELD_OUT_FILE.read_text(encoding="utf-8").splitlines()
+    recipes = tmp_path / "one.jsonl"
+    recipes.write_text(lines[6] + "\n", encoding="utf-8")
+    utterance = load_utterances(str(recipes), None)
+    for interval in (0.5, 1.0):
+        events = stream_timed(utterance[0].audio, _engine(asr, CommitPolicy(update_interval_s=interval)),
+                              _options(CommitPolicy(update_interval_s=interval)), AudioClock())
+        spans = [round((t.event.end_s - t.event.start_s) / interval, 6) for t in events if not t.event.is_final]
+        assert spans and all(s == int(s) for s in spans), (interval, spans)
+        if interval == 0.5:
+            assert any(int(s) % 2 for s in spans)  # a boundary the 1-s policy does not have
+
+
+def _engine(asr, policy):
+    from harken.cloud.inference.engine import Engine, EngineConfig
+
+    return Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=policy))
+
+
+def _options(policy):
+    from harken.cloud.inference.stream_session import SessionOptions
+
+    return SessionOptions(language="English", policy=policy)
