@@ -75,12 +75,17 @@ class WerBenchOptions:
 
     def stream_policy(self):
         """The stream path's commit policy: the engine's default, with the knobs given here."""
+        from dataclasses import replace
+
         from harken.cloud.inference.commit import CommitPolicy
 
-        knobs = {k: v for k, v in (("update_interval_s", self.update_interval_s),
-                                   ("rollback_tokens", self.rollback_tokens)) if v is not None}
+        policy = CommitPolicy()
         try:
-            return CommitPolicy(**knobs)
+            if self.update_interval_s is not None:
+                policy = replace(policy, update_interval_s=self.update_interval_s)
+            if self.rollback_tokens is not None:
+                policy = replace(policy, rollback_tokens=self.rollback_tokens)
+            return policy
         except ValueError as e:
             raise HarkenError(f"--update-interval / --rollback-tokens: {e}") from None
 
