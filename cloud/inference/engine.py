@@ -20,7 +20,9 @@ One tick (`Engine.step`):
       pass; all their encoder windows go through ONE `encode_windows` call. Sessions sending audio
       faster than real time wait while live ones are ready (cloud/inference/priority.py);
   (b) their prompt suffixes (active window, template tail, committed tokens; the slot keeps the
-      rest) go through ONE batched `prefill`;
+      rest), each followed by its draft (the previous update's uncommitted tokens), go through ONE
+      batched `prefill`; the greedy tokens that confirm a draft are taken from it, no decode step
+      each (`_verify`: exact self-speculation, the tokens plain greedy decoding gives);
   (c) greedy decode steps run batched across all those slots; a slot leaves the batch at EOS or
       its budget, and sessions that became ready meanwhile (or did not fit) JOIN between steps, each
       session served once per tick (twice if live while one of the tick's first passes runs on).
