@@ -62,7 +62,7 @@ def test_the_balanced_features_are_what_the_codec_promises(result):
     assert result["kbps_stream"] == result["kbps_served_features_balanced"]
 
 
-def test_self_speculation_on_synth_en_decodes_the_same_with_fewer_steps(result):
+def test_self_speculation_on_synth_en_decodes_the_same_with_fewer_steps(result, tmp_path):
     # `result` first: synth-en is unpacked into the module's fresh cache. A model that stops: most
     # of each update's tokens are the previous update's uncommitted ones, which the prefill confirms
     from harken.bench.wer import AudioClock, load_utterances, stream_timed
@@ -72,7 +72,7 @@ def test_self_speculation_on_synth_en_decodes_the_same_with_fewer_steps(result):
 
     asr = Qwen3ASR.load("synth-en")
     lines = corpus.HELD_OUT_FILE.read_text(encoding="utf-8").splitlines()
-    utterances = load_utterances(str(_rows_file(lines)), None)
+    utterances = load_utterances(str(_rows_file(lines, tmp_path)), None)
     runs = {}
     for speculate in (False, True):
         engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, speculate=speculate))
@@ -85,16 +85,13 @@ def test_self_speculation_on_synth_en_decodes_the_same_with_fewer_steps(result):
     assert spec_engine.verified_tokens >= 0.25 * spec_engine.decoded_tokens
 
 
-def _rows_file(lines: list[str]):
-    import tempfile
-    from pathlib import Path
-
-    path = Path(tempfile.mkdtemp()) / "three.jsonl"
+def _rows_file(lines: list[str], folder):
+    path = folder / "three.jsonl"
     path.write_text("\n".join(lines[i] for i in ROWS) + "\n", encoding="utf-8")
     return path
 
 
-def test_a_one_window_segment_commits_its_own_offline_pass(result):
+def test_a_one_window_segment_commits_its_own_offline_pass(result, tmp_path):
     # the engine's final pass over a segment of at most one encoder window, with no intermediate
     # commits, is the offline greedy decode of the same frames (the edge's, as the wire carries them)
     import numpy as np
@@ -113,7 +110,7 @@ def test_a_one_window_segment_commits_its_own_offline_pass(result):
     policy = CommitPolicy(intermediate_commits=False)
     engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=policy))
     segments = 0
-    for u in load_utterances(str(_rows_file(lines)), None):
+    for u in load_utterances(str(_rows_file(lines, tmp_path)), None):
         _, packets = run_stream(u.audio, DEFAULT_MODE)
         for seg in sorted({p.segment_id for p in packets}):
             mine = [p for p in packets if p.segment_id == seg]

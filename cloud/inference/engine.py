@@ -58,6 +58,7 @@ from harken.cloud.model.decoder import decode_step, prefill
 from harken.cloud.model.kv_cache import KVCache
 from harken.cloud.model.static_decode import StaticDecodeStep
 from harken.cloud.inference.priority import MAX_DEFER_TICKS, MAX_HOLD_STEPS, RealTimeLead
+from harken.cloud.inference.speculation import greedy_prefix
 from harken.cloud.inference.stream_session import Job, StreamSession, SessionOptions, EngineEvent
 from harken.shared.errors import Overloaded, SessionNotFound, StreamInputError
 from harken.shared.features_spec import FRAMES_PER_SECOND
@@ -380,27 +381,22 @@ class Engine:
         return still, events
 
     def _verify(self, r: _Running, greedy: list[int]) -> bool:
-        """Self-speculative greedy decoding: the pass's prefill ended with its draft (the previous
-        update's uncommitted tokens, `StreamSession.draft`), and `greedy` holds the argmax after the
-        prompt and after each drafted token. Take greedy tokens while they confirm the draft: token
-        i+1 is the greedy one only if token i equals draft[i]. At the first disagreement the slot
-        forgets the drafted positions after it, so the pass goes on decoding from exactly where
-        plain greedy decoding would be: the same tokens, with the agreed ones costing one prefill
-        instead of a decode step each. Returns whether the pass is over (`_done`)."""
+        """Take the greedy tokens the prefill over the pass's draft settles
+        (cloud/inference/speculation.py), each through `_done`, and cut the slot back to the
+        positions they confirmed. Returns whether the pass is over."""
         draft = r.job.draft
         if r.job.budget <= 0:
             return self._done(r)
         self.drafted_tokens += len(draft)
         taken, over = 0, False
-        for i, t in enumerate(greedy):
+        for t in greedy_prefix(greedy, draft):
             r.tokens.append(t)
-            taken = i + 1
+            taken += 1
             over = self._done(r)
-            if over or i == len(draft) or t != draft[i]:
+            if over:
                 break
         self.verified_tokens += taken - 1
-        if not over:
-            # the slot holds the prompt and every drafted token: keep those of the tokens taken but the last
+        if not over:  # the slot holds every drafted token: keep those of the tokens taken but the last
             self.cache.truncate(r.slot, self.cache.length(r.slot) - len(draft) + taken - 1)
         return over
 
