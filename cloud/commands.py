@@ -181,13 +181,13 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)
     options = SessionOptions(language=language, context=context or "")
     engine = engine_class(decoder)(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
-    events = stream_pieces(source, engine, options, codec_mode=codec)
+    events = stream_pieces(source, engine, options, codec_mode=codec, turns=printer.asks_turns)
     if word_timings:
         from harken.cloud.model.aligner import DEFAULT_ALIGNER, Qwen3ForcedAligner
         from harken.cloud.inference.word_timings import SegmentAligner, SegmentWords, stream_with_word_timings
 
         timings = SegmentAligner(Qwen3ForcedAligner.load(aligner or DEFAULT_ALIGNER, dtype=dtype, device=device))
-        events = stream_with_word_timings(source, engine, options, timings, codec_mode=codec)
+        events = stream_with_word_timings(source, engine, options, timings, codec_mode=codec, turns=printer.asks_turns)
     done = False
     try:
         for event in events:

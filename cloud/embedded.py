@@ -11,7 +11,8 @@ by an engine that keeps up, only without waiting for the clock.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from dataclasses import replace
+from typing import Iterable, Iterator, Literal, overload
 
 import numpy as np
 
@@ -19,6 +20,8 @@ from harken.cloud.inference.engine import Engine, EngineConfig
 from harken.cloud.inference.stream_session import SessionOptions, EngineEvent
 from harken.shared.codec import DEFAULT_MODE
 from harken.shared.features_spec import SAMPLE_RATE
+from harken.shared.protocol import Finalize
+from harken.shared.transcript import TurnEvent
 
 PIECE_SECONDS = 0.1
 
@@ -31,28 +34,55 @@ def stream_audio(audio: np.ndarray, engine: Engine, options: SessionOptions = Se
                              codec_mode)
 
 
-def stream_pieces(pieces: Iterable[np.ndarray], engine: Engine, options: SessionOptions = SessionOptions(),
-                  codec_mode: str = DEFAULT_MODE, on_packet=None) -> Iterator[EngineEvent]:
+@overload
+def stream_pieces(pieces: Iterable[np.ndarray | Finalize], engine: Engine, options: SessionOptions = ...,
+                  codec_mode: str = ..., on_packet=..., turns: Literal[False] = ...) -> Iterator[EngineEvent]: ...
+
+
+@overload
+def stream_pieces(pieces: Iterable[np.ndarray | Finalize], engine: Engine, options: SessionOptions = ...,
+                  codec_mode: str = ..., on_packet=..., turns: bool = ...) -> Iterator[EngineEvent | TurnEvent]: ...
+
+
+def stream_pieces(pieces: Iterable[np.ndarray | Finalize], engine: Engine, options: SessionOptions = SessionOptions(),
+                  codec_mode: str = DEFAULT_MODE, on_packet=None,
+                  turns: bool = False) -> Iterator[EngineEvent | TurnEvent]:
     """Stream pieces of 16 kHz mono float32 audio as they come (a file cut up, a microphone)
     through the edge pipeline (codec mode `codec_mode`) and `engine`; after each piece the engine
-    catches up. `on_packet(packet)` sees each edge packet before the engine does (word timings keep
-    the segments' features with it)."""
+    catches up. A `Finalize` among the pieces ends the open segment there (`FeatureStream.finalize`;
+    its final is `from_finalize`). `on_packet(packet)` sees each edge packet before the engine does
+    (word timings keep the segments' features with it). `turns`: the VAD's `TurnEvent`s too, each
+    as soon as its packet is out (before the engine's events of that packet)."""
     from harken.edge.pipeline import FeatureStream
 
     seed = options.resume.running_max_log10 if options.resume is not None else float("-inf")
     edge = FeatureStream(mode=codec_mode, running_max_log10=seed)
     sid = engine.open_session(options)
-    try:
-        for piece in pieces:
-            for packet in edge.push(piece):
-                on_packet is not None and on_packet(packet)
-                engine.ingest_packet(sid, packet)
-            yield from _drain(engine, sid)
-        for packet in edge.flush():
+    finalized: set[int] = set()
+
+    def feed(packets) -> Iterator[TurnEvent]:
+        for packet in packets:
             on_packet is not None and on_packet(packet)
             engine.ingest_packet(sid, packet)
+            if packet.finalized:
+                finalized.add(packet.segment_id)
+            if turns:
+                yield from packet.turns()
+
+    def drain() -> Iterator[EngineEvent]:
+        for event in _drain(engine, sid):
+            if event.is_final and event.segment_id in finalized:
+                finalized.discard(event.segment_id)
+                event = replace(event, from_finalize=True)
+            yield event
+
+    try:
+        for piece in pieces:
+            yield from feed(edge.finalize() if isinstance(piece, Finalize) else edge.push(piece))
+            yield from drain()
+        yield from feed(edge.flush())
         engine.finalize(sid)
-        yield from _drain(engine, sid)
+        yield from drain()
     finally:
         engine.close_session(sid)
 

@@ -31,10 +31,13 @@ if TYPE_CHECKING:
     from harken.shared.transcript import SegmentTimings as SegmentTimings
     from harken.shared.transcript import TimedWord as TimedWord
     from harken.shared.transcript import TranscriptEvent as TranscriptEvent
+    from harken.shared.transcript import TurnEvent as TurnEvent
+    from harken.edge.front_end import FINALIZE as FINALIZE
 
 _HOME = {"Meeting": "harken.edge.meeting", "MeetingLine": "harken.edge.meeting",
          "TranscriptEvent": "harken.shared.transcript", "SegmentTimings": "harken.shared.transcript",
-         "TimedWord": "harken.shared.transcript"}
+         "TimedWord": "harken.shared.transcript", "TurnEvent": "harken.shared.transcript",
+         "FINALIZE": "harken.edge.front_end"}
 
 __all__ = [
     "TranscriptionClient",
@@ -42,6 +45,8 @@ __all__ = [
     "TranscriptEvent",
     "SegmentTimings",
     "TimedWord",
+    "TurnEvent",
+    "FINALIZE",
     "TransportStats",
     "TransportError",
     "ServerUnavailableError",

@@ -6,10 +6,11 @@ network and this object, which says what to send and what the user sees:
 
     session = ClientSession(options)
     session.on_packets(packets, bound_s) / session.on_audio(pcm16)   # from a front end (edge/front_end.py)
+    session.finalize()                                              # thin client: the speaker stopped
     session.end_input()                                             # the source is exhausted
     call: write(session.start_message())
-          session.on_server_message(msg, now) -> [TranscriptEvent | SegmentTimings | StreamProgress]
-                                                                                   (Ready first)
+          session.on_server_message(msg, now) -> [TranscriptEvent | SegmentTimings | TurnEvent
+                                                   | StreamProgress]               (Ready first)
           while (msg := session.next_message()) is not None: write(msg); session.sent(msg)
           session.check_silence(now) -> reason to give the call up, or None
           session.on_call_closed() -> True when the stream is done
@@ -35,6 +36,13 @@ The session semantics (those of `proto/harken.proto`):
   the server sends them (`stats.word_timings`); each final segment's `SegmentTimings` then follows
   its final event, de-duplicated by event_seq like the transcript (a resume replays those missed).
   A server that lost the session loses the timings of segments it had finalised but not yet timed.
+- Turn events (`ClientOptions(turn_events=True)`): the Start asks for them; each `TurnEvent`
+  (speech started, utterance end) comes as soon as the server has applied the frames that decide
+  it, once per segment and kind (a replacement session's repeats of unfinished segments are dropped).
+- Finalize: a feature client cuts its own segment (`FeatureStream.finalize`: the packet that ends
+  it is `finalized`); a thin client calls `finalize()`, and a `Finalize` goes out after the audio
+  given so far. Either way the segment's final comes at once, `from_finalize`. A Finalize lost with
+  a dropped call is not repeated (the segment then ends at the server VAD's end of speech).
 - The buffer is bounded (`max_buffer_bytes`) and so is the time without a server
   (`max_offline_s`): past either the stream fails with a `TransportError` saying so.
 
@@ -62,9 +70,9 @@ from harken.edge.errors import BufferOverflowError, ServerRejectedError, ServerU
 from harken.edge.replay import AudioBuffer, FeatureBuffer, PendingMessage, ReplayFilter, ResendBuffer
 from harken.shared.codec import DEFAULT_MODE
 from harken.shared.features_spec import SAMPLE_RATE
-from harken.shared.protocol import (Ack, ClientMessage, End, FeaturePacket, KeepAlive, Ready, ServerMessage,
-                                    SessionSeed, Start, Transcript, WordTimings)
-from harken.shared.transcript import SegmentTimings, TimedWord, TranscriptEvent
+from harken.shared.protocol import (Ack, ClientMessage, End, FeaturePacket, Finalize, KeepAlive, Ready,
+                                    ServerMessage, SessionSeed, Start, Transcript, Turn, WordTimings)
+from harken.shared.transcript import SegmentTimings, TimedWord, TranscriptEvent, TurnEvent
 
 log = logging.getLogger("harken.transport")
 
@@ -105,6 +113,10 @@ class ClientOptions:
     # without an aligner says no in its Ready (`TransportStats.word_timings`). The SDK sets it per
     # stream: `TranscriptionClient.stream(source, word_timings=True)`
     word_timings: bool = False
+    # ask for the VAD's turn events (`TurnEvent`: speech started, utterance end), sent as soon as
+    # the server has applied the frames that decide them. The SDK sets it per stream:
+    # `TranscriptionClient.stream(source, turn_events=True)`
+    turn_events: bool = False
 
     def __post_init__(self):
         if self.max_offline_s <= 0 or self.max_buffer_bytes <= 0:
@@ -136,6 +148,8 @@ class TransportStats:
     # False: this server has no aligner (none come); None: not asked, or no Ready yet
     word_timings: bool | None = None
     word_timings_received: int = 0  # SegmentTimings passed on (after de-duplication)
+    turn_events: bool | None = None  # the server's answer to `ClientOptions.turn_events` (its latest Ready)
+    finalizes_sent: int = 0  # thin client: `Finalize` messages written
 
 
 @dataclass(frozen=True)
@@ -168,8 +182,9 @@ class InputState(enum.Enum):
     END_HELD = "end_held"  # the server refused a repeated End: it holds ours, only the finals are due
 
 
-# what the user sees of a stream, in order: transcript events, word timings (when asked for), progress
-SessionOutput = TranscriptEvent | SegmentTimings | StreamProgress
+# what the user sees of a stream, in order: transcript events, word timings and turn events (when
+# asked for), progress
+SessionOutput = TranscriptEvent | SegmentTimings | TurnEvent | StreamProgress
 
 
 @dataclass(frozen=True)
@@ -223,6 +238,10 @@ class ClientSession:
     _now: float = field(default=0.0, init=False, repr=False)  # the clock at the latest `next_message`
     _last_written: float = field(default=0.0, init=False, repr=False)  # clock time of this call's last write
     _keep_alive_ok: bool = field(default=False, init=False, repr=False)  # this call's Ready: the server takes KeepAlive
+    # thin client: Finalize requests not yet written, each due once the message of this seq is out
+    _finalize_after: list[int] = field(default_factory=list, init=False, repr=False)
+    # turn events passed on, per segment not yet final: a replacement session repeats them
+    _turns_seen: set[tuple[int, str]] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.route_key = self.options.route_key or self.route_key
@@ -249,6 +268,17 @@ class ClientSession:
         self.buffer.add_audio(pcm16)
         self._check_buffer()
 
+    def finalize(self) -> None:
+        """Thin client: the speaker stopped (push-to-talk released): a `Finalize` goes out right
+        after the audio given so far, and the server ends the open segment there at once. A feature
+        client cuts its segment in its own front end instead (`FeatureStream.finalize`)."""
+        if not self.options.send_audio:
+            raise ValueError("a feature client finalizes in its front end (FeatureStream.finalize: the packet "
+                             "that ends the segment is `finalized`), not with a Finalize message")
+        if self.input is InputState.OPEN and (not self._finalize_after
+                                              or self._finalize_after[-1] < self.buffer.next_seq - 1):
+            self._finalize_after.append(self.buffer.next_seq - 1)
+
     def end_input(self) -> None:
         """The source is exhausted: End follows the last buffered message."""
         if self.input is InputState.OPEN:
@@ -271,7 +301,8 @@ class ClientSession:
         o = self.options
         return Start(language=o.language, context=o.context, codec=self.buffer.codec, session_id=self.session_id,
                      last_event_seq=self.last_event_seq if self.session_id else 0,
-                     seed=None if self.session_id else self.seed, word_timings=o.word_timings)
+                     seed=None if self.session_id else self.seed, word_timings=o.word_timings,
+                     turn_events=o.turn_events)
 
     def on_server_message(self, msg: ServerMessage | None, now: float) -> list[SessionOutput]:
         """A message from the server (None: an empty one) at clock time `now`; returns what the
@@ -287,6 +318,8 @@ class ClientSession:
             return self._on_transcript(msg)
         if isinstance(msg, WordTimings):
             return self._on_word_timings(msg)
+        if isinstance(msg, Turn):
+            return self._on_turn(msg)
         if isinstance(msg, Ack):
             return self._on_ack(msg)
         return []  # an Error: the call's status follows with the same code, and is handled there
@@ -301,6 +334,9 @@ class ClientSession:
         if now is not None:
             self._now = now
         self._writing = self.buffer.after(self.sent_through)
+        if self._finalize_after and (self._writing is None or self._finalize_after[0] <= self.sent_through):
+            self._writing = None
+            return Finalize()
         if self._writing is not None:
             return self._writing.message()
         if self.input in (InputState.FINISHED, InputState.END_SENT):
@@ -323,6 +359,10 @@ class ClientSession:
         self._last_written = self._now
         if isinstance(msg, KeepAlive):
             self.stats.keepalives_sent += 1
+            return
+        if isinstance(msg, Finalize):
+            self._finalize_after.pop(0)
+            self.stats.finalizes_sent += 1
             return
         if isinstance(msg, End):
             self.input = InputState.END_SENT
@@ -425,6 +465,8 @@ class ClientSession:
                 log.warning("the server at %s sends no word timings (it has no aligner: harken serve --aligner "
                             "MODEL)", self.target)
             self.stats.word_timings = ready.word_timings
+        if self.options.turn_events:
+            self.stats.turn_events = ready.turn_events
         self._last_written = self._now = self.last_heard
         self._connected_this_call = True
         self.lifecycle = ClientLifecycle.STREAMING
@@ -466,6 +508,21 @@ class ClientSession:
         return [SegmentTimings(t.segment_id, tuple(TimedWord(x.text, x.start_s + offset, x.end_s + offset)
                                                     for x in t.words))]
 
+    def _on_turn(self, t: Turn) -> list[SessionOutput]:
+        """A turn event: once (event_seq, and per segment and kind across sessions), on the user's
+        timeline (as `_visible`)."""
+        if t.event_seq and t.event_seq <= self.last_event_seq:
+            self.stats.duplicate_events += 1
+            return []
+        self.last_event_seq = max(self.last_event_seq, t.event_seq)
+        e = t.turn
+        key = (e.segment_id, e.kind)
+        if e.segment_id <= self.last_final_segment or key in self._turns_seen:
+            self.stats.duplicate_events += 1
+            return []
+        self._turns_seen.add(key)
+        return [replace(e, audio_s=e.audio_s + self.buffer.time_offset_s)]
+
     def _on_ack(self, ack: Ack) -> list[SessionOutput]:
         self.acked_seq = max(self.acked_seq, ack.seq)
         final_through = self.buffer.on_ack(self.acked_seq, ack.last_final_segment)
@@ -477,6 +534,7 @@ class ClientSession:
     def _segment_final(self, segment_id: int, end_s: float | None) -> None:
         self.last_final_segment = max(self.last_final_segment, segment_id)
         self.texts.forget_through(self.last_final_segment)
+        self._turns_seen = {k for k in self._turns_seen if k[0] > self.last_final_segment}
         self.buffer.on_final(segment_id, end_s, self.last_final_segment, self.acked_seq)
 
     def _visible(self, e: TranscriptEvent) -> TranscriptEvent | None:

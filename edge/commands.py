@@ -157,7 +157,7 @@ async def _print_stream(client, source, printer: TranscriptPrinter) -> int:
     done = False
     told = False  # said that no timings come
     try:
-        async for event in client.stream(source, word_timings=printer.asks_timings):
+        async for event in client.stream(source, word_timings=printer.asks_timings, turn_events=printer.asks_turns):
             if printer.asks_timings and client.stats.word_timings is False and not told:
                 told = True
                 print("harken stream: the server sends no word timings (it has no aligner: harken serve "
@@ -178,7 +178,9 @@ class TranscriptPrinter:
 
     text  committed text solid, partial text dimmed (`LiveView`)
     json  one object per event (`TranscriptEvent.as_dict`), then `{"final": true, "text": ...}`;
-          with word timings, after each final segment `{"word_timings": SegmentTimings.as_dict()}`
+          with word timings, after each final segment `{"word_timings": SegmentTimings.as_dict()}`;
+          the VAD's turn events as they come, `{"type": "speech_started" | "utterance_end", ...}`
+          (`TurnEvent.as_dict`)
     srt   one SubRip cue per segment, written when the segment is final (shared/subtitles.py);
           `word_cues`: one cue per word, once the segment's word timings are in (`WordCues`)
     vtt   the same as WebVTT (its header first)
@@ -203,14 +205,19 @@ class TranscriptPrinter:
         self.cues = SubtitleCues()
         self.word_cues = WordCues() if word_cues else None
         self.asks_timings = word_timings or word_cues  # the stream should ask for word timings
+        self.asks_turns = output_format == "json"  # ... and turn events
         if output_format == "vtt":
             out.write(vtt_header())
             out.flush()
 
     def show(self, event) -> None:
-        """A `TranscriptEvent`, or a final segment's `SegmentTimings`."""
-        from harken.shared.transcript import SegmentTimings
+        """A `TranscriptEvent`, a final segment's `SegmentTimings`, or a `TurnEvent`."""
+        from harken.shared.transcript import SegmentTimings, TurnEvent
 
+        if isinstance(event, TurnEvent):
+            if self.format == "json":
+                print(json.dumps(event.as_dict()), file=self.out, flush=True)
+            return
         if self.view is not None:
             if not isinstance(event, SegmentTimings):
                 self.view.show(event)

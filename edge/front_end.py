@@ -6,7 +6,9 @@ session's messages.
 - `AudioFrontEnd` (thin client): PCM16 pieces of `audio_piece_ms`; the server runs the pipeline.
 
 Each `run()` consumes the source and ends the session's input; it calls `notify` with the items
-for the user (progress) whenever the session may have something new to send.
+for the user (progress) whenever the session may have something new to send. A source may yield
+`FINALIZE` between its pieces (the speaker stopped; push-to-talk released): the open segment ends
+at the audio given so far and its final comes at once (`from_finalize`).
 """
 
 from __future__ import annotations
@@ -22,10 +24,15 @@ from harken.edge.audio import load_audio, peak_normalize
 from harken.edge.client_session import ClientOptions, ClientSession, SessionOutput
 from harken.edge.pipeline import FeatureStream
 from harken.shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
+from harken.shared.protocol import Finalize
 
-AudioSource = Iterable[np.ndarray] | AsyncIterable[np.ndarray] | np.ndarray | str | Path
-"""What `TranscriptionClient.stream` takes: 16 kHz mono float32 pieces (sync or async), an array
-or an audio file's path."""
+FINALIZE = Finalize()
+"""Yield it from a stream's source between audio pieces to finalize the open segment now."""
+
+Piece = np.ndarray | Finalize
+AudioSource = Iterable[Piece] | AsyncIterable[Piece] | np.ndarray | str | Path
+"""What `TranscriptionClient.stream` takes: 16 kHz mono float32 pieces (sync or async, `FINALIZE`
+between them where the speaker stopped), an array or an audio file's path."""
 
 Notify = Callable[[Sequence[SessionOutput]], None]
 """Takes items for the user; called whenever the session may have something new to send."""
@@ -44,7 +51,7 @@ def audio_pieces(audio: np.ndarray, piece_ms: int = 100) -> list[np.ndarray]:
     return [audio[i:i + step] for i in range(0, audio.size, step)]
 
 
-async def as_async_pieces(source: AudioSource) -> AsyncIterator[np.ndarray]:
+async def as_async_pieces(source: AudioSource) -> AsyncIterator[Piece]:
     """Any supported source as an async iterator of float32 pieces. Sync iterables are pulled on
     a worker thread: a microphone iterator blocks until its next block arrives."""
     if isinstance(source, (str, Path)):
@@ -64,7 +71,7 @@ class _Exhausted:
     pass
 
 
-def _pull(it: Iterator[np.ndarray]) -> np.ndarray | _Exhausted:
+def _pull(it: Iterator[Piece]) -> Piece | _Exhausted:
     return next(it, _Exhausted())
 
 
@@ -75,8 +82,11 @@ class FeatureFrontEnd:
         self.stream = FeatureStream(mode=options.codec_mode, packet_frames=options.packet_frames)
         self.samples = 0
 
-    async def run(self, pieces: AsyncIterator[np.ndarray], session: ClientSession, notify: Notify) -> None:
+    async def run(self, pieces: AsyncIterator[Piece], session: ClientSession, notify: Notify) -> None:
         async for pcm in pieces:
+            if isinstance(pcm, Finalize):
+                notify([session.on_packets(await asyncio.to_thread(self.stream.finalize), -math.inf)])
+                continue
             pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
             # the edge's ONNX work leaves the event loop, so transcript events keep flowing
             packets = await asyncio.to_thread(self.stream.push, pcm)
@@ -98,9 +108,16 @@ class AudioFrontEnd:
     def __init__(self, options: ClientOptions):
         self.step = SAMPLE_RATE * options.audio_piece_ms // 1000
 
-    async def run(self, pieces: AsyncIterator[np.ndarray], session: ClientSession, notify: Notify) -> None:
+    async def run(self, pieces: AsyncIterator[Piece], session: ClientSession, notify: Notify) -> None:
         pending = np.zeros(0, np.float32)
         async for pcm in pieces:
+            if isinstance(pcm, Finalize):
+                if pending.size:  # the audio given so far goes before the Finalize
+                    session.on_audio(_pcm16(pending))
+                    pending = np.zeros(0, np.float32)
+                session.finalize()
+                notify([])
+                continue
             pending = np.concatenate([pending, np.asarray(pcm, dtype=np.float32).reshape(-1)])
             while pending.size >= self.step:
                 session.on_audio(_pcm16(pending[:self.step]))

@@ -66,6 +66,7 @@ class _Segment:
     next_frame: int  # first frame not yet sent
     end_frame: int | None = None  # exclusive; None while the segment is open
     started: bool = False  # a packet with segment_start has gone out
+    finalized: bool = False  # ended by a finalize request: its last packet says so
 
 
 @dataclass
@@ -97,6 +98,7 @@ class FeatureStream:
         self._segments: deque[_Segment] = deque()
         self._samples = 0  # samples of the stream pushed (a resumed stream counts from the start)
         self._vad_from = 0  # a resumed stream's VAD starts at its checkpoint, not at the replay's start
+        self._cut_sample = -1  # where the latest finalize ended a segment (the next may start there)
 
     @property
     def samples(self) -> int:
@@ -132,6 +134,16 @@ class FeatureStream:
         self.seconds.vad += t2 - t1
         return self._advance(frames, events, final=True)
 
+    def finalize(self) -> list[FeaturePacket]:
+        """Finalize on request (the speaker stopped; push-to-talk released): the open segment ends
+        at the audio pushed so far, its last packet `finalized`, at once. Speech that goes on is
+        the next segment (`SpeechSegmenter.finalize`). Nothing open: no packets."""
+        events = self.vad.finalize()
+        ended = {e.segment_id for e in events if isinstance(e, SegmentEnd)}
+        for seg in self._segments:
+            seg.finalized = seg.finalized or seg.segment_id in ended
+        return self._advance(np.zeros((N_MELS, 0), np.float32), events, final=False)
+
     def _advance(self, frames: np.ndarray, events, final: bool) -> list[FeaturePacket]:
         t0 = time.perf_counter()
         before = self.floor.max_log10
@@ -147,12 +159,17 @@ class FeatureStream:
                 # the VAD never starts a segment before the previous end, but on the frame grid the
                 # two may fall into one frame: it belongs to the earlier segment
                 first = max(e.start_sample // HOP_LENGTH, self._first_buffered, self._last_end_frame)
+                if e.start_sample == self._cut_sample:  # speech that went on after a finalize: no gap
+                    first = self._last_end_frame
                 self._segments.append(_Segment(e.segment_id, first))
             elif isinstance(e, SegmentEnd):
                 seg = next((s for s in self._segments if s.segment_id == e.segment_id), None)
                 if seg is not None:
                     # no frame past the end has gone out: `_open_limit` held them back
                     seg.end_frame = max(seg.next_frame, -(-e.end_sample // HOP_LENGTH))
+                    if seg.finalized:  # at once: not a frame past those computed
+                        seg.end_frame = max(seg.next_frame, min(seg.end_frame, self._frames_computed))
+                        self._cut_sample = e.end_sample
                     self._last_end_frame = seg.end_frame
         packets = self._emit(final)
         self._trim()
@@ -241,7 +258,7 @@ class FeatureStream:
         # the floor state after this packet's frames, not after every frame computed so far: a
         # function of the samples, whatever the piece that completed the packet held
         packet = FeaturePacket(seg.segment_id, start, stop - start, not seg.started, end, payload,
-                               self._running_after(stop - 1))
+                               self._running_after(stop - 1), finalized=end and seg.finalized)
         seg.started = True
         seg.next_frame = stop
         return packet

@@ -33,16 +33,17 @@ from harken.edge.client_session import (ClientOptions, ClientSession, Disconnect
 from harken.edge.errors import (BufferOverflowError, ServerRejectedError, ServerUnavailableError, TransportError,
                                 TransportSecurityError)
 from harken.edge.grpc_faults import GrpcCall, closed_at_once, speaks_tls, tls_mismatch
-from harken.edge.front_end import AudioSource, Notify, as_async_pieces, audio_pieces, file_pieces, front_end
+from harken.edge.front_end import (FINALIZE, AudioSource, Notify, as_async_pieces, audio_pieces, file_pieces,
+                                   front_end)
 from harken.shared.protocol import ServerError
 from harken.shared.text import TranscriptText
-from harken.shared.transcript import SegmentTimings, TimedWord, TranscriptEvent
+from harken.shared.transcript import SegmentTimings, TimedWord, TranscriptEvent, TurnEvent
 
 if TYPE_CHECKING:
     import grpc
 
 __all__ = ["TranscriptionClient", "ClientOptions", "TransportStats", "StreamProgress", "TranscriptEvent",
-           "SegmentTimings", "TimedWord",
+           "SegmentTimings", "TimedWord", "TurnEvent", "FINALIZE",
            "TransportError", "ServerUnavailableError", "BufferOverflowError", "TransportSecurityError",
            "ServerRejectedError", "AudioSource", "file_pieces", "audio_pieces"]
 
@@ -85,28 +86,32 @@ class TranscriptionClient:
 
     @overload
     def stream(self, source: AudioSource, progress: Literal[False] = False,
-               word_timings: Literal[False] = False) -> AsyncGenerator[TranscriptEvent, None]: ...
+               word_timings: Literal[False] = False,
+               turn_events: Literal[False] = False) -> AsyncGenerator[TranscriptEvent, None]: ...
 
     @overload
-    def stream(self, source: AudioSource, progress: bool,
-               word_timings: Literal[False] = False) -> AsyncGenerator[TranscriptEvent | StreamProgress, None]: ...
+    def stream(self, source: AudioSource, progress: bool, word_timings: Literal[False] = False,
+               turn_events: Literal[False] = False) -> AsyncGenerator[TranscriptEvent | StreamProgress, None]: ...
 
     @overload
-    def stream(self, source: AudioSource, progress: bool = False, *,
-               word_timings: bool) -> AsyncGenerator[SessionOutput, None]: ...
+    def stream(self, source: AudioSource, progress: bool = False, word_timings: bool = False,
+               turn_events: bool = False) -> AsyncGenerator[SessionOutput, None]: ...
 
     async def stream(self, source: AudioSource, progress: bool = False,
-                     word_timings: bool = False) -> AsyncGenerator[SessionOutput, None]:
+                     word_timings: bool = False, turn_events: bool = False) -> AsyncGenerator[SessionOutput, None]:
         """Transcribe `source` (16 kHz mono float32 pieces, sync or async; an array; a file path):
         yield every transcript event, return once the server has sent the last final. With
         `progress`, `StreamProgress` items come in between, each after the events it accounts for.
         With `word_timings`, the stream asks the server for each final segment's word times: a
         `SegmentTimings` follows the segment's final event (a server without an aligner sends none
-        and says so: `stats.word_timings` is then False, and a warning is logged).
+        and says so: `stats.word_timings` is then False, and a warning is logged). With
+        `turn_events`, `TurnEvent`s (speech started, utterance end) come as soon as the server's
+        VAD or this edge's knows them. A source may yield `FINALIZE` between its pieces: the open
+        segment's final then comes at once, `from_finalize`.
 
         Leaving the loop early stops the stream once the generator is closed: use
         `contextlib.aclosing(client.stream(...))` to have that happen at once."""
-        async with aclosing(self._run(source, word_timings)) as items:
+        async with aclosing(self._run(source, word_timings, turn_events)) as items:
             async for item in items:
                 if progress or not isinstance(item, StreamProgress):
                     yield item
@@ -121,8 +126,10 @@ class TranscriptionClient:
 
     # ---- the owner of one stream: a producer task, a connection task, items out via a queue ----
 
-    async def _run(self, source: AudioSource, word_timings: bool = False) -> AsyncGenerator[SessionOutput, None]:
-        session = ClientSession(replace(self.options, word_timings=word_timings), self.target, self._rng)
+    async def _run(self, source: AudioSource, word_timings: bool = False,
+                   turn_events: bool = False) -> AsyncGenerator[SessionOutput, None]:
+        session = ClientSession(replace(self.options, word_timings=word_timings, turn_events=turn_events),
+                                self.target, self._rng)
         self.stats = session.stats
         out: asyncio.Queue = asyncio.Queue()
         wake = asyncio.Event()  # the session may have something new to send

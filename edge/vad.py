@@ -394,6 +394,32 @@ class SpeechSegmenter:
         self.reset()
         return events
 
+    def finalize(self) -> list[SegmentEvent]:
+        """Finalize on request (the speaker stopped, push-to-talk released): decide now what the
+        windows seen so far can decide. A segment whose end waits for its padding ends at once
+        (the padding cut at the stream's position); the segment in progress ends at the position
+        (in a pause: where the pause began, plus what of the padding has been heard), and speech
+        that goes on opens the next segment there, unconfirmed like any onset. A burst not yet
+        confirmed (shorter than min speech so far) is left to the ordinary rules."""
+        s, lim = self.state, self._limits
+        events: list[SegmentEvent] = []
+        now = s.windows_seen * WINDOW_SAMPLES
+        if s.pending_end is not None:
+            self._emit_end(min(s.pending_end.raw_end_sample + lim.pad, now), now, events)
+        if not (s.triggered and s.confirmed):
+            return events
+        pause = s.silence_start_sample
+        self._close(now if pause is None else pause, now, events)
+        self._emit_end(now if pause is None else min(pause + lim.pad, now), now, events)
+        s.silence_start_sample, s.longest_pause = None, None
+        if pause is not None:
+            s.triggered = False
+            return events
+        s.raw_start_sample, s.confirmed = now, False
+        s.current_segment_id = s.next_segment_id
+        s.next_segment_id += 1
+        return events
+
     def _window(self, p: float, now: int, events: list[SegmentEvent]) -> None:
         """One window, in silero's order of checks. `now`: stream position at the window's end."""
         s, lim = self.state, self._limits
@@ -521,6 +547,10 @@ class StreamingVad:
         self._samples_seen += x.size
         probabilities = self.vad.push(x)
         return self.segmenter.push(probabilities) if probabilities.size else []
+
+    def finalize(self) -> list[SegmentEvent]:
+        """Finalize on request (`SpeechSegmenter.finalize`): the events it decides now."""
+        return self.segmenter.finalize()
 
     def flush(self) -> list[SegmentEvent]:
         """End of stream: close any open segment; return the last events, then reset."""

@@ -1,4 +1,5 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -27,7 +28,7 @@ class KeepAlive(_message.Message):
     def __init__(self) -> None: ...
 
 class Start(_message.Message):
-    __slots__ = ("language", "context", "codec", "session_id", "seed", "last_event_seq", "word_timings")
+    __slots__ = ("language", "context", "codec", "session_id", "seed", "last_event_seq", "word_timings", "turn_events")
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +36,7 @@ class Start(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     LAST_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     WORD_TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    TURN_EVENTS_FIELD_NUMBER: _ClassVar[int]
     language: str
     context: str
     codec: str
@@ -42,7 +44,8 @@ class Start(_message.Message):
     seed: SessionSeed
     last_event_seq: int
     word_timings: bool
-    def __init__(self, language: _Optional[str] = ..., context: _Optional[str] = ..., codec: _Optional[str] = ..., session_id: _Optional[str] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., last_event_seq: _Optional[int] = ..., word_timings: _Optional[bool] = ...) -> None: ...
+    turn_events: bool
+    def __init__(self, language: _Optional[str] = ..., context: _Optional[str] = ..., codec: _Optional[str] = ..., session_id: _Optional[str] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., last_event_seq: _Optional[int] = ..., word_timings: _Optional[bool] = ..., turn_events: _Optional[bool] = ...) -> None: ...
 
 class SessionSeed(_message.Message):
     __slots__ = ("present", "running_max_log10", "context_tail", "next_segment_id", "front_end_state", "audio_sample")
@@ -61,7 +64,7 @@ class SessionSeed(_message.Message):
     def __init__(self, present: _Optional[bool] = ..., running_max_log10: _Optional[float] = ..., context_tail: _Optional[str] = ..., next_segment_id: _Optional[int] = ..., front_end_state: _Optional[bytes] = ..., audio_sample: _Optional[int] = ...) -> None: ...
 
 class Features(_message.Message):
-    __slots__ = ("seq", "segment_id", "first_frame", "frame_count", "segment_start", "segment_end", "payload", "running_max_log10", "payload_crc32c")
+    __slots__ = ("seq", "segment_id", "first_frame", "frame_count", "segment_start", "segment_end", "payload", "running_max_log10", "payload_crc32c", "finalized")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_FRAME_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +74,7 @@ class Features(_message.Message):
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     RUNNING_MAX_LOG10_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_CRC32C_FIELD_NUMBER: _ClassVar[int]
+    FINALIZED_FIELD_NUMBER: _ClassVar[int]
     seq: int
     segment_id: int
     first_frame: int
@@ -80,7 +84,8 @@ class Features(_message.Message):
     payload: bytes
     running_max_log10: float
     payload_crc32c: int
-    def __init__(self, seq: _Optional[int] = ..., segment_id: _Optional[int] = ..., first_frame: _Optional[int] = ..., frame_count: _Optional[int] = ..., segment_start: _Optional[bool] = ..., segment_end: _Optional[bool] = ..., payload: _Optional[bytes] = ..., running_max_log10: _Optional[float] = ..., payload_crc32c: _Optional[int] = ...) -> None: ...
+    finalized: bool
+    def __init__(self, seq: _Optional[int] = ..., segment_id: _Optional[int] = ..., first_frame: _Optional[int] = ..., frame_count: _Optional[int] = ..., segment_start: _Optional[bool] = ..., segment_end: _Optional[bool] = ..., payload: _Optional[bytes] = ..., running_max_log10: _Optional[float] = ..., payload_crc32c: _Optional[int] = ..., finalized: _Optional[bool] = ...) -> None: ...
 
 class Audio(_message.Message):
     __slots__ = ("seq", "pcm16", "sample_rate")
@@ -101,35 +106,39 @@ class End(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("ready", "transcript", "ack", "error", "word_timings")
+    __slots__ = ("ready", "transcript", "ack", "error", "word_timings", "turn")
     READY_FIELD_NUMBER: _ClassVar[int]
     TRANSCRIPT_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     WORD_TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
     ready: Ready
     transcript: Transcript
     ack: Ack
     error: Error
     word_timings: WordTimings
-    def __init__(self, ready: _Optional[_Union[Ready, _Mapping]] = ..., transcript: _Optional[_Union[Transcript, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., word_timings: _Optional[_Union[WordTimings, _Mapping]] = ...) -> None: ...
+    turn: Turn
+    def __init__(self, ready: _Optional[_Union[Ready, _Mapping]] = ..., transcript: _Optional[_Union[Transcript, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., word_timings: _Optional[_Union[WordTimings, _Mapping]] = ..., turn: _Optional[_Union[Turn, _Mapping]] = ...) -> None: ...
 
 class Ready(_message.Message):
-    __slots__ = ("session_id", "resume_after_seq", "last_final_segment", "keep_alive", "word_timings")
+    __slots__ = ("session_id", "resume_after_seq", "last_final_segment", "keep_alive", "word_timings", "turn_events")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESUME_AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_FINAL_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     WORD_TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    TURN_EVENTS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     resume_after_seq: int
     last_final_segment: int
     keep_alive: bool
     word_timings: bool
-    def __init__(self, session_id: _Optional[str] = ..., resume_after_seq: _Optional[int] = ..., last_final_segment: _Optional[int] = ..., keep_alive: _Optional[bool] = ..., word_timings: _Optional[bool] = ...) -> None: ...
+    turn_events: bool
+    def __init__(self, session_id: _Optional[str] = ..., resume_after_seq: _Optional[int] = ..., last_final_segment: _Optional[int] = ..., keep_alive: _Optional[bool] = ..., word_timings: _Optional[bool] = ..., turn_events: _Optional[bool] = ...) -> None: ...
 
 class Transcript(_message.Message):
-    __slots__ = ("segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final", "seed", "event_seq")
+    __slots__ = ("segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final", "seed", "event_seq", "from_finalize")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_DELTA_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +149,7 @@ class Transcript(_message.Message):
     IS_FINAL_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    FROM_FINALIZE_FIELD_NUMBER: _ClassVar[int]
     segment_id: int
     committed_delta: str
     partial: str
@@ -150,7 +160,28 @@ class Transcript(_message.Message):
     is_final: bool
     seed: SessionSeed
     event_seq: int
-    def __init__(self, segment_id: _Optional[int] = ..., committed_delta: _Optional[str] = ..., partial: _Optional[str] = ..., stability: _Optional[float] = ..., start_s: _Optional[float] = ..., end_s: _Optional[float] = ..., language: _Optional[str] = ..., is_final: _Optional[bool] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., event_seq: _Optional[int] = ...) -> None: ...
+    from_finalize: bool
+    def __init__(self, segment_id: _Optional[int] = ..., committed_delta: _Optional[str] = ..., partial: _Optional[str] = ..., stability: _Optional[float] = ..., start_s: _Optional[float] = ..., end_s: _Optional[float] = ..., language: _Optional[str] = ..., is_final: _Optional[bool] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., event_seq: _Optional[int] = ..., from_finalize: _Optional[bool] = ...) -> None: ...
+
+class Turn(_message.Message):
+    __slots__ = ("segment_id", "kind", "audio_s", "event_seq")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[Turn.Kind]
+        SPEECH_STARTED: _ClassVar[Turn.Kind]
+        UTTERANCE_END: _ClassVar[Turn.Kind]
+    KIND_UNSPECIFIED: Turn.Kind
+    SPEECH_STARTED: Turn.Kind
+    UTTERANCE_END: Turn.Kind
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_S_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    kind: Turn.Kind
+    audio_s: float
+    event_seq: int
+    def __init__(self, segment_id: _Optional[int] = ..., kind: _Optional[_Union[Turn.Kind, str]] = ..., audio_s: _Optional[float] = ..., event_seq: _Optional[int] = ...) -> None: ...
 
 class WordTimings(_message.Message):
     __slots__ = ("segment_id", "words", "event_seq")

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harken.shared.transcript import SegmentTimings, TranscriptEvent
+from harken.shared.features_spec import FRAMES_PER_SECOND
+from harken.shared.transcript import SPEECH_STARTED, UTTERANCE_END, SegmentTimings, TranscriptEvent, TurnEvent
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,19 @@ class FeaturePacket:
     # the floor state after these frames (travels with final segments); None from a client older
     # than the field (the server keeps the segment's own)
     running_max_log10: float | None
+    # this packet ends its segment because the client asked to finalize (the edge cut its segment
+    # there; speech that goes on continues as the next segment): the segment's final says so
+    finalized: bool = False
+
+    def turns(self) -> list[TurnEvent]:
+        """The turn events this packet decides: its segment's onset and/or its end (frame times)."""
+        out = []
+        if self.segment_start:
+            out.append(TurnEvent(SPEECH_STARTED, self.segment_id, self.first_frame / FRAMES_PER_SECOND))
+        if self.segment_end:
+            out.append(TurnEvent(UTTERANCE_END, self.segment_id,
+                                 (self.first_frame + self.frame_count) / FRAMES_PER_SECOND))
+        return out
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,7 @@ class Start:
     last_event_seq: int = 0  # on resume: the highest event_seq received
     seed: SessionSeed | None = None
     word_timings: bool = False  # send each final segment's word times (`WordTimings`)
+    turn_events: bool = False  # send the VAD's turn events (`Turn`: speech started, utterance end)
 
 
 @dataclass(frozen=True)
@@ -80,7 +95,9 @@ class Audio:
 
 @dataclass(frozen=True)
 class Finalize:
-    """Close the open segment now (its final follows); the session goes on."""
+    """Close the open segment at the audio received so far; its final follows at once, marked
+    `from_finalize`. The session goes on: a thin client's speech that continues after it is the
+    next segment. (A feature client cuts its own segment: `FeaturePacket.finalized`.)"""
 
 
 @dataclass(frozen=True)
@@ -106,6 +123,7 @@ class Ready:
     last_final_segment: int = -1
     keep_alive: bool = False  # the server takes KeepAlive: the client writes them only then
     word_timings: bool = False  # the session asked for word timings and this server sends them
+    turn_events: bool = False  # the session asked for turn events and this server sends them
 
 
 @dataclass(frozen=True)
@@ -132,6 +150,19 @@ class WordTimings:
 
 
 @dataclass(frozen=True)
+class Turn:
+    """A turn event (sessions that asked, `Start.turn_events`): in the event log with the Transcripts,
+    sent as soon as the frames that decide it are applied."""
+
+    turn: TurnEvent
+    event_seq: int
+
+    @property
+    def segment_id(self) -> int:
+        return self.turn.segment_id
+
+
+@dataclass(frozen=True)
 class Ack:
     seq: int  # the highest client seq applied
     last_final_segment: int = -1  # the highest segment id final (-1: none)
@@ -146,6 +177,6 @@ class ServerError:
     message: str
 
 
-ServerMessage = Ready | Transcript | WordTimings | Ack | ServerError
+ServerMessage = Ready | Transcript | WordTimings | Turn | Ack | ServerError
 # what a session's event log holds (and replays after a resume), in event_seq order
-LoggedEvent = Transcript | WordTimings
+LoggedEvent = Transcript | WordTimings | Turn

@@ -14,7 +14,9 @@ class TranscriptEvent:
     partial: the current guess after all committed text (replaces the previous partial);
     stability: 0..1, how likely the partial is to survive; start_s/end_s: the segment's start and
     the end of the audio this event covers, on the stream's timeline; language: "" when unknown;
-    is_final: the segment is finished, all its text committed, partial empty.
+    is_final: the segment is finished, all its text committed, partial empty; from_finalize: this
+    final came because the client asked to finalize (`Finalize`, or an edge that cut its segment
+    on request) rather than by the VAD's end of speech or the input's end.
     """
 
     segment_id: int
@@ -25,12 +27,38 @@ class TranscriptEvent:
     end_s: float
     language: str
     is_final: bool
+    from_finalize: bool = False
 
     def as_dict(self) -> dict:
-        """The JSON form (`harken stream --json`): exactly these eight keys."""
+        """The JSON form (`harken stream --json`): exactly these nine keys."""
         return {"segment_id": self.segment_id, "committed_delta": self.committed_delta,
                 "partial": self.partial, "stability": self.stability, "start_s": self.start_s,
-                "end_s": self.end_s, "language": self.language, "is_final": self.is_final}
+                "end_s": self.end_s, "language": self.language, "is_final": self.is_final,
+                "from_finalize": self.from_finalize}
+
+
+SPEECH_STARTED = "speech_started"
+UTTERANCE_END = "utterance_end"
+
+
+@dataclass(frozen=True)
+class TurnEvent:
+    """A turn boundary as the VAD knows it, sent at once, never waiting for text.
+
+    kind: `SPEECH_STARTED` (a segment opens; `audio_s` is its onset, padded as the VAD pads it) or
+    `UTTERANCE_END` (the segment's speech is over; `audio_s` is its end, the VAD's end of the last
+    word plus the VAD's padding, or where a finalize cut it). Times on the stream's timeline, as
+    `TranscriptEvent.start_s`. Every segment has exactly one of each, in that order, and its
+    `UTTERANCE_END` comes before its final `TranscriptEvent`.
+    """
+
+    kind: str
+    segment_id: int
+    audio_s: float
+
+    def as_dict(self) -> dict:
+        """The JSON form (`harken stream --json`): {"type", "segment_id", "audio_s"}."""
+        return {"type": self.kind, "segment_id": self.segment_id, "audio_s": self.audio_s}
 
 
 @dataclass(frozen=True)

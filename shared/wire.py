@@ -33,8 +33,9 @@ from harken.shared.front_end_checkpoint import SIZE as FRONT_END_STATE_BYTES
 from harken.shared.front_end_checkpoint import FrontEndCheckpoint
 from harken.shared.integrity import payload_crc32c
 from harken.shared.protocol import (Ack, Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive,
-                                    Ready, ServerError, ServerMessage, SessionSeed, Start, Transcript, WordTimings)
-from harken.shared.transcript import SegmentTimings, TimedWord, TranscriptEvent
+                                    Ready, ServerError, ServerMessage, SessionSeed, Start, Transcript, Turn,
+                                    WordTimings)
+from harken.shared.transcript import SPEECH_STARTED, UTTERANCE_END, SegmentTimings, TimedWord, TranscriptEvent, TurnEvent
 
 # Checks a thin client's seeded front-end state against the server's own front end (ValueError if not)
 FrontEndCheck = Callable[[FrontEndCheckpoint], None]
@@ -62,7 +63,8 @@ def client_message_to_proto(msg: ClientMessage) -> pb.ClientMessage:
         return pb.ClientMessage(audio=pb.Audio(seq=msg.seq, pcm16=msg.pcm16, sample_rate=msg.sample_rate))
     if isinstance(msg, Start):
         start = pb.Start(language=msg.language, context=msg.context, codec=msg.codec, session_id=msg.session_id,
-                         last_event_seq=msg.last_event_seq, word_timings=msg.word_timings)
+                         last_event_seq=msg.last_event_seq, word_timings=msg.word_timings,
+                         turn_events=msg.turn_events)
         if msg.seed is not None:
             start.seed.CopyFrom(seed_to_proto(msg.seed))
         return pb.ClientMessage(start=start)
@@ -81,7 +83,7 @@ def features_to_proto(p: FeaturePacket, seq: int = 0) -> pb.ClientMessage:
     return pb.ClientMessage(features=pb.Features(
         seq=seq, segment_id=p.segment_id, first_frame=p.first_frame, frame_count=p.frame_count,
         segment_start=p.segment_start, segment_end=p.segment_end, payload=p.payload,
-        running_max_log10=p.running_max_log10, payload_crc32c=payload_crc32c(p.payload)))
+        running_max_log10=p.running_max_log10, payload_crc32c=payload_crc32c(p.payload), finalized=p.finalized))
 
 
 # ---- the server reads ------------------------------------------------------------------------
@@ -143,7 +145,8 @@ def _parse_start(s: pb.Start, front_end: FrontEndCheck | None) -> Start:
     if s.session_id and seed is not None:
         raise MalformedMessage("start: a resume (session_id) takes no seed; a seed starts a new session")
     return Start(language=s.language, context=s.context, codec=s.codec, session_id=s.session_id,
-                 last_event_seq=int(s.last_event_seq), seed=seed, word_timings=bool(s.word_timings))
+                 last_event_seq=int(s.last_event_seq), seed=seed, word_timings=bool(s.word_timings),
+                 turn_events=bool(s.turn_events))
 
 
 def _check_front_end(seed: pb.SessionSeed, front_end: FrontEndCheck | None) -> None:
@@ -193,10 +196,12 @@ def _parse_features(f: pb.Features) -> Features:
     if f.HasField("payload_crc32c") and payload_crc32c(f.payload) != f.payload_crc32c:
         raise MalformedMessage("features.payload_crc32c does not match the payload: it was corrupted "
                                "on the way (CRC32C of the payload bytes)")
+    if f.finalized and not f.segment_end:
+        raise MalformedMessage("features.finalized goes with segment_end: it says why the segment ended")
     return Features(int(f.seq), FeaturePacket(
         segment_id=int(f.segment_id), first_frame=int(f.first_frame), frame_count=int(f.frame_count),
         segment_start=bool(f.segment_start), segment_end=bool(f.segment_end), payload=bytes(f.payload),
-        running_max_log10=running_max))
+        running_max_log10=running_max, finalized=bool(f.finalized)))
 
 
 def _parse_audio(a: pb.Audio) -> Audio:
@@ -240,12 +245,15 @@ def server_message_to_proto(msg: ServerMessage) -> pb.ServerMessage:
         return transcript_to_proto(msg)
     if isinstance(msg, WordTimings):
         return word_timings_to_proto(msg)
+    if isinstance(msg, Turn):
+        return turn_to_proto(msg)
     if isinstance(msg, Ack):
         return pb.ServerMessage(ack=pb.Ack(seq=msg.seq, last_final_segment=msg.last_final_segment))
     if isinstance(msg, Ready):
         return pb.ServerMessage(ready=pb.Ready(session_id=msg.session_id, resume_after_seq=msg.resume_after_seq,
                                                last_final_segment=msg.last_final_segment,
-                                               keep_alive=msg.keep_alive, word_timings=msg.word_timings))
+                                               keep_alive=msg.keep_alive, word_timings=msg.word_timings,
+                                               turn_events=msg.turn_events))
     return pb.ServerMessage(error=pb.Error(code=msg.code, message=msg.message))
 
 
@@ -253,7 +261,7 @@ def transcript_to_proto(t: Transcript) -> pb.ServerMessage:
     e = t.event
     out = pb.Transcript(segment_id=e.segment_id, committed_delta=e.committed_delta, partial=e.partial,
                         stability=e.stability, start_s=e.start_s, end_s=e.end_s, language=e.language,
-                        is_final=e.is_final, event_seq=t.event_seq)
+                        is_final=e.is_final, event_seq=t.event_seq, from_finalize=e.from_finalize)
     if t.seed is not None:
         out.seed.CopyFrom(seed_to_proto(t.seed))
     return pb.ServerMessage(transcript=out)
@@ -266,6 +274,16 @@ def word_timings_to_proto(w: WordTimings) -> pb.ServerMessage:
         words=[pb.Word(text=x.text, start_s=x.start_s, end_s=x.end_s) for x in t.words]))
 
 
+_TURN_KINDS = {SPEECH_STARTED: pb.Turn.SPEECH_STARTED, UTTERANCE_END: pb.Turn.UTTERANCE_END}
+_TURN_NAMES = {v: k for k, v in _TURN_KINDS.items()}
+
+
+def turn_to_proto(t: Turn) -> pb.ServerMessage:
+    e = t.turn
+    return pb.ServerMessage(turn=pb.Turn(segment_id=e.segment_id, kind=_TURN_KINDS[e.kind], audio_s=e.audio_s,
+                                         event_seq=t.event_seq))
+
+
 # ---- the client reads ------------------------------------------------------------------------
 
 def server_message_from_proto(msg: pb.ServerMessage) -> ServerMessage | None:
@@ -275,19 +293,25 @@ def server_message_from_proto(msg: pb.ServerMessage) -> ServerMessage | None:
         t = msg.transcript
         event = TranscriptEvent(segment_id=t.segment_id, committed_delta=t.committed_delta, partial=t.partial,
                                 stability=t.stability, start_s=t.start_s, end_s=t.end_s, language=t.language,
-                                is_final=t.is_final)
+                                is_final=t.is_final, from_finalize=t.from_finalize)
         return Transcript(event, event_seq=t.event_seq, seed=seed_from_proto(t.seed))
     if kind == "word_timings":
         w = msg.word_timings
         words = tuple(TimedWord(x.text, x.start_s, x.end_s) for x in w.words)
         return WordTimings(SegmentTimings(w.segment_id, words), event_seq=w.event_seq)
+    if kind == "turn":
+        u = msg.turn
+        name = _TURN_NAMES.get(u.kind)
+        if name is None:  # a kind from a newer server: nothing this client knows to show
+            return None
+        return Turn(TurnEvent(name, u.segment_id, u.audio_s), event_seq=u.event_seq)
     if kind == "ack":
         return Ack(seq=msg.ack.seq, last_final_segment=msg.ack.last_final_segment)
     if kind == "ready":
         r = msg.ready
         return Ready(session_id=r.session_id, resume_after_seq=r.resume_after_seq,
                      last_final_segment=r.last_final_segment, keep_alive=r.keep_alive,
-                     word_timings=r.word_timings)
+                     word_timings=r.word_timings, turn_events=r.turn_events)
     if kind == "error":
         return ServerError(code=msg.error.code, message=msg.error.message)
     return None

@@ -21,7 +21,7 @@ from harken.edge.client_session import (ClientOptions, ClientSession, Disconnect
 from harken.edge.errors import (BufferOverflowError, ServerRejectedError, ServerUnavailableError,
                                 TransportSecurityError)
 from harken.shared.codec import CODEC_NAME
-from harken.shared.protocol import (Ack, Audio, End, FeaturePacket, Features, KeepAlive, Ready, ServerError,
+from harken.shared.protocol import (Ack, Audio, End, FeaturePacket, Features, Finalize, KeepAlive, Ready, ServerError,
                                     SessionSeed, Start, Transcript)
 from harken.shared.transcript import TranscriptEvent
 
@@ -376,3 +376,72 @@ def test_the_front_ends_do_not_mix():
         ClientSession(ClientOptions(send_audio=True)).on_packets([packet(0, 0, start=True)], 0.0)
     with pytest.raises(TypeError):
         ClientSession(ClientOptions()).on_audio(b"\0\0")
+
+
+# ---- finalize and turn events ------------------------------------------------------------------
+
+def test_a_thin_clients_finalize_goes_out_right_after_the_audio_given_before_it():
+    s = ClientSession(ClientOptions(send_audio=True, audio_piece_ms=100))
+    pcm = b"\1\0" * 1600
+    s.finalize()  # before any audio: goes first (the server has nothing open: no effect there)
+    s.on_audio(pcm)
+    s.on_audio(pcm)
+    s.finalize()
+    s.finalize()  # twice with nothing in between: one message
+    s.on_audio(pcm)
+    connect(s, Ready("sid", 0))
+    assert write_all(s) == [Finalize(), Audio(1, pcm, 16_000), Audio(2, pcm, 16_000), Finalize(),
+                            Audio(3, pcm, 16_000)]
+    assert s.stats.finalizes_sent == 2
+    s.finalize()  # after everything sent: at once
+    assert write_all(s) == [Finalize()]
+    s.end_input()
+    s.finalize()  # after the end of input: nothing (End finalises everything)
+    assert write_all(s) == [End()]
+
+
+def test_a_finalize_waits_for_the_audio_before_it_across_a_resume_and_is_sent_once():
+    s = ClientSession(ClientOptions(send_audio=True, audio_piece_ms=100))
+    pcm = b"\1\0" * 1600
+    for _ in range(3):
+        s.on_audio(pcm)
+    s.finalize()
+    connect(s, Ready("sid", 0))
+    first = s.next_message()
+    s.sent(first)
+    s.on_disconnect(Disconnect("lost", code="UNAVAILABLE"), now=1.0)
+    connect(s, Ready("sid", 1), now=1.5)  # the server applied seq 1
+    assert write_all(s) == [Audio(2, pcm, 16_000), Audio(3, pcm, 16_000), Finalize()]
+    s.on_disconnect(Disconnect("lost", code="UNAVAILABLE"), now=2.0)
+    connect(s, Ready("sid", 3), now=2.5)
+    assert write_all(s) == []  # the Finalize went out once
+
+
+def test_a_feature_client_finalizes_in_its_front_end():
+    with pytest.raises(ValueError, match="FeatureStream.finalize"):
+        ClientSession(ClientOptions()).finalize()
+
+
+def test_turn_events_once_each_and_on_the_users_timeline():
+    from harken.shared.protocol import Turn
+    from harken.shared.transcript import TurnEvent
+
+    s = ClientSession(ClientOptions(turn_events=True))
+    s.on_packets([packet(0, 0, start=True), packet(0, 10, end=True), packet(1, 50, start=True)], 1.0)
+    start = connect(s, Ready("old", 0, turn_events=True))
+    assert start.turn_events and s.stats.turn_events is True
+    write_all(s)
+    began = TurnEvent("speech_started", 0, 0.0)
+    assert s.on_server_message(Turn(began, 1), 0.1) == [began]
+    assert s.on_server_message(Turn(began, 1), 0.1) == []  # a resume's replay: once
+    ended = TurnEvent("utterance_end", 0, 0.2)
+    assert s.on_server_message(Turn(ended, 2), 0.2) == [ended]
+    s.on_server_message(transcript(0, 3, "first.", final=True, end_s=0.2, seed=SEED), 0.3)
+    second = TurnEvent("speech_started", 1, 0.5)
+    assert s.on_server_message(Turn(second, 4), 0.4) == [second]
+    # the server lost the session: the replacement repeats segment 1's onset, which is not shown again
+    s.on_disconnect(Disconnect("no session", code="NOT_FOUND"), now=1.0)
+    connect(s, Ready("new", 0, turn_events=True))
+    write_all(s)
+    assert s.on_server_message(Turn(second, 1), 1.1) == []
+    assert s.on_server_message(Turn(TurnEvent("utterance_end", 1, 0.9), 2), 1.2) == [TurnEvent("utterance_end", 1, 0.9)]

@@ -212,3 +212,62 @@ def test_a_checkpoint_needs_the_settings_that_made_it(noisy_three):
     assert stream.checkpoint() is None  # off the grid
     resumed = FeatureStream.resume(_with_checkpoints(noisy_three, FeatureStream())[-1][0])
     assert resumed.flush() == []  # ended before the replay reached the checkpoint: nothing open
+
+
+# ---- finalize on request (the speaker stopped; push-to-talk released) ------------------------------
+
+def _finalized_at(audio, cut_s: float, piece: int = 1600):
+    """Push `audio` in pieces, finalize once `cut_s` of it is in, push the rest, flush: the packets
+    before the finalize, those it returned, and all of them."""
+    stream = FeatureStream(mode="hifi")
+    before, at, i = [], [], 0
+    cut = int(cut_s * 16000) // piece * piece
+    while i < cut:
+        before += stream.push(audio[i:i + piece])
+        i += piece
+    at = stream.finalize()
+    rest = []
+    while i < audio.size:
+        rest += stream.push(audio[i:i + piece])
+        i += piece
+    return stream, before, at, before + at + rest + stream.flush()
+
+
+def test_finalize_mid_speech_ends_the_segment_at_once_and_the_speech_goes_on_in_the_next(audio):
+    first = _vad_frames(audio)[0]
+    cut_s = (first[0] + first[1]) / 2 / 100  # halfway through the first sentence
+    stream, before, at, packets = _finalized_at(audio, cut_s)
+    assert at and at[-1].segment_end and at[-1].finalized and not any(p.finalized for p in at[:-1])
+    assert all(not p.finalized for p in before)
+    end = at[-1].first_frame + at[-1].frame_count
+    assert end <= round(cut_s * 100)  # no frame the stream has not computed yet: at once
+    segs = _by_segment(packets)
+    assert len(segs) == 3  # the first sentence in two, the second whole
+    (a, pa), (b, pb), _ = sorted(segs.items())
+    assert b == a + 1
+    # the speech after the cut is the next segment, on at the very frame the finalized one ended
+    assert pb[0].segment_start and pb[0].first_frame == end
+    assert pb[-1].first_frame + pb[-1].frame_count == first[1]  # and ends where the VAD ends the sentence
+    assert sum(p.finalized for p in packets) == 1
+    # the frames are the stream's own (the cut only moves segment bounds)
+    reference = RunningMaxFloor()(log_mel_raw(audio))
+    for p in pa + pb:
+        ref = reference[:, p.first_frame:p.first_frame + p.frame_count]
+        assert feature_error_db(ref, decode_frames(p.payload)).rms_db < HIFI_RMS_DB
+    assert packets[-1].segment_end  # the second sentence is untouched
+    assert _spans(packets)[-1] == _vad_frames(audio)[1]
+
+
+def test_finalize_in_the_pause_after_speech_ends_the_segment_without_waiting_for_min_silence(audio):
+    first = _vad_frames(audio)[0]
+    stream, before, at, packets = _finalized_at(audio, first[1] / 100 + 0.05)  # before the VAD decides
+    assert not any(p.segment_end for p in before)
+    assert at and at[-1].segment_end and at[-1].finalized
+    assert len(_by_segment(packets)) == 2  # nothing opened after it: the pause went on
+    assert _spans(packets)[0][1] <= first[1]
+
+
+def test_finalize_with_nothing_open_sends_nothing(audio):
+    stream = FeatureStream()
+    assert stream.finalize() == []
+    assert stream.push(audio[:8000]) == [] and stream.finalize() == []  # 0.5 s of silence

@@ -8,7 +8,7 @@ import pytest
 
 from harken.cloud.errors import MalformedMessage, OutOfOrder, SessionNotFound, ShuttingDown, Superseded
 from harken.cloud.hosting.server_session import (ACK_EVERY, CLOSED_OK, ServerLifecycle, ServerSession, SessionLimits)
-from harken.shared.protocol import Audio, End, FeaturePacket, Features, KeepAlive, SessionSeed, Start
+from harken.shared.protocol import Audio, End, FeaturePacket, Features, Finalize, KeepAlive, SessionSeed, Start
 from harken.shared.transcript import TranscriptEvent
 
 
@@ -283,3 +283,83 @@ def test_word_timings_follow_their_final_in_the_log_and_the_session_ends_once_th
     plain.record(event(0, 0.1, final=True, delta="hi"), SessionSeed(0.0, "hi", 1), now=1.0)
     plain.drain(by_client=True)
     assert plain.lifecycle is ServerLifecycle.ENDED
+
+
+# ---- finalize and turn events ------------------------------------------------------------------
+
+def turned(seed: SessionSeed | None = None) -> ServerSession:
+    return ServerSession("sid", "key", Start(seed=seed, turn_events=True), SessionLimits(), now=0.0)
+
+
+def logged(s: ServerSession, after: int = 0) -> list[tuple]:
+    """The event log after `after` as (kind, segment, detail) tuples, in event_seq order."""
+    from harken.shared.protocol import Turn
+
+    out = []
+    for e in s.events_after(after):
+        if isinstance(e, Turn):
+            out.append((e.turn.kind, e.segment_id, e.turn.audio_s))
+        else:
+            out.append(("final" if e.event.is_final else "partial", e.segment_id, e.event.from_finalize))
+    return out
+
+
+def test_turn_events_come_with_the_frames_that_decide_them_in_order_with_the_text():
+    s = turned()
+    a = s.attach(0, now=0.0, wake=Wake())
+    woken = a.wake.count
+    feed(s, 1, packet(0, 50, 20, start=True))
+    assert logged(s) == [("speech_started", 0, 0.5)]  # at once: no text yet
+    assert a.wake.count > woken
+    s.record(event(0, 0.7), None, now=0.2)
+    feed(s, 2, packet(0, 70, 13, end=True))
+    s.record(event(0, 0.83, final=True), SessionSeed(0.0, "", 1), now=0.4)
+    feed(s, 3, packet(1, 100, 20, start=True, end=True))
+    assert logged(s) == [("speech_started", 0, 0.5), ("partial", 0, False), ("utterance_end", 0, 0.83),
+                         ("final", 0, False), ("speech_started", 1, 1.0), ("utterance_end", 1, 1.2)]
+    assert [e.event_seq for e in s.events_after(0)] == list(range(1, 7))  # one log, one counter
+
+
+def test_sessions_that_do_not_ask_get_no_turn_events():
+    s = session()
+    feed(s, 1, packet(0, 0, 10, start=True, end=True))
+    assert s.events_after(0) == []
+
+
+def test_a_finalized_packet_makes_its_final_say_from_finalize():
+    s = turned()
+    feed(s, 1, packet(0, 0, 20, start=True))
+    cut = FeaturePacket(0, 20, 5, False, True, b"payload", None, finalized=True)
+    feed(s, 2, cut)
+    s.record(event(0, 0.25, final=True), SessionSeed(0.0, "", 1), now=1.0)
+    feed(s, 3, packet(1, 25, 20, start=True, end=True))  # the speech that went on: an ordinary segment
+    s.record(event(1, 0.45, final=True), SessionSeed(0.0, "", 2), now=2.0)
+    assert [x for x in logged(s) if x[0] == "final"] == [("final", 0, True), ("final", 1, False)]
+
+
+def test_finalize_before_any_audio_twice_and_after_end_does_nothing():
+    s = turned()
+    assert s.admit(Finalize()) == Finalize()
+    assert s.finalize(now=0.0) is None  # nothing open
+    feed(s, 1, packet(0, 0, 20, start=True))
+    assert s.finalize(now=0.5) == 0
+    assert s.finalize(now=0.6) is None  # twice: the second has nothing to close
+    assert logged(s) == [("speech_started", 0, 0.0), ("utterance_end", 0, 0.2)]
+    s.record(event(0, 0.2, final=True), SessionSeed(0.0, "", 1), now=0.7)
+    assert logged(s)[-1] == ("final", 0, True)
+    assert s.admit(End()) == End()
+    assert s.finalize(now=0.8) is None  # End's own finalize: nothing open any more
+    s.drain(by_client=True)
+    assert s.lifecycle is ServerLifecycle.ENDED
+    assert s.admit(Finalize()) is None  # after the end: a replay, nothing to do
+    assert len([x for x in logged(s) if x[0] == "final"]) == 1  # the final once
+
+
+def test_turn_events_replay_after_a_resume_like_the_text():
+    s = turned()
+    s.attach(0, now=0.0, wake=Wake())
+    feed(s, 1, packet(0, 0, 20, start=True))
+    s.record(event(0, 0.2), None, now=0.1)
+    a = s.attach(1, now=1.0, wake=Wake())  # a resume that had the first event only
+    assert [e.event_seq for e in s.events_after(a.sent_event_seq)] == [2]
+    assert logged(s, 1) == [("partial", 0, False)]

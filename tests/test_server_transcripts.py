@@ -148,18 +148,33 @@ def test_thin_client_at_48k_is_resampled(asr, audio):
 
 
 def test_finalize_closes_the_open_segment_of_a_thin_client(asr, audio):
-    """Push-to-talk: Finalize mid-utterance ends the segment at once; the rest of that VAD
-    segment is dropped and the next one gets its own id."""
+    """Push-to-talk: Finalize mid-utterance ends the segment at once, at the audio sent so far, and
+    its final says `from_finalize`; the rest of that speech is the next segment (nothing lost).
+    Turn events, asked for, come in order with the text: each segment's onset first, its end
+    before its final."""
     msgs = audio_msgs(audio)
     half = 25  # 2.5 s: inside the second utterance
 
     async def main():
         async with serving(asr) as server:
-            return await run_stream(server.address, [start_msg()] + msgs[:half]
+            return await run_stream(server.address, [start_msg(turn_events=True)] + msgs[:half]
                                     + [pb.ClientMessage(finalize=pb.Finalize())] + msgs[half:] + [END])
 
     out = asyncio.run(main())
     assert out.code == OK, out.details
+    assert out.ready.turn_events
     finals = [t for t in out.transcripts if t.is_final]
-    assert [t.segment_id for t in finals] == [0, 1]
+    assert [t.segment_id for t in finals] == [0, 1, 2]
+    assert [t.from_finalize for t in finals] == [False, True, False]
     assert finals[1].end_s <= half / 10
+    turns = [m.turn for m in out.messages if m.WhichOneof("kind") == "turn"]
+    kinds = [(t.segment_id, pb.Turn.Kind.Name(t.kind)) for t in turns]
+    assert kinds == [(0, "SPEECH_STARTED"), (0, "UTTERANCE_END"), (1, "SPEECH_STARTED"), (1, "UTTERANCE_END"),
+                     (2, "SPEECH_STARTED"), (2, "UTTERANCE_END")]
+    assert turns[3].audio_s <= half / 10 and turns[4].audio_s == pytest.approx(turns[3].audio_s)  # no gap
+    # in order with the text: a segment's end comes before its final
+    seqs = {(m.turn.segment_id, m.turn.kind): m.turn.event_seq for m in out.messages if m.WhichOneof("kind") == "turn"}
+    for t in finals:
+        assert seqs[(t.segment_id, pb.Turn.UTTERANCE_END)] < t.event_seq
+    events = sorted([t.event_seq for t in out.transcripts] + [t.event_seq for t in turns])
+    assert events == list(range(1, len(events) + 1))

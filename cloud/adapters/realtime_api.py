@@ -6,13 +6,16 @@ The client's audio (`input_audio_buffer.append`: base64 PCM16 at the session's r
 stream handler as gRPC and WebRTC (the server's VAD, features and codec; the serving engine's
 batches), so the text is harken's committed text. How harken's model maps onto the events:
 
-    a VAD segment opens        input_audio_buffer.speech_started (item_id: one item per segment)
+    a VAD segment opens        input_audio_buffer.speech_started (item_id: one item per segment), as
+                               soon as the server's VAD knows (harken's turn event, not waiting for text)
+    the segment's speech ends  input_audio_buffer.speech_stopped, input_audio_buffer.committed (the
+                               turn event utterance_end, before the text is final)
     committed text             conversation.item.input_audio_transcription.delta: committed text is
                                never retracted, so the deltas of an item add up to its transcript;
                                partial text, which may still change, is not sent
-    the segment is final       input_audio_buffer.speech_stopped, input_audio_buffer.committed,
-                               conversation.item.input_audio_transcription.completed (the segment's text)
-    input_audio_buffer.commit  harken's Finalize: the open segment ends now
+    the segment is final       conversation.item.input_audio_transcription.completed (the segment's text)
+    input_audio_buffer.commit  harken's Finalize: the open segment ends at the audio appended so far,
+                               and its text follows at once
     input_audio_buffer.clear   input_audio_buffer.cleared; audio already taken is not unsaid (harken
                                commits as it hears)
     the socket closes          harken's End (half-close): open segments are finalised
@@ -44,7 +47,8 @@ from harken.cloud.errors import Unauthenticated
 from harken.cloud.hosting.stream_handler import RequestQueue, StreamFailed, StreamHandler
 from harken.shared import wire
 from harken.shared.codec import CODEC_NAME
-from harken.shared.protocol import Audio, ClientMessage, End, Finalize, ServerError, Start, Transcript
+from harken.shared.protocol import Audio, ClientMessage, End, Finalize, ServerError, Start, Transcript, Turn
+from harken.shared.transcript import SPEECH_STARTED
 
 REALTIME_PATH = "/v1/realtime"
 SERVER_CODES = ("INTERNAL", "UNAVAILABLE", "UNKNOWN", "DATA_LOSS")  # the server's fault; the others are the client's
@@ -104,6 +108,7 @@ class _Session:
         self.items: dict[int, str] = {}  # segment id -> item id
         self.texts: dict[int, str] = {}
         self.last_item: str | None = None
+        self.stopped: set[int] = set()  # segments whose speech_stopped / committed are out
         self.ids = itertools.count(1)
 
     def describe(self) -> dict:
@@ -211,7 +216,7 @@ class _Session:
                              "open a new session", "session_ended", event_id)
             return
         if self.stream is None:
-            start = Start(language=self.language, context=self.prompt, codec=CODEC_NAME)
+            start = Start(language=self.language, context=self.prompt, codec=CODEC_NAME, turn_events=not self.vllm)
             self.start = wire.client_message_to_proto(start).SerializeToString()
             self.requests.put(self.start)
             self.stream = asyncio.get_running_loop().create_task(self._run())
@@ -246,6 +251,9 @@ class _Session:
                 async for out in messages:
                     if isinstance(out, Transcript):
                         await (self._vllm_transcript(out) if self.vllm else self._transcript(out))
+                    elif isinstance(out, Turn):
+                        await (self._speech_started(out.segment_id, out.turn.audio_s) if out.turn.kind == SPEECH_STARTED
+                               else self._speech_stopped(out.segment_id, out.turn.audio_s))
                     elif isinstance(out, ServerError):
                         kind = "server_error" if out.code in SERVER_CODES else "invalid_request_error"
                         await self.send({"type": "error", "error": {"type": kind, "code": out.code,
@@ -258,23 +266,36 @@ class _Session:
         if self.vllm and self.ended:
             await self.vllm_done()
 
+    async def _speech_started(self, segment_id: int, audio_s: float) -> str:
+        """The segment's item (speech_started goes out once, with its first event)."""
+        item = self.items.get(segment_id)
+        if item is None:
+            item = self.items[segment_id] = f"item_{self.id[5:13]}_{segment_id}"
+            await self.send({"type": "input_audio_buffer.speech_started", "item_id": item,
+                             "audio_start_ms": int(round(audio_s * 1000))})
+        return item
+
+    async def _speech_stopped(self, segment_id: int, audio_s: float) -> None:
+        if segment_id in self.stopped:
+            return
+        item = await self._speech_started(segment_id, audio_s)
+        self.stopped.add(segment_id)
+        await self.send({"type": "input_audio_buffer.speech_stopped", "item_id": item,
+                         "audio_end_ms": int(round(audio_s * 1000))})
+        await self.send({"type": "input_audio_buffer.committed", "item_id": item,
+                         "previous_item_id": self.last_item})
+        self.last_item = item
+
     async def _transcript(self, t: Transcript) -> None:
         e = t.event
-        item = self.items.get(e.segment_id)
-        if item is None:
-            item = self.items[e.segment_id] = f"item_{self.id[5:13]}_{e.segment_id}"
-            await self.send({"type": "input_audio_buffer.speech_started", "item_id": item,
-                             "audio_start_ms": int(round(e.start_s * 1000))})
+        item = await self._speech_started(e.segment_id, e.start_s)
         if e.committed_delta:
             self.texts[e.segment_id] = self.texts.get(e.segment_id, "") + e.committed_delta
             await self.send({"type": "conversation.item.input_audio_transcription.delta", "item_id": item,
                              "content_index": 0, "delta": e.committed_delta})
         if e.is_final:
-            await self.send({"type": "input_audio_buffer.speech_stopped", "item_id": item,
-                             "audio_end_ms": int(round(e.end_s * 1000))})
-            await self.send({"type": "input_audio_buffer.committed", "item_id": item,
-                             "previous_item_id": self.last_item})
-            self.last_item = item
+            await self._speech_stopped(e.segment_id, e.end_s)  # (said already by the turn event)
+            self.stopped.discard(e.segment_id)
             await self.send({"type": "conversation.item.input_audio_transcription.completed", "item_id": item,
                              "content_index": 0, "transcript": self.texts.get(e.segment_id, "").strip(),
                              "usage": {"type": "duration", "seconds": round(max(0.0, e.end_s - e.start_s), 3)}})

@@ -61,6 +61,11 @@ class ThinClientFrontEnd:
         assert c is not None, "a new stream is idle at sample 0"
         return c
 
+    def finalize(self) -> list[FeaturePacket]:
+        """The client's Finalize: the open segment ends at the audio pushed so far
+        (`FeatureStream.finalize`); speech that goes on is the next segment."""
+        return self.stream.finalize()
+
     def flush(self) -> list[FeaturePacket]:
         packets = []
         if self.resampler is not None:

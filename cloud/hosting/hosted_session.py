@@ -158,6 +158,11 @@ class HostedSession:
         return self.scheduler.engine.queued_frames(self.session_id)
 
     @property
+    def turn_events(self) -> bool:
+        """This session gets turn events (it asked: `Start.turn_events`)."""
+        return self.core.start.turn_events
+
+    @property
     def word_timings(self) -> bool:
         """This session gets word timings (it asked, and the server has an aligner)."""
         return self.core.word_timings
@@ -184,7 +189,7 @@ class HostedSession:
             if todo is None:
                 return
             if isinstance(todo, Finalize):
-                self._finalize()
+                await self._finalize_on_request()
             elif isinstance(todo, End):
                 await self._end(by_client=True)
             elif isinstance(todo, Features):
@@ -228,6 +233,17 @@ class HostedSession:
             if self._tap is not None and n:  # what the engine applied: a resent overlap is not kept twice
                 self._tap.add_frames(p.segment_id, frames[:, frames.shape[1] - n:])
         self.core.fed(p, time.monotonic())
+
+    async def _finalize_on_request(self) -> None:
+        """The client's Finalize. A thin client's front end cuts its open segment at the audio taken
+        so far (the rest of the speech is its next segment); a feature client's open segment ends
+        at the frames received (its later frames of that segment are out of order: a feature
+        client cuts its own segments, `FeaturePacket.finalized`)."""
+        if self.audio is not None:
+            front_end = self.audio
+            await self._feed_front_end(await _run(self.executor, front_end.finalize))
+        else:
+            self._finalize()
 
     def _finalize(self) -> None:
         if self.core.finalize(time.monotonic()) is not None:

@@ -11,10 +11,11 @@ engine, pumps the engine's events in, and wakes the attached stream.
              accept(packet)        -> whether its frames go to the engine (the one order check)
              fed(packet, now)      -> the frames are with the engine
              applied(message)      -> seq advanced; an Ack falls due every ACK_EVERY messages
-             finalize(now)         -> the open segment to finalise, if any
+             finalize(now)         -> the open segment to finalise, if any (its final: from_finalize)
              drain(status)         -> no more input; ENDED once every final is in
     output   record(event, now)    -> the `Transcript` with its event_seq (and seed on finals)
              record_timings(words) -> the `WordTimings` of a final segment, its event_seq next in line
+             (turn events: `fed` and `finalize` log them, for sessions that asked)
              fail(error)           -> FAILED: the attached stream and any later one get `error`
     streams  attach / supersede / detach / heard / idle_for / events_after / sent
 
@@ -40,10 +41,10 @@ from typing import TYPE_CHECKING, Protocol
 from harken.cloud.errors import MalformedMessage, OutOfOrder, SessionNotFound, ShuttingDown, Superseded
 from harken.shared.wire import MAX_SEGMENT_ID
 from harken.shared.front_end_checkpoint import FrontEndCheckpoint
-from harken.shared.features_spec import SAMPLE_RATE
+from harken.shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
 from harken.shared.protocol import (Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive,
-                                    LoggedEvent, SessionSeed, Start, Transcript, WordTimings)
-from harken.shared.transcript import SegmentTimings, TranscriptEvent
+                                    LoggedEvent, SessionSeed, Start, Transcript, Turn, WordTimings)
+from harken.shared.transcript import UTTERANCE_END, SegmentTimings, TranscriptEvent, TurnEvent
 
 if TYPE_CHECKING:
     import asyncio
@@ -233,7 +234,8 @@ class ServerSession:
     def __init__(self, session_id: str, key_id: str, start: Start, limits: SessionLimits, now: float,
                  word_timings: bool = False):
         """`word_timings`: the session asked for them and the server has an aligner: each final
-        segment's timings follow its final, and the session ends only once they are all in."""
+        segment's timings follow its final, and the session ends only once they are all in. Turn
+        events are logged when the session asked for them (`start.turn_events`)."""
         self.session_id = session_id  # also the engine's id for it
         self.key_id = key_id
         self.start = start
@@ -255,6 +257,7 @@ class ServerSession:
         self.lifecycle = ServerLifecycle.ACTIVE
         self.failure: BaseException | None = None  # FAILED: the engine took the session out with this
         self._awaiting_final: set[int] = set()  # segments fed frames whose final has not come
+        self._finalized: set[int] = set()  # segments ended by a finalize request: their finals say so
         self._msgs_since_ack = 0
         self._timing = _Timing()
         self._audio_rate = 0  # thin clients: the sample rate of the session's audio
@@ -404,7 +407,11 @@ class ServerSession:
             self._awaiting_final.add(p.segment_id)
         if p.segment_end:
             t.ended_at[p.segment_id] = now
+            if p.finalized:
+                self._finalized.add(p.segment_id)
         self.order.apply(p)
+        for turn in p.turns():
+            self._turn(turn)
 
     def finalize(self, now: float) -> int | None:
         """Close the open segment now (Finalize, End): its id, for the engine to finalise."""
@@ -415,7 +422,19 @@ class ServerSession:
         if self.input_kind == "audio":
             self.order.closed_by_finalize = seg
         self.order.open_segment = None
+        self._finalized.add(seg)
+        self._turn(TurnEvent(UTTERANCE_END, seg, self.order.next_frame / FRAMES_PER_SECOND))
         return seg
+
+    def _turn(self, turn: TurnEvent) -> None:
+        """A turn event -> the event log (sessions that asked for them). Wakes the stream."""
+        if not self.start.turn_events:
+            return
+        self.events.append(Turn(turn, event_seq=self.next_event_seq))
+        self.next_event_seq += 1
+        self._trim_events()
+        if self.attachment is not None:
+            self.attachment.notify()
 
     def front_end_checkpoints(self, checkpoints: list[FrontEndCheckpoint]) -> None:
         for c in checkpoints:
@@ -452,9 +471,11 @@ class ServerSession:
         t = self._timing
         if seed is not None and ev.is_final:
             seed = self._with_front_end(seed, ev.segment_id)
+        from_finalize = ev.is_final and ev.segment_id in self._finalized
         out = Transcript(TranscriptEvent(segment_id=ev.segment_id, committed_delta=ev.committed_delta,
                                          partial=ev.partial, stability=ev.stability, start_s=ev.start_s,
-                                         end_s=ev.end_s, language=ev.language, is_final=ev.is_final),
+                                         end_s=ev.end_s, language=ev.language, is_final=ev.is_final,
+                                         from_finalize=from_finalize),
                          event_seq=self.next_event_seq, seed=seed if ev.is_final else None)
         self.next_event_seq += 1
         self.events.append(out)
@@ -465,6 +486,7 @@ class ServerSession:
                 first = now - t0
         if ev.is_final:
             self._awaiting_final.discard(ev.segment_id)
+            self._finalized.discard(ev.segment_id)
             if self.word_timings:
                 self._awaiting_timings.add(ev.segment_id)
             self.last_final_segment = max(self.last_final_segment, ev.segment_id)

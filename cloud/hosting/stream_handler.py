@@ -145,7 +145,7 @@ class StreamHandler:
             attachment.reader = asyncio.get_running_loop().create_task(
                 _read(requests, self.table, session, attachment), name=f"reader-{session.session_id[:6]}")
             yield Ready(session.session_id, session.applied_seq, session.last_final_segment, keep_alive=True,
-                        word_timings=session.word_timings)
+                        word_timings=session.word_timings, turn_events=session.turn_events)
             async for message in _outgoing(session, attachment):
                 yield message
             # every event of the ended session went out on this stream: nothing left to resume
@@ -313,7 +313,7 @@ def _audio_seconds(item: ClientMessage) -> float:
 
 
 async def _outgoing(session: HostedSession, a: Attachment) -> AsyncGenerator[ServerMessage, None]:
-    """What the stream sends after Ready: events (Transcripts, WordTimings) after `a.sent_event_seq`
+    """What the stream sends after Ready: events (Transcripts, WordTimings, Turns) after `a.sent_event_seq`
     (replay first), Acks, and at the end the remaining events, a last Ack, then OK or the stream's
     error."""
     while True:

@@ -458,7 +458,7 @@ class StreamSession:
                 resume = SessionSeed(seg.running_max_log10, st.context_tail, st.next_segment_id)
                 st.resume = resume
             events.append(EngineEvent(item.segment_id, delta, "", 1.0, start_s, end_s,
-                                          item.language, is_final, resume, tuple(item.committed)))
+                                      item.language, is_final, resume=resume, token_ids=tuple(item.committed)))
         elif delta or view.partial != item.partial:
             events.append(EngineEvent(item.segment_id, delta, view.partial, stab, start_s, end_s,
                                           item.language, False))

@@ -172,15 +172,20 @@ class SegmentTap:
         return self.take(event.segment_id), "".join(self._text.pop(event.segment_id, []))
 
 
-def stream_with_word_timings(pieces, engine, options, timings: SegmentAligner, codec_mode: str | None = None):
+def stream_with_word_timings(pieces, engine, options, timings: SegmentAligner, codec_mode: str | None = None,
+                             turns: bool = False):
     """`embedded.stream_pieces` that also yields a `SegmentWords` after each final event: the words of
     that segment's committed text (never changed) with their times on the stream's timeline."""
     from harken.cloud.embedded import stream_pieces
     from harken.shared.codec import DEFAULT_MODE
+    from harken.shared.transcript import TurnEvent
 
     tap = SegmentTap()
     key = "embedded"
-    for event in stream_pieces(pieces, engine, options, codec_mode or DEFAULT_MODE, on_packet=tap.add):
+    for event in stream_pieces(pieces, engine, options, codec_mode or DEFAULT_MODE, on_packet=tap.add, turns=turns):
+        if isinstance(event, TurnEvent):
+            yield event
+            continue
         final = tap.on_event(event)
         yield event
         if final is not None:
