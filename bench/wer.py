@@ -9,6 +9,9 @@ Each held-out recipe (`synth/heldout.jsonl`, or a JSONL of recipes) is rendered 
                               policy (or `--update-interval` / `--rollback-tokens`: `stream_policy`
                               in the output) and codec; paced in real time: the latency figures
                               come from here
+    stream_finalize           the same, with a client's finalize request (`FINALIZE`) 0.2 s after
+                              each utterance's last word (`FINALIZE_AFTER_S`; espeak-ng utterances,
+                              which have word times): `finalize_latency_*` come from here
     served_features_<mode>    `harken serve` in this process + the SDK (`TranscriptionClient`), the
                               edge's features with codec mode hifi / balanced / low
     served_audio              the thin client: PCM16 `Audio`, VAD and features on the server
@@ -26,7 +29,8 @@ the transcripts here), only the wall time shrinks.
 WER: `synth.evaluation.wer` (jiwer after the Whisper English normaliser) over all utterances.
 kbps during speech: feature paths, codec payload bytes per second of feature frames sent (the VAD's
 speech; nothing is sent in silence); served_audio and opus, payload bytes per second of audio (they
-send all the time); offline sends nothing (None). Latency and churn: `word_latency.py`, on the
+send all the time); offline sends nothing (None). Latency (per word, of finals and of finalize
+requests) and churn: `word_latency.py`, on the
 espeak-ng utterances (word ends from espeak-ng's events, `synth/word_timing.py`; Piper reports no
 word events). The served paths run as fast as they can: the engine updates at fixed audio-time
 boundaries, so their transcripts do not depend on the pace.
@@ -45,15 +49,17 @@ from typing import Iterator, Protocol
 import numpy as np
 
 from harken.cloud.synth.word_timing import WordTime
-from harken.bench.word_latency import Churn, TimedEvent, WordLatency, partial_churn, word_latencies
+from harken.bench.word_latency import (Churn, TimedEvent, WordLatency, final_latencies, finalize_latency,
+                                       partial_churn, word_latencies)
 from harken.shared.codec import DEFAULT_MODE, MODES
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
 
 OPUS_KBPS = (16, 24, 32)
-PATHS = ("offline", "stream", *(f"served_features_{m}" for m in MODES), "served_audio",
+PATHS = ("offline", "stream", "stream_finalize", *(f"served_features_{m}" for m in MODES), "served_audio",
          *(f"opus_{k}" for k in OPUS_KBPS), "webrtc")
 PIECE_S = 0.1  # audio per piece handed to a stream, as a microphone callback delivers it
+FINALIZE_AFTER_S = 0.2  # stream_finalize: the client asks to finalize this long after the last word
 
 
 @dataclass(frozen=True)
@@ -155,12 +161,23 @@ class AudioClock:
         self.t = max(self.t, t)
 
 
-def paced_pieces(audio: np.ndarray, clock: Clock, start: float, piece_s: float = PIECE_S) -> Iterator[np.ndarray]:
-    """`audio` in pieces, each handed over once its last sample would have been captured."""
+def paced_pieces(audio: np.ndarray, clock: Clock, start: float, piece_s: float = PIECE_S,
+                 finalize_at_s: float | None = None, requested: list[float] | None = None) -> Iterator:
+    """`audio` in pieces, each handed over once its last sample would have been captured. With
+    `finalize_at_s` (audio time), a `FINALIZE` right after the audio up to there (the piece around
+    it is cut in two), its clock time (from `start`) appended to `requested`."""
+    from harken.edge.front_end import FINALIZE
+
     step = max(1, int(round(piece_s * SAMPLE_RATE)))
-    for i in range(0, audio.size, step):
-        clock.sleep_until(start + min(i + step, audio.size) / SAMPLE_RATE)
-        yield audio[i:i + step]
+    cut = None if finalize_at_s is None else min(audio.size, int(round(finalize_at_s * SAMPLE_RATE)))
+    bounds = sorted({*range(0, audio.size, step), *([] if cut is None else [cut])} - {audio.size})
+    for i, j in zip(bounds, [*bounds[1:], audio.size]):
+        clock.sleep_until(start + j / SAMPLE_RATE)
+        yield audio[i:j]
+        if j == cut:
+            if requested is not None:
+                requested.append(clock.now() - start)
+            yield FINALIZE
 
 
 # ---- pieces -----------------------------------------------------------------------------------------
@@ -179,28 +196,34 @@ def load_utterances(held_set: str, n: int | None) -> list[BenchUtterance]:
     return [BenchUtterance(u.recipe.text, speech.render(u.recipe), word_ends(u.recipe)) for u in items]
 
 
-def latency_summary(latencies: list[WordLatency], churn: Churn) -> dict:
-    """The latency and stability keys: p50/p95 over every matched word (None without any)."""
+def latency_summary(latencies: list[WordLatency], churn: Churn, finals: list[float] | None = None,
+                    finalizes: list[float] | None = None) -> dict:
+    """The latency and stability keys: p50/p95 over every matched word, every final segment and
+    every finalize request (None without any)."""
     out: dict = {}
-    for kind in ("partial", "commit"):
-        values = [getattr(w, f"{kind}_s") for w in latencies if getattr(w, f"{kind}_s") is not None]
+    series = {kind: [getattr(w, f"{kind}_s") for w in latencies if getattr(w, f"{kind}_s") is not None]
+              for kind in ("partial", "commit")}
+    series["final"], series["finalize"] = finals or [], finalizes or []
+    for kind, values in series.items():
         p50, p95 = np.percentile(values, [50, 95]) if values else (None, None)
         out[f"{kind}_latency_p50_s"] = None if p50 is None else round(float(p50), 3)
         out[f"{kind}_latency_p95_s"] = None if p95 is None else round(float(p95), 3)
+    out["n_final_latencies"], out["n_finalize_latencies"] = len(series["final"]), len(series["finalize"])
     out["partial_churn"] = None if churn.share is None else round(churn.share, 4)
     out["n_latency_words"] = sum(1 for w in latencies if w.commit_s is not None)
     out["n_partial_words"] = churn.shown
     return out
 
 
-def stream_timed(audio: np.ndarray, engine, options, clock: Clock) -> list[TimedEvent]:
+def stream_timed(audio: np.ndarray, engine, options, clock: Clock, finalize_at_s: float | None = None,
+                 requested: list[float] | None = None) -> list[TimedEvent]:
     """One utterance through the in-process engine, paced on `clock`; events with their arrival
-    times (0 = capture of the first sample)."""
+    times (0 = capture of the first sample). `finalize_at_s`: see `paced_pieces`."""
     from harken.cloud.embedded import stream_pieces
 
     start = clock.now()
-    return [TimedEvent(clock.now() - start, e)
-            for e in stream_pieces(paced_pieces(audio, clock, start), engine, options)]
+    pieces = paced_pieces(audio, clock, start, finalize_at_s=finalize_at_s, requested=requested)
+    return [TimedEvent(clock.now() - start, e) for e in stream_pieces(pieces, engine, options)]
 
 
 def _feature_kbps_inputs(audio: np.ndarray, mode: str) -> tuple[int, float]:
@@ -223,8 +246,20 @@ def run_offline(asr, utterances: list[BenchUtterance], language: str | None) -> 
     return result
 
 
-def run_stream(asr, utterances: list[BenchUtterance], language: str | None, clock: Clock, policy=None
-               ) -> tuple[PathResult, list[WordLatency], Churn]:
+@dataclass
+class StreamTimes:
+    """What a stream path measured besides its text."""
+
+    words: list[WordLatency] = field(default_factory=list)
+    churn: Churn = field(default_factory=Churn)
+    finals: list[float] = field(default_factory=list)  # final latencies (s)
+    finalizes: list[float] = field(default_factory=list)  # finalize latencies (s)
+
+
+def run_stream(asr, utterances: list[BenchUtterance], language: str | None, clock: Clock, policy=None,
+               finalize: bool = False) -> tuple[PathResult, StreamTimes]:
+    """The stream path (with `finalize`: a finalize request `FINALIZE_AFTER_S` after each timed
+    utterance's last word: the stream_finalize path)."""
     from harken.cloud.inference.commit import CommitPolicy
     from harken.cloud.inference.engine import Engine, EngineConfig
     from harken.cloud.inference.stream_session import SessionOptions
@@ -232,10 +267,12 @@ def run_stream(asr, utterances: list[BenchUtterance], language: str | None, cloc
 
     options = SessionOptions(language=language, policy=policy or CommitPolicy())
     engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
-    result, latencies, churn = PathResult(), [], Churn()
+    result, times = PathResult(), StreamTimes()
     for i, u in enumerate(utterances):
+        requested: list[float] = []
+        finalize_at = u.words[-1].end_s + FINALIZE_AFTER_S if finalize and u.words else None
         try:
-            events = stream_timed(u.audio, engine, options, clock)
+            events = stream_timed(u.audio, engine, options, clock, finalize_at, requested)
         except HarkenError as e:
             result.failed(i, e)
             continue
@@ -244,9 +281,13 @@ def run_stream(asr, utterances: list[BenchUtterance], language: str | None, cloc
         result.payload_bytes += size
         result.speech_s += seconds
         if u.words is not None:
-            latencies += word_latencies(events, u.words)
-            churn.add(partial_churn(events))
-    return result, latencies, churn
+            times.words += word_latencies(events, u.words)
+            times.churn.add(partial_churn(events))
+            times.finals += final_latencies(events, u.words)
+        for t in requested:
+            if (latency := finalize_latency(events, t)) is not None:
+                times.finalizes.append(latency)
+    return result, times
 
 
 async def _served(make_client, sources: list[np.ndarray], concurrency: int) -> PathResult:
@@ -332,21 +373,25 @@ def bench_wer(options: WerBenchOptions, log=lambda s: None) -> dict:
         torch.set_num_threads(1)  # small matmuls on a shared CPU: one thread is fastest
     asr = Qwen3ASR.load(options.model, dtype=options.dtype, device=options.device)
     results: dict[str, PathResult] = {}
-    latencies: list[WordLatency] = []
-    churn = Churn()
+    times, finalize_times = StreamTimes(), StreamTimes()
     if "offline" in options.paths:
         t0 = time.monotonic()
         results["offline"] = run_offline(asr, utterances, options.language)
         results["offline"].seconds = time.monotonic() - t0
         log(f"offline: {results['offline'].seconds:.1f} s")
-    if "stream" in options.paths:
-        t0 = time.monotonic()
-        clock: Clock = WallClock() if options.realtime else AudioClock()
-        results["stream"], latencies, churn = run_stream(asr, utterances, options.language, clock,
-                                                         options.stream_policy())
-        results["stream"].seconds = time.monotonic() - t0
-        log(f"stream: {results['stream'].seconds:.1f} s")
-    served = [p for p in options.paths if p not in ("offline", "stream")]
+    for path in ("stream", "stream_finalize"):
+        if path in options.paths:
+            t0 = time.monotonic()
+            clock: Clock = WallClock() if options.realtime else AudioClock()
+            results[path], measured = run_stream(asr, utterances, options.language, clock, options.stream_policy(),
+                                                 finalize=path == "stream_finalize")
+            if path == "stream":
+                times = measured
+            else:
+                finalize_times = measured
+            results[path].seconds = time.monotonic() - t0
+            log(f"{path}: {results[path].seconds:.1f} s")
+    served = [p for p in options.paths if p not in ("offline", "stream", "stream_finalize")]
     if served:
         results.update(asyncio.run(run_served(asr, utterances, served, options.language, log, options.concurrency)))
 
@@ -358,7 +403,7 @@ def bench_wer(options: WerBenchOptions, log=lambda s: None) -> dict:
         r = results[path]
         out[f"wer_{path}"] = round(wer(refs, r.hyps), 4)
         out[f"kbps_{path}"] = None if r.kbps is None else round(r.kbps, 2)
-    out.update(latency_summary(latencies, churn))
+    out.update(latency_summary(times.words, times.churn, times.finals, finalize_times.finalizes))
     out["latency_clock"] = "real-time" if options.realtime else "audio-time"
     policy = options.stream_policy()
     out["stream_policy"] = {"update_interval_s": policy.update_interval_s, "rollback_tokens": policy.rollback_tokens,

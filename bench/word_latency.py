@@ -15,6 +15,9 @@ the reference words with the time each ends in the audio (`synth/word_timing.py`
   (negative when a word is guessed before it is over).
 - Partial churn: every (index, word) a segment ever showed beyond its fully committed words, counted
   once; the share of them that differ from the segment's final word at that index.
+- Final latency: a segment's final event's arrival - the end of the last reference word said inside
+  the segment (its start_s .. end_s). Finalize latency: the first final event's arrival after a
+  client's finalize request - the request's time.
 """
 
 from __future__ import annotations
@@ -163,3 +166,25 @@ def partial_churn(events: list[TimedEvent]) -> Churn:
         churn.shown += len(seen)
         churn.changed += sum(1 for k, w in seen if k >= len(final_words) or final_words[k] != w)
     return churn
+
+
+def final_latencies(events: list[TimedEvent], words: list[WordTime]) -> list[float]:
+    """Each final event's arrival after the end of the last reference word inside its segment
+    (segments with no reference word inside give none)."""
+    out = []
+    for timed in events:
+        e = timed.event
+        if not e.is_final:
+            continue
+        # (the VAD pads a segment's end, and its times are on the frame grid: a word ends inside it)
+        ends = [w.end_s for w in words if e.start_s <= w.end_s <= e.end_s + 0.02]
+        if ends:
+            out.append(timed.t_s - max(ends))
+    return out
+
+
+def finalize_latency(events: list[TimedEvent], requested_s: float) -> float | None:
+    """The first final event's arrival after a finalize request at `requested_s` - that time; None
+    when every final came before the request (the VAD had ended the speech already)."""
+    after = [t.t_s for t in events if t.event.is_final and t.t_s >= requested_s]
+    return min(after) - requested_s if after else None

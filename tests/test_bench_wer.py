@@ -11,7 +11,7 @@ from harken.bench.wer import (PATHS, AudioClock, WerBenchOptions, bench_wer, loa
                               stream_timed)
 from harken.cloud.synth import speech
 from harken.cloud.synth.word_timing import WordTime, synthesize, word_ends, word_ends_dry
-from harken.bench.word_latency import TimedEvent, partial_churn, word_latencies
+from harken.bench.word_latency import TimedEvent, final_latencies, finalize_latency, partial_churn, word_latencies
 from harken.shared.errors import HarkenError
 from harken.shared.transcript import TranscriptEvent
 
@@ -142,6 +142,28 @@ def test_unrecognised_words_have_no_latency():
     assert partial_churn([]).share is None
 
 
+def test_final_and_finalize_latency_on_scripted_events():
+    words = [WordTime("one", 0.5), WordTime("two", 1.0), WordTime("three", 2.6)]
+    seg = lambda sid, start, end, final: TranscriptEvent(sid, "x", "", 1.0, start, end, "English", final)  # noqa: E731
+    events = [TimedEvent(0.9, seg(0, 0.3, 0.8, False)), TimedEvent(1.6, seg(0, 0.3, 1.2, True)),
+              TimedEvent(3.0, seg(1, 2.2, 2.9, True)), TimedEvent(3.5, seg(2, 3.1, 3.4, True))]
+    # segment 0's last word ends at 1.0 s, segment 1's at 2.6 s; segment 2 holds no reference word
+    assert final_latencies(events, words) == pytest.approx([0.6, 0.4])
+    assert finalize_latency(events, 2.8) == pytest.approx(0.2)  # the first final after the request
+    assert finalize_latency(events, 3.6) is None  # every final came before it
+
+
+def test_a_finalize_request_goes_in_right_after_the_audio_up_to_its_time():
+    from harken.edge.front_end import FINALIZE
+
+    clock, requested = AudioClock(), []
+    audio = np.zeros(16000, np.float32)
+    items = [(clock.now(), x) for x in paced_pieces(audio, clock, 0.0, finalize_at_s=0.45, requested=requested)]
+    sizes = [x.size if isinstance(x, np.ndarray) else "F" for _, x in items]
+    assert sizes == [1600] * 4 + [800, "F", 800] + [1600] * 5
+    assert requested == [pytest.approx(0.45)] and items[5][1] is FINALIZE
+
+
 def test_fake_clock_hands_pieces_over_at_their_capture_time():
     clock = AudioClock()
     audio = np.zeros(16000 * 2 + 800, np.float32)  # 2.05 s
@@ -167,6 +189,7 @@ def test_bench_wer_runs_every_path(tmp_path):
         assert isinstance(out[f"wer_{path}"], float) and 0.0 <= out[f"wer_{path}"] <= 50.0, path
         assert f"kbps_{path}" in out
     for key in ("partial_latency_p50_s", "partial_latency_p95_s", "commit_latency_p50_s", "commit_latency_p95_s",
+                "final_latency_p50_s", "final_latency_p95_s", "finalize_latency_p50_s", "finalize_latency_p95_s",
                 "partial_churn"):
         assert key in out and (out[key] is None or math.isfinite(out[key]))
     assert out["n_words"] == sum(len(u.recipe.text.split()) for u in corpus.read_held_out(recipes))

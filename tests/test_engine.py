@@ -294,8 +294,17 @@ def test_cli_stream_json(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "meaningless" in out.stderr
     lines = [json.loads(x) for x in out.stdout.splitlines()]
-    keys = {"segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final"}
-    assert all(set(x) == keys for x in lines[:-1]) and any(x["is_final"] for x in lines[:-1])
+    keys = {"segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final",
+            "from_finalize"}
+    turns = [x for x in lines[:-1] if "type" in x]
+    events = [x for x in lines[:-1] if "type" not in x]
+    assert all(set(x) == keys for x in events) and any(x["is_final"] for x in events)
+    # the VAD's turn events, one object each with "type": the onset before the segment's text, the end before its final
+    assert [(x["type"], x["segment_id"]) for x in turns] == [("speech_started", 0), ("utterance_end", 0)]
+    assert all(set(x) == {"type", "segment_id", "audio_s"} for x in turns)
+    order = [x.get("type") or ("final" if x["is_final"] else "event") for x in lines[:-1]]
+    assert order[0] == "speech_started" and order.index("utterance_end") < order.index("final")
+    assert turns[0]["audio_s"] == pytest.approx(0.2, abs=0.1) and turns[1]["audio_s"] == pytest.approx(events[-1]["end_s"])
     assert set(lines[-1]) == {"final", "text"} and lines[-1]["final"] is True
     both = subprocess.run([sys.executable, "-m", "harken.cli", "stream", str(wav), "--mic", "--model", "tiny"],
                           capture_output=True, text=True, timeout=120)

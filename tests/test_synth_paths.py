@@ -3,7 +3,8 @@
 `harken bench wer` (bench/wer.py) on three held-out utterances, meeting talk in two espeak-ng
 accents and Piper's voice, with the model that `--model synth-en` loads: offline (the exact log-mel,
 one pass), stream (the in-process engine, 100 ms pieces; on the bench's audio clock, so no timing
-enters the test) and served_features_balanced (a real in-process `harken serve` on a free port and
+enters the test), stream_finalize (the same with a finalize request 0.2 s after the last word) and
+served_features_balanced (a real in-process `harken serve` on a free port and
 the SDK, the edge's VAD, log-mel and balanced codec). Each path's WER over the three must be at most
 15%, the shipping bar: a path that drops a segment, mangles a feature frame or loses committed text
 loses whole words. The utterances are ones the shipped model reads well offline (its held-out
@@ -19,7 +20,7 @@ from harken.cloud.model.shipped import META_FILE, SHIPPED_DIR
 from harken.cloud.synth import corpus
 
 ROWS = [6, 21, 46]  # cloud/synth/heldout.jsonl: en-gb +m1, en-gb-x-rp +m5, piper-joe
-PATHS = ("offline", "stream", "served_features_balanced")
+PATHS = ("offline", "stream", "stream_finalize", "served_features_balanced")
 MAX_WER = 0.15
 
 
@@ -129,3 +130,45 @@ def test_a_one_window_segment_commits_its_own_offline_pass(result, tmp_path):
             assert "".join(e.committed_delta for e in events).strip() == offline.text.strip()
             segments += 1
     assert segments >= 3
+
+
+def test_a_finalized_item_commits_its_own_offline_pass(result, tmp_path):
+    # a finalize mid-utterance ends the item at the audio given so far: its final, and that of the
+    # speech that goes on as the next item, is the offline greedy decode of that item's own frames
+    import numpy as np
+
+    from harken.bench.wer import load_utterances
+    from harken.cloud.embedded import stream_pieces
+    from harken.cloud.inference.commit import CommitPolicy
+    from harken.cloud.inference.engine import Engine, EngineConfig
+    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.model.asr import Qwen3ASR
+    from harken.cloud.model.decode_limits import DecodeLimits
+    from harken.edge.front_end import FINALIZE
+    from harken.shared.codec import decode_frames
+
+    asr = Qwen3ASR.load("synth-en")
+    lines = corpus.HELD_OUT_FILE.read_text(encoding="utf-8").splitlines()
+    options = SessionOptions(policy=CommitPolicy(intermediate_commits=False))
+    engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
+    cut_items = 0
+    for u in load_utterances(str(_rows_file(lines, tmp_path)), None):
+        speech = np.flatnonzero(np.abs(u.audio) > 0.05)
+        cut = (speech[0] + speech[-1]) // 2 // 1600 * 1600  # mid-speech, on a 100 ms piece boundary
+        pieces = [u.audio[i:i + 1600] for i in range(0, cut, 1600)] + [FINALIZE] \
+            + [u.audio[i:i + 1600] for i in range(cut, u.audio.size, 1600)]
+        packets: list = []
+        events = list(stream_pieces(pieces, engine, options, on_packet=packets.append))
+        finals = [e for e in events if e.is_final]
+        assert [e.from_finalize for e in finals][0] is True and not any(e.from_finalize for e in finals[1:])
+        assert len(finals) >= 2  # the speech went on after the cut as an item of its own
+        for final in finals:
+            mine = [p for p in packets if p.segment_id == final.segment_id]
+            frames = np.concatenate([decode_frames(p.payload) for p in mine], axis=1)
+            offline = asr.transcribe((frames + 4.0) / 4.0, limits=DecodeLimits())
+            assert list(final.token_ids) == offline.token_ids
+            text = "".join(e.committed_delta for e in events if e.segment_id == final.segment_id)
+            assert text.strip() == offline.text.strip()
+        assert packets[[p.finalized for p in packets].index(True)].first_frame + 1 <= cut // 160
+        cut_items += 1
+    assert cut_items == len(ROWS)

@@ -117,9 +117,15 @@ def test_cli_stream_through_a_server(asr, audio, reference, tls_server_files, tm
     assert text_out == embedded.getvalue()
     lines = [json.loads(line) for line in out.splitlines()]
     assert lines[-1] == {"final": True, "text": events_text(reference)}
-    keys = ["segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final"]
-    assert all(list(line) == keys for line in lines[:-1])
-    assert [line["committed_delta"] for line in lines[:-1]] == [e.committed_delta for e in reference]
+    keys = ["segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final",
+            "from_finalize"]
+    events = [line for line in lines[:-1] if "type" not in line]
+    assert all(list(line) == keys for line in events)
+    assert [line["committed_delta"] for line in events] == [e.committed_delta for e in reference]
+    # the server's turn events, as the embedded path prints them: each segment's onset and end
+    turns = [(line["type"], line["segment_id"]) for line in lines[:-1] if "type" in line]
+    finals = sorted({e.segment_id for e in reference if e.is_final})
+    assert turns == [(kind, s) for s in finals for kind in ("speech_started", "utterance_end")]
 
 
 def test_cli_stream_server_errors_are_one_line(tmp_path):
