@@ -185,6 +185,50 @@ def test_realtime_transcription_session_is_harkens_stream(server):
         started = kinds.index("input_audio_buffer.speech_started")
         assert started < kinds.index("conversation.item.input_audio_transcription.completed")
     assert len({c.item_id for c in completed}) == len(completed)
+    # the VAD's turn events, not waiting for text: an item's speech_started before its first delta,
+    # its speech_stopped and committed before its text is complete
+    for c in completed:
+        at = {e.type: i for i, e in reversed(list(enumerate(events))) if getattr(e, "item_id", None) == c.item_id}
+        assert at["input_audio_buffer.speech_started"] < at.get("conversation.item.input_audio_transcription.delta",
+                                                                  len(events))
+        assert at["input_audio_buffer.speech_stopped"] < at["input_audio_buffer.committed"] \
+            < at["conversation.item.input_audio_transcription.completed"]
+
+
+def test_realtime_commit_mid_speech_completes_the_item_at_once(server):
+    """input_audio_buffer.commit while the speaker is still talking (push-to-talk released early):
+    the item ends at the audio appended so far and completes without waiting for more audio; the
+    rest of the speech is the next item."""
+    import base64
+
+    from harken.edge.audio import load_audio, peak_normalize
+
+    pcm = (np.clip(peak_normalize(load_audio(str(SAMPLE))), -1, 1) * 32767).astype("<i2")
+    client = _client(server)
+    with client.realtime.connect(model=MODEL) as conn:
+        conn.session.update(session={"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 16000}, "transcription": {"model": MODEL, "language": "en"}}}})
+        half = 16000 * 2  # 2 s in: inside the sample's first sentence
+        for i in range(0, half, 3200):
+            conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i:i + 3200].tobytes()).decode())
+        conn.input_audio_buffer.commit()
+        events = []
+        while not events or events[-1].type != "conversation.item.input_audio_transcription.completed":
+            events.append(conn.recv())  # no more audio is sent until the item is complete
+            assert events[-1].type != "error", events[-1]
+        first = events[-1]
+        stopped = [e for e in events if e.type == "input_audio_buffer.speech_stopped"]
+        assert [e.item_id for e in stopped] == [first.item_id] and stopped[0].audio_end_ms <= 2000
+        for i in range(half, len(pcm), 3200):
+            conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i:i + 3200].tobytes()).decode())
+        conn.input_audio_buffer.commit()
+        while events[-1].type != "conversation.item.input_audio_transcription.completed" or events[-1] is first:
+            events.append(conn.recv())
+            assert events[-1].type != "error", events[-1]
+        starts = [e for e in events if e.type == "input_audio_buffer.speech_started"]
+        assert len(starts) >= 2 and starts[1].item_id != first.item_id
+        # the next item starts where the cut ended it (speech going on) or at the next onset (a pause)
+        assert stopped[0].audio_end_ms <= starts[1].audio_start_ms <= stopped[0].audio_end_ms + 300
 
 
 def test_a_client_written_for_vllms_realtime_endpoint_works_unchanged(server):
