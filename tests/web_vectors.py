@@ -12,7 +12,10 @@ Layout of edge/web/vectors/ (documented for other ports in its README.md):
     NAME.logmel.f32       raw log10-mel, float32 little-endian, [128, T] row-major (bin-major)
     NAME.json             VAD probabilities and events, per push the frames, events and the VAD's
                           earliest end after it, the pipeline's packets (payload, CRC32C, the
-                          serialized `ClientMessage`), all for 100 ms pushes of 1600 samples
+                          serialized `ClientMessage`), all for 100 ms pushes of 1600 samples;
+                          "finalize": the same for a stream finalized once `after_samples` are in
+                          (halfway through the first segment: FeatureStream.finalize, the entry
+                          with "finalize": true in its pushes), its packets ending in a `finalized` one
     codec.json            codec cases: (frames of a vector, floor, mode) -> payload bytes
     edge/web/src/codec_tables.json   constants of the codec format the port loads (not test data)
 """
@@ -87,55 +90,95 @@ def entropy_tables() -> dict:
 
 def expected(wav: Path) -> tuple[np.ndarray, dict]:
     """(raw log-mel [128, T], the JSON record) of one vector WAV, from the Python edge."""
-    from harken.shared import wire
     from harken.edge.audio import load_audio
-    from harken.edge.features import StreamingLogMel, log_mel_raw
-    from harken.edge.pipeline import FeatureStream
-    from harken.edge.vad import SileroVad, SegmentEnd, StreamingVad
-    from harken.shared.integrity import payload_crc32c
-    from harken.shared.protocol import Features
+    from harken.edge.features import log_mel_raw
+    from harken.edge.vad import WINDOW_SAMPLES, SegmentEnd, SegmentStart, SileroVad
+    from harken.shared.codec import DEFAULT_MODE
 
     audio = load_audio(wav)
     mel = log_mel_raw(audio)
     probs = SileroVad().probabilities(audio)
-    # the pipeline's pushes: frames and VAD events each produced (the last entry is the flush), and
-    # the segmenter's earliest_end_sample after it (what FeatureStream._open_limit reads)
+    pushes, events = replayed_pushes(audio)
+    record = {
+        "samples": int(audio.size), "frames": int(mel.shape[1]), "push_samples": PUSH_SAMPLES,
+        "packet_frames": PACKET_FRAMES, "codec_mode": DEFAULT_MODE,
+        "pushes": pushes,
+        "vad_probabilities": [float(p) for p in probs],
+        "vad_events": vad_event_records(events),
+        "packets": packet_records(audio),
+    }
+    # finalize mid-speech: at the push boundary in the middle half of the first segment (a WAV
+    # without speech: of the audio) nearest its middle, preferring one on the VAD's window grid: there
+    # the cut is past the frames computed, so the cap at them and the next segment's start at the
+    # cut frame both matter
+    start = next((e.start_sample for e in events if isinstance(e, SegmentStart)), 0)
+    end = next((e.end_sample for e in events if isinstance(e, SegmentEnd)), audio.size)
+    middle, quarter = (start + end) // 2, (end - start) // 4
+    inside = [c for c in range(0, audio.size, PUSH_SAMPLES) if abs(c - middle) <= quarter]
+    cut = min(inside, key=lambda c: (c % WINDOW_SAMPLES != 0, abs(c - middle)),
+              default=middle // PUSH_SAMPLES * PUSH_SAMPLES)
+    cut_pushes, cut_events = replayed_pushes(audio, finalize_at=cut)
+    record["finalize"] = {"after_samples": cut, "pushes": cut_pushes, "vad_events": vad_event_records(cut_events),
+                          "packets": packet_records(audio, finalize_at=cut)}
+    return mel, record
+
+
+def replayed_pushes(audio: np.ndarray, finalize_at: int | None = None) -> tuple[list[dict], list]:
+    """The pipeline's pushes: frames and VAD events each produced (the last entry is the flush), and
+    the segmenter's earliest_end_sample after it (what FeatureStream._open_limit reads). With
+    `finalize_at`: a finalize once that many samples are in (an entry with "finalize": true, no frames)."""
+    from harken.edge.features import StreamingLogMel
+    from harken.edge.vad import StreamingVad
+
     vad, stream_mel = StreamingVad(), StreamingLogMel()
     events: list = []
     pushes = []
+
+    def entry(new: list, k: int, final: bool, **extra) -> None:
+        pushes.append({**extra, "frames": k, "events": list(range(len(events), len(events) + len(new))),
+                       "final": final, "earliest_end_sample": vad.segmenter.earliest_end_sample})
+        events.extend(new)
+
     for i in range(0, audio.size, PUSH_SAMPLES):
+        if i == finalize_at:
+            entry(vad.finalize(), 0, False, finalize=True)
         piece = audio[i:i + PUSH_SAMPLES]
-        new, k = vad.push(piece), stream_mel.push(piece).shape[1]
-        pushes.append({"frames": k, "events": list(range(len(events), len(events) + len(new))), "final": False,
-                       "earliest_end_sample": vad.segmenter.earliest_end_sample})
-        events += new
-    new, k = vad.flush(), stream_mel.flush(short_ok=True).shape[1]
-    pushes.append({"frames": k, "events": list(range(len(events), len(events) + len(new))), "final": True,
-                   "earliest_end_sample": vad.segmenter.earliest_end_sample})
-    events += new
+        entry(vad.push(piece), stream_mel.push(piece).shape[1], False)
+    entry(vad.flush(), stream_mel.flush(short_ok=True).shape[1], True)
+    return pushes, events
+
+
+def vad_event_records(events: list) -> list[dict]:
+    from harken.edge.vad import SegmentEnd
+
+    return [{"kind": "end" if isinstance(e, SegmentEnd) else "start", "segment_id": e.segment_id,
+             "start_sample": e.start_sample, "end_sample": getattr(e, "end_sample", None),
+             "decided_at_sample": e.decided_at_sample} for e in events]
+
+
+def packet_records(audio: np.ndarray, finalize_at: int | None = None) -> list[dict]:
+    """The pipeline's packets for 100 ms pushes (and a finalize once `finalize_at` samples are in)."""
+    from harken.edge.pipeline import FeatureStream
+    from harken.shared import wire
+    from harken.shared.integrity import payload_crc32c
+    from harken.shared.protocol import Features
+
     stream = FeatureStream(packet_frames=PACKET_FRAMES)
     packets = []
     floors: list[float | None] = []
     encode = stream_floor_recorder(floors)
     for i in range(0, audio.size, PUSH_SAMPLES):
+        if i == finalize_at:
+            packets += encode(stream, stream.finalize)
         packets += encode(stream, lambda: stream.push(audio[i:i + PUSH_SAMPLES]))
     packets += encode(stream, stream.flush)
-    record = {
-        "samples": int(audio.size), "frames": int(mel.shape[1]), "push_samples": PUSH_SAMPLES,
-        "packet_frames": PACKET_FRAMES, "codec_mode": stream.mode,
-        "pushes": pushes,
-        "vad_probabilities": [float(p) for p in probs],
-        "vad_events": [{"kind": "end" if isinstance(e, SegmentEnd) else "start", "segment_id": e.segment_id,
-                        "start_sample": e.start_sample, "end_sample": getattr(e, "end_sample", None),
-                        "decided_at_sample": e.decided_at_sample} for e in events],
-        "packets": [{"seq": n + 1, "segment_id": p.segment_id, "first_frame": p.first_frame,
-                     "frame_count": p.frame_count, "segment_start": p.segment_start, "segment_end": p.segment_end,
-                     "running_max_log10": p.running_max_log10, "floor_log10": floor, "payload": p.payload.hex(),
-                     "crc32c": payload_crc32c(p.payload),
-                     "message": wire.client_message_to_proto(Features(n + 1, p)).SerializeToString().hex()}
-                    for n, (p, floor) in enumerate(zip(packets, floors))],
-    }
-    return mel, record
+    return [{"seq": n + 1, "segment_id": p.segment_id, "first_frame": p.first_frame,
+             "frame_count": p.frame_count, "segment_start": p.segment_start, "segment_end": p.segment_end,
+             "finalized": p.finalized,
+             "running_max_log10": p.running_max_log10, "floor_log10": floor, "payload": p.payload.hex(),
+             "crc32c": payload_crc32c(p.payload),
+             "message": wire.client_message_to_proto(Features(n + 1, p)).SerializeToString().hex()}
+            for n, (p, floor) in enumerate(zip(packets, floors))]
 
 
 def stream_floor_recorder(floors: list[float | None]):
@@ -183,16 +226,19 @@ def codec_cases(name: str, mel: np.ndarray, record: dict) -> list[dict]:
 
 
 def wire_cases() -> dict:
-    """Messages besides Features, as the Python wire writes them: a port decodes the server's and
-    writes the client's Start/End byte for byte."""
+    """Messages besides the pipeline's Features, as the Python wire writes them: a port decodes the
+    server's and writes the client's Start/End/KeepAlive (and a finalized Features) byte for byte.
+    "server_none": server messages the Python client reads as nothing (a Turn of no known kind)."""
     from harken.shared import wire
     from harken.proto import harken_pb2 as pb
-    from harken.shared.protocol import End, KeepAlive, SessionSeed, Start
+    from harken.shared.protocol import End, FeaturePacket, Features, KeepAlive, SessionSeed, Start
 
     seed = SessionSeed(running_max_log10=1.25, context_tail="hello wörld", next_segment_id=3)
     starts = [Start(codec="harken-mel/1"), Start(language="English", context="names", codec="harken-mel/1"),
               Start(codec="harken-mel/1", session_id="abc123", last_event_seq=7),
-              Start(codec="harken-mel/1", seed=seed), Start(codec="harken-mel/1", word_timings=True)]
+              Start(codec="harken-mel/1", seed=seed), Start(codec="harken-mel/1", word_timings=True),
+              Start(codec="harken-mel/1", turn_events=True),
+              Start(language="English", codec="harken-mel/1", word_timings=True, turn_events=True)]
 
     def seed_json(x: SessionSeed | None) -> dict | None:
         return None if x is None else {"running_max_log10": x.running_max_log10, "context_tail": x.context_tail,
@@ -200,10 +246,20 @@ def wire_cases() -> dict:
 
     client = [{"start": {"language": m.language, "context": m.context, "codec": m.codec, "session_id": m.session_id,
                          "last_event_seq": m.last_event_seq, "seed": seed_json(m.seed),
-                         **({"word_timings": True} if m.word_timings else {})},
+                         **({"word_timings": True} if m.word_timings else {}),
+                         **({"turn_events": True} if m.turn_events else {})},
                "bytes": wire.client_message_to_proto(m).SerializeToString().hex()} for m in starts]
     client.append({"end": {}, "bytes": wire.client_message_to_proto(End()).SerializeToString().hex()})
     client.append({"keep_alive": {}, "bytes": wire.client_message_to_proto(KeepAlive()).SerializeToString().hex()})
+    for p in (FeaturePacket(segment_id=3, first_frame=120, frame_count=7, segment_start=False, segment_end=True,
+                            payload=bytes.fromhex("a7100305"), running_max_log10=1.25, finalized=True),
+              FeaturePacket(segment_id=0, first_frame=0, frame_count=0, segment_start=True, segment_end=True,
+                            payload=b"", running_max_log10=-2.5, finalized=True)):
+        client.append({"features": {"seq": 9, "segment_id": p.segment_id, "first_frame": p.first_frame,
+                                    "frame_count": p.frame_count, "segment_start": p.segment_start,
+                                    "segment_end": p.segment_end, "payload": p.payload.hex(),
+                                    "running_max_log10": p.running_max_log10, "finalized": p.finalized},
+                       "bytes": wire.client_message_to_proto(Features(9, p)).SerializeToString().hex()})
     server = [
         pb.ServerMessage(ready=pb.Ready(session_id="sid-1", resume_after_seq=5, last_final_segment=-1)),
         pb.ServerMessage(ack=pb.Ack(seq=12, last_final_segment=-1)),
@@ -221,9 +277,21 @@ def wire_cases() -> dict:
         pb.ServerMessage(word_timings=pb.WordTimings(segment_id=2, event_seq=11, words=[
             pb.Word(text="héllo", start_s=1.25, end_s=1.5), pb.Word(text="world", start_s=1.625, end_s=2.75)])),
         pb.ServerMessage(word_timings=pb.WordTimings(segment_id=3, event_seq=12)),
+        pb.ServerMessage(ready=pb.Ready(session_id="sid-4", keep_alive=True, turn_events=True)),
+        pb.ServerMessage(transcript=pb.Transcript(segment_id=4, committed_delta="stop.", start_s=3.5, end_s=4.25,
+                                                  language="English", is_final=True, event_seq=15,
+                                                  from_finalize=True)),
+        pb.ServerMessage(turn=pb.Turn(segment_id=4, kind=pb.Turn.SPEECH_STARTED, audio_s=3.5, event_seq=13)),
+        pb.ServerMessage(turn=pb.Turn(segment_id=4, kind=pb.Turn.UTTERANCE_END, audio_s=4.26, event_seq=14)),
+        pb.ServerMessage(turn=pb.Turn(segment_id=0, kind=pb.Turn.SPEECH_STARTED)),
     ]
+    newer = pb.ServerMessage(turn=pb.Turn(segment_id=5, event_seq=17)).SerializeToString() + bytes.fromhex("32021009")
+    unknown = [pb.ServerMessage(), pb.ServerMessage(turn=pb.Turn(segment_id=5, audio_s=1.0, event_seq=16)),
+               pb.ServerMessage.FromString(newer)]  # the last: Turn.kind 9, of a newer server
+    assert all(wire.server_message_from_proto(m) is None for m in unknown)
     return {"client": client, "server": [{"bytes": m.SerializeToString().hex(),
-                                          "kind": m.WhichOneof("kind")} for m in server]}
+                                          "kind": m.WhichOneof("kind")} for m in server],
+            "server_none": [m.SerializeToString().hex() for m in unknown]}
 
 
 def compute() -> tuple[dict[str, np.ndarray], dict[str, dict], list[dict]]:

@@ -10,6 +10,11 @@
 // and what a stream sends is a function of its samples alone, however they were cut into pieces.
 // On the frame grid a segment [startSample, endSample) is frames [startSample // 160,
 // ceil(endSample / 160)), except that a start never goes before the previous segment's end frame.
+//
+// finalize() (the speaker stopped, push-to-talk released; edge/pipeline.py FeatureStream.finalize):
+// the open segment ends at the audio pushed so far (SpeechSegmenter.finalize), its end capped at the
+// frames computed so its last packet, `finalized`, leaves at once; speech that goes on is the next
+// segment, starting at exactly the frame where the finalized one ended (no frame lost).
 
 import { DEFAULT_MODE, DYNAMIC_RANGE_LOG10, N_MELS, encodeFrames } from "./codec.js";
 import type { Frames, Mode } from "./codec.js";
@@ -22,7 +27,13 @@ import type { SegmentEvent, VadOptions } from "./vad.js";
 export const MAX_PACKET_FRAMES = 72;
 const VAD_WINDOW_MS = 32;
 
-interface Segment { segmentId: number; nextFrame: number; endFrame: number | null; started: boolean }
+interface Segment {
+  segmentId: number;
+  nextFrame: number; // first frame not yet sent
+  endFrame: number | null; // exclusive; null while the segment is open
+  started: boolean; // a packet with segmentStart has gone out
+  finalized: boolean; // ended by a finalize request: its last packet says so
+}
 
 export interface FeatureStreamOptions {
   mode?: Mode;
@@ -56,6 +67,7 @@ export class FeatureStream {
   private framesComputed = 0;
   private lastEndFrame = 0; // end frame (exclusive) of the last segment ended
   private segments: Segment[] = [];
+  private cutSample = -1; // where the latest finalize ended a segment (the next may start there)
   private readonly onFrames?: (raw: Frames) => void;
 
   constructor(models: EdgeModels, options: FeatureStreamOptions = {}) {
@@ -92,6 +104,23 @@ export class FeatureStream {
     return this.advance(frames, events, true);
   }
 
+  /** Finalize on request (the speaker stopped; push-to-talk released): the open segment ends at the
+   * audio pushed so far, its last packet `finalized`, at once. Speech that goes on is the next
+   * segment (SpeechSegmenter.finalize). Nothing open: no packets. Call it between pushes, in order
+   * with them (a push still running has not been applied yet). */
+  finalize(): FeaturePacket[] {
+    return this.applyFinalize(this.vad.finalize());
+  }
+
+  /** The VAD's finalize events -> the packets they complete (FeatureStream.finalize after the VAD).
+   * Public for the tests, which feed the Python edge's events and earliest end (see `advance`). */
+  applyFinalize(events: SegmentEvent[],
+    earliestEndSample: number | null = this.vad.segmenter.earliestEndSample): FeaturePacket[] {
+    const ended = new Set(events.filter((e) => e.kind === "end").map((e) => e.segmentId));
+    for (const seg of this.segments) seg.finalized = seg.finalized || ended.has(seg.segmentId);
+    return this.advance({ data: new Float32Array(0), k: 0 }, events, false, earliestEndSample);
+  }
+
   /** Raw frames and VAD events of one push -> the packets they complete. `earliestEndSample` is
    * the VAD's SpeechSegmenter.earliestEndSample after the push (Python's `_open_limit` reads it
    * there). Public for the tests, which feed the Python edge's own frames, events and earliest
@@ -110,13 +139,18 @@ export class FeatureStream {
       if (e.kind === "start") {
         // the VAD never starts a segment before the previous end, but on the frame grid the two
         // may fall into one frame: it belongs to the earlier segment
-        const first = Math.max(Math.floor(e.startSample / HOP_LENGTH), this.firstBuffered, this.lastEndFrame);
-        this.segments.push({ segmentId: e.segmentId, nextFrame: first, endFrame: null, started: false });
+        let first = Math.max(Math.floor(e.startSample / HOP_LENGTH), this.firstBuffered, this.lastEndFrame);
+        if (e.startSample === this.cutSample) first = this.lastEndFrame; // speech that went on after a finalize: no gap
+        this.segments.push({ segmentId: e.segmentId, nextFrame: first, endFrame: null, started: false, finalized: false });
       } else {
         const seg = this.segments.find((s) => s.segmentId === e.segmentId);
         if (seg) {
           // no frame past the end has gone out: openLimit held them back
           seg.endFrame = Math.max(seg.nextFrame, Math.ceil(e.endSample / HOP_LENGTH));
+          if (seg.finalized) { // at once: not a frame past those computed
+            seg.endFrame = Math.max(seg.nextFrame, Math.min(seg.endFrame, this.framesComputed));
+            this.cutSample = e.endSample;
+          }
           this.lastEndFrame = seg.endFrame;
         }
       }
@@ -171,7 +205,7 @@ export class FeatureStream {
     // function of the samples, whatever the piece that completed the packet held
     const packet: FeaturePacket = {
       segmentId: seg.segmentId, firstFrame: start, frameCount: k, segmentStart: !seg.started, segmentEnd: end,
-      payload, runningMaxLog10: this.runningAfter(stop - 1),
+      payload, runningMaxLog10: this.runningAfter(stop - 1), finalized: end && seg.finalized,
     };
     seg.started = true;
     seg.nextFrame = stop;

@@ -2,9 +2,16 @@
 // encoded by hand for the few messages a client needs. Fields go out in field-number order with
 // proto3's rules (zero values of implicit-presence fields omitted), which is what the Python
 // protobuf runtime writes: the same message gives the same bytes (tests compare them).
+//
+// Written: Start (1 language, 2 context, 3 codec, 4 session_id, 5 seed, 6 last_event_seq,
+// 7 word_timings, 8 turn_events), Features (1..9, 10 finalized: with segment_end, the client cut
+// its segment on request), End, KeepAlive. Read: Ready (... 5 word_timings, 6 turn_events),
+// Transcript (... 10 event_seq, 11 from_finalize), Ack, Error, WordTimings, and Turn
+// (ServerMessage 6: 1 segment_id, 2 kind enum (1 SPEECH_STARTED, 2 UTTERANCE_END), 3 audio_s
+// double, 4 event_seq); a Turn of a kind this client does not know reads as null, as in Python.
 
 import { crc32c } from "./crc32c.js";
-import type { ClientMessage, FeaturePacket, ServerMessage, SessionSeed, TimedWord } from "./protocol.js";
+import type { ClientMessage, FeaturePacket, ServerMessage, SessionSeed, TimedWord, TurnEvent } from "./protocol.js";
 
 const utf8 = new TextEncoder();
 const utf8d = new TextDecoder();
@@ -86,6 +93,7 @@ export function featuresBytes(seq: number, p: FeaturePacket): Uint8Array {
   w.bytesField(7, p.payload);
   w.float(8, p.runningMaxLog10, true); // `optional`: present whenever set
   w.fixed32(9, crc32c(p.payload));
+  w.bool(10, p.finalized ?? false);
   return w.finish();
 }
 
@@ -101,6 +109,7 @@ export function encodeClientMessage(msg: ClientMessage): Uint8Array {
     if (msg.seed) s.bytesField(5, seedBytes(msg.seed), true);
     s.uint(6, msg.lastEventSeq);
     s.bool(7, msg.wordTimings ?? false);
+    s.bool(8, msg.turnEvents ?? false);
     w.bytesField(1, s.finish(), true);
   } else if (msg.kind === "features") {
     w.bytesField(2, featuresBytes(msg.seq, msg.packet), true);
@@ -160,6 +169,9 @@ function seed(f: Map<number, Field[]> | null): SessionSeed | null {
   return { runningMaxLog10: real(f, 2), contextTail: str(f, 3), nextSegmentId: uint(f, 4) };
 }
 
+// `Turn.Kind`'s values (KIND_UNSPECIFIED = 0 is none of them)
+const TURN_KINDS: Record<number, TurnEvent["kind"] | undefined> = { 1: "speech_started", 2: "utterance_end" };
+
 /** A received `harken.v1.ServerMessage`; null for an empty one (no kind set). */
 export function decodeServerMessage(buf: Uint8Array): ServerMessage | null {
   const m = fields(buf);
@@ -167,14 +179,15 @@ export function decodeServerMessage(buf: Uint8Array): ServerMessage | null {
   if ((f = sub(m, 1))) {
     return {
       kind: "ready", sessionId: str(f, 1), resumeAfterSeq: uint(f, 2), lastFinalSegment: int64(f, 3), keepAlive: uint(f, 4) !== 0,
-      wordTimings: uint(f, 5) !== 0,
+      wordTimings: uint(f, 5) !== 0, turnEvents: uint(f, 6) !== 0,
     };
   }
   if ((f = sub(m, 2))) {
     return {
       kind: "transcript", eventSeq: uint(f, 10), seed: seed(sub(f, 9)),
       event: { segmentId: uint(f, 1), committedDelta: str(f, 2), partial: str(f, 3), stability: real(f, 4),
-               startS: real(f, 5), endS: real(f, 6), language: str(f, 7), isFinal: !!uint(f, 8) },
+               startS: real(f, 5), endS: real(f, 6), language: str(f, 7), isFinal: !!uint(f, 8),
+               fromFinalize: !!uint(f, 11) },
     };
   }
   if ((f = sub(m, 5))) {
@@ -183,6 +196,11 @@ export function decodeServerMessage(buf: Uint8Array): ServerMessage | null {
       return { text: str(w, 1), startS: real(w, 2), endS: real(w, 3) };
     });
     return { kind: "word_timings", segmentId: uint(f, 1), words, eventSeq: uint(f, 3) };
+  }
+  if ((f = sub(m, 6))) {
+    const kind = TURN_KINDS[uint(f, 2)];
+    if (kind === undefined) return null; // a kind from a newer server: nothing this client knows to show
+    return { kind: "turn", turn: { kind, segmentId: uint(f, 1), audioS: real(f, 3) }, eventSeq: uint(f, 4) };
   }
   if ((f = sub(m, 3))) return { kind: "ack", seq: uint(f, 1), lastFinalSegment: int64(f, 2) };
   if ((f = sub(m, 4))) return { kind: "error", code: str(f, 1), message: str(f, 2) };

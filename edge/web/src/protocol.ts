@@ -1,5 +1,10 @@
 // The session protocol's messages as plain data (shared/protocol.py and shared/transcript.py):
 // proto names stay in proto.ts.
+//
+// Finalize on request: a feature client cuts its own segment (FeatureStream.finalize); the packet
+// that ends it says `finalized`, and the segment's final TranscriptEvent says `fromFinalize`.
+// Turn events (sessions whose Start says `turnEvents`, servers whose Ready says so): a `Turn` per
+// segment onset (speech_started) and end (utterance_end), in the event log with the Transcripts.
 
 /** `Start.codec` of feature payloads of this codec, wire format v1 (codec.ts). */
 export const CODEC_NAME = "harken-mel/1";
@@ -13,6 +18,9 @@ export interface FeaturePacket {
   segmentEnd: boolean;
   payload: Uint8Array; // one self-contained codec payload (codec.ts)
   runningMaxLog10: number; // the floor state after these frames
+  /** With segmentEnd: the segment ends here because the client asked to finalize (speech that
+   * goes on is the next segment); its final says `fromFinalize`. */
+  finalized?: boolean;
 }
 
 /** The state a session carries from one segment to the next (on final events). */
@@ -32,7 +40,17 @@ export interface TranscriptEvent {
   endS: number;
   language: string;
   isFinal: boolean;
+  /** On finals: the segment ended because the client asked to finalize (a `finalized` packet),
+   * not by the VAD's end of speech or the input's end. */
+  fromFinalize: boolean;
 }
+
+/** A turn boundary as the VAD knows it, sent at once, never waiting for text (shared/transcript.py
+ * TurnEvent). speech_started: a segment opens, `audioS` its onset (with the VAD's padding);
+ * utterance_end: its speech is over, `audioS` its end (plus the padding, or where a finalize cut
+ * it). Seconds on the stream's timeline, as TranscriptEvent.startS. Every segment has one of each,
+ * in that order, the utterance_end before the segment's final TranscriptEvent. */
+export interface TurnEvent { kind: "speech_started" | "utterance_end"; segmentId: number; audioS: number }
 
 /** One word of committed text and when it was said, on the stream's timeline (seconds). */
 export interface TimedWord { text: string; startS: number; endS: number }
@@ -51,6 +69,8 @@ export interface Start {
   seed: SessionSeed | null;
   /** Ask for each final segment's word timings (`harken serve --aligner`). */
   wordTimings?: boolean;
+  /** Ask for the VAD's turn events (`Turn`: speech started, utterance end). */
+  turnEvents?: boolean;
 }
 export interface Features { kind: "features"; seq: number; packet: FeaturePacket }
 export interface End { kind: "end" }
@@ -59,13 +79,16 @@ export interface KeepAlive { kind: "keep_alive" }
 export type ClientMessage = Start | Features | End | KeepAlive;
 
 /** keepAlive: the server takes KeepAlive (a client writes them only then: an older server ends the stream over one).
- * wordTimings: the session asked for word timings and this server sends them. */
+ * wordTimings / turnEvents: the session asked for word timings / turn events and this server sends them. */
 export interface Ready {
   kind: "ready"; sessionId: string; resumeAfterSeq: number; lastFinalSegment: number; keepAlive: boolean; wordTimings: boolean;
+  turnEvents: boolean;
 }
 export interface Transcript { kind: "transcript"; event: TranscriptEvent; eventSeq: number; seed: SessionSeed | null }
 /** A final segment's word timings as the wire carries them: in the event log, eventSeq counting on with the Transcripts'. */
 export interface WordTimings { kind: "word_timings"; eventSeq: number; segmentId: number; words: TimedWord[] }
+/** A turn event as the wire carries it: in the event log, eventSeq counting on with the Transcripts'. */
+export interface Turn { kind: "turn"; turn: TurnEvent; eventSeq: number }
 export interface Ack { kind: "ack"; seq: number; lastFinalSegment: number }
 export interface ServerError { kind: "error"; code: string; message: string }
-export type ServerMessage = Ready | Transcript | WordTimings | Ack | ServerError;
+export type ServerMessage = Ready | Transcript | WordTimings | Turn | Ack | ServerError;

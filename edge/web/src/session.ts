@@ -2,10 +2,11 @@
 // edge/client_session.py and the feature half of edge/replay.py. No network, no timers inside:
 // a driver (client.ts over a WebRTC data channel) moves messages, and the clock is an argument.
 //
-//   session.onPackets(packets, boundS)                   from the edge pipeline
+//   session.onPackets(packets, boundS)                   from the edge pipeline (its finalize's too)
 //   session.endInput()                                    the source is exhausted
 //   call: write(session.startMessage())
-//         session.onServerMessage(msg, now) -> [TranscriptEvent | StreamProgress]  (Ready first)
+//         session.onServerMessage(msg, now) -> [TranscriptEvent | SegmentTimings | TurnEvent
+//                                                | StreamProgress]                    (Ready first)
 //         while ((msg = session.nextMessage())) { write(msg); session.sent(msg) }
 //         session.checkSilence(now) -> reason to give the call up, or null
 //         session.onCallClosed() -> true when the stream is done
@@ -16,10 +17,17 @@
 // Ready.resumeAfterSeq; NOT_FOUND (the server lost the session) opens a replacement session at once,
 // seeded with the last final's SessionSeed, replaying every unfinished packet from seq 1, and the
 // user sees no committed text twice (ReplayFilter); a final before a segment's end splits it.
+//
+// Turn events (`turnEvents: true`): the Start asks for them, `stats.turnEvents` is the Ready's
+// answer; each TurnEvent (speech started, utterance end) is passed on once: by event_seq, and per
+// segment and kind across sessions (a replacement session repeats those of unfinished segments),
+// none for segments already final. Finalize: a feature client cuts its segment in its pipeline
+// (FeatureStream.finalize: the packet that ends it is `finalized`); the final says `fromFinalize`.
 
 import { CODEC_NAME } from "./protocol.js";
 import type {
-  ClientMessage, FeaturePacket, SegmentTimings, ServerMessage, SessionSeed, Start, Transcript, TranscriptEvent, WordTimings,
+  ClientMessage, FeaturePacket, SegmentTimings, ServerMessage, SessionSeed, Start, Transcript, TranscriptEvent, Turn, TurnEvent,
+  WordTimings,
 } from "./protocol.js";
 
 const FRAMES_PER_SECOND = 100;
@@ -41,6 +49,9 @@ export interface ClientOptions {
   /** Ask for each final segment's word timings: a SegmentTimings follows its final event (a server
    * without an aligner says no in its Ready: `stats.wordTimings` false). */
   wordTimings?: boolean;
+  /** Ask for the VAD's turn events (TurnEvent: speech started, utterance end), sent as soon as the
+   * server has applied the frames that decide them (`stats.turnEvents`: the server's answer). */
+  turnEvents?: boolean;
 }
 
 export const DEFAULT_CLIENT_OPTIONS: ClientOptions = {
@@ -214,9 +225,13 @@ export interface TransportStats {
   keepalivesSent: number;
   /** The server's answer to `wordTimings` (its latest Ready); null: not asked, or no Ready yet. */
   wordTimings: boolean | null;
+  /** The server's answer to `turnEvents` (its latest Ready); null: not asked, or no Ready yet. */
+  turnEvents: boolean | null;
 }
 
-export type SessionOutput = TranscriptEvent | StreamProgress | SegmentTimings;
+// what the user sees of a stream, in order: transcript events, word timings and turn events (when
+// asked for), progress
+export type SessionOutput = TranscriptEvent | StreamProgress | SegmentTimings | TurnEvent;
 
 /** One stream's state, from the first Start to the last final (see the top of this file). */
 export class ClientSession {
@@ -239,11 +254,14 @@ export class ClientSession {
   readonly stats: TransportStats = {
     sessionsOpened: 0, resumes: 0, failedAttempts: 0, lastFailure: "", messagesSent: 0, messagesResent: 0,
     framesSent: 0, framesProduced: 0, payloadBytesProduced: 0, duplicateEvents: 0, keepalivesSent: 0, wordTimings: null,
+    turnEvents: null,
   };
   private offlineSince: number | null = null;
   private failures = 0;
   private connectedThisCall = false;
   private writing: PendingMessage | null = null;
+  // turn events passed on, per segment not yet final ("segmentId:kind"): a replacement session repeats them
+  private turnsSeen = new Set<string>();
 
   constructor(options: Partial<ClientOptions> = {}, readonly target = "the server", private readonly random = Math.random) {
     this.options = { ...DEFAULT_CLIENT_OPTIONS, ...options };
@@ -283,7 +301,7 @@ export class ClientSession {
     return {
       kind: "start", language: this.options.language, context: this.options.context, codec: this.buffer.codec,
       sessionId: this.sessionId, lastEventSeq: this.sessionId ? this.lastEventSeq : 0, seed: this.sessionId ? null : this.seed,
-      wordTimings: this.options.wordTimings ?? false,
+      wordTimings: this.options.wordTimings ?? false, turnEvents: this.options.turnEvents ?? false,
     };
   }
 
@@ -293,10 +311,12 @@ export class ClientSession {
       if (msg?.kind !== "ready") throw this.fail(new StreamError("PROTOCOL", `expected Ready, got ${msg?.kind ?? null}`));
       this.onReady(msg.sessionId, msg.resumeAfterSeq, msg.keepAlive);
       if (this.options.wordTimings) this.stats.wordTimings = msg.wordTimings;
+      if (this.options.turnEvents) this.stats.turnEvents = msg.turnEvents;
       return [];
     }
     if (msg?.kind === "transcript") return this.onTranscript(msg);
     if (msg?.kind === "word_timings") return this.onWordTimings(msg);
+    if (msg?.kind === "turn") return this.onTurn(msg);
     if (msg?.kind === "ack") return this.onAck(msg.seq, msg.lastFinalSegment);
     return [];
   }
@@ -447,6 +467,24 @@ export class ClientSession {
     return [{ kind: "word_timings", segmentId: w.segmentId, words: w.words }];
   }
 
+  /** A turn event: once (eventSeq, and per segment and kind across sessions), on the user's timeline
+   * (a feature stream's: as the server sends it). */
+  private onTurn(t: Turn): SessionOutput[] {
+    if (t.eventSeq && t.eventSeq <= this.lastEventSeq) {
+      this.stats.duplicateEvents += 1;
+      return [];
+    }
+    this.lastEventSeq = Math.max(this.lastEventSeq, t.eventSeq);
+    const e = t.turn;
+    const key = `${e.segmentId}:${e.kind}`;
+    if (e.segmentId <= this.lastFinalSegment || this.turnsSeen.has(key)) {
+      this.stats.duplicateEvents += 1;
+      return [];
+    }
+    this.turnsSeen.add(key);
+    return [{ kind: e.kind, segmentId: e.segmentId, audioS: e.audioS }];
+  }
+
   private onAck(seq: number, lastFinalSegment: number): SessionOutput[] {
     this.ackedSeq = Math.max(this.ackedSeq, seq);
     // the server's finals come before its Ack on the stream, so they are with us
@@ -460,6 +498,9 @@ export class ClientSession {
   private segmentFinal(segmentId: number, endS: number | null): void {
     this.lastFinalSegment = Math.max(this.lastFinalSegment, segmentId);
     this.texts.forgetThrough(this.lastFinalSegment);
+    for (const key of [...this.turnsSeen]) {
+      if (Number(key.slice(0, key.indexOf(":"))) <= this.lastFinalSegment) this.turnsSeen.delete(key);
+    }
     this.buffer.onFinal(segmentId, endS, this.lastFinalSegment);
   }
 

@@ -2,6 +2,8 @@
 // (edge/models/silero_vad_windows.onnx: 512-sample windows, each with the previous window's last
 // 64 samples in front, the LSTM state carried on), and silero's segmenting rules as a streaming
 // state machine (SpeechSegmenter), in the same order of checks as the Python one.
+// finalize() (the speaker stopped, push-to-talk released) decides at once what the windows seen so
+// far can: the open segment ends at the stream's position, and speech that goes on opens the next.
 
 import type { OrtModel, OrtTensor } from "./ort.js";
 import { SAMPLE_RATE } from "./features.js";
@@ -179,6 +181,34 @@ export class SpeechSegmenter {
     return events;
   }
 
+  /** Finalize on request (the speaker stopped, push-to-talk released): decide now what the windows
+   * seen so far can decide (edge/vad.py SpeechSegmenter.finalize). A segment whose end waits for its
+   * padding ends at once (the padding cut at the stream's position); the segment in progress ends
+   * at the position (in a pause: where the pause began, plus what of the padding has been heard),
+   * and speech that goes on opens the next segment there, unconfirmed like any onset. A burst not
+   * yet confirmed (shorter than min speech so far) is left to the ordinary rules. */
+  finalize(): SegmentEvent[] {
+    const s = this.state;
+    const events: SegmentEvent[] = [];
+    const now = s.windowsSeen * WINDOW_SAMPLES;
+    if (s.pendingEnd !== null) this.emitEnd(Math.min(s.pendingEnd.rawEndSample + this.pad, now), now, events);
+    if (!(s.triggered && s.confirmed)) return events;
+    const pause = s.silenceStartSample;
+    this.close(pause === null ? now : pause, now, events);
+    this.emitEnd(pause === null ? now : Math.min(pause + this.pad, now), now, events);
+    s.silenceStartSample = null;
+    s.longestPause = null;
+    if (pause !== null) {
+      s.triggered = false;
+      return events;
+    }
+    s.rawStartSample = now;
+    s.confirmed = false;
+    s.currentSegmentId = s.nextSegmentId;
+    s.nextSegmentId += 1;
+    return events;
+  }
+
   private window(p: number, now: number, events: SegmentEvent[]): void {
     const s = this.state;
     const cur = s.windowsSeen * WINDOW_SAMPLES;
@@ -288,6 +318,11 @@ export class StreamingVad {
     this.samplesSeen += pcm.length;
     const probs = await this.vad.push(pcm);
     return probs.length ? this.segmenter.push(probs) : [];
+  }
+
+  /** Finalize on request (SpeechSegmenter.finalize): the events it decides now. */
+  finalize(): SegmentEvent[] {
+    return this.segmenter.finalize();
   }
 
   async flush(): Promise<SegmentEvent[]> {

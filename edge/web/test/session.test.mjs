@@ -13,10 +13,13 @@ function packet(segmentId, firstFrame, { frames = 10, start = false, end = false
   return { segmentId, firstFrame, frameCount: frames, segmentStart: start, segmentEnd: end, payload, runningMaxLog10: 2.5 };
 }
 
-function transcript(segmentId, eventSeq, delta = "", partial = "", { final = false, startS = 0, endS = 1, seed = null } = {}) {
-  return { kind: "transcript", eventSeq, seed, event: { segmentId, committedDelta: delta, partial, stability: 0.5, startS, endS, language: "English", isFinal: final } };
+function transcript(segmentId, eventSeq, delta = "", partial = "", { final = false, startS = 0, endS = 1, seed = null, fromFinalize = false } = {}) {
+  return { kind: "transcript", eventSeq, seed, event: { segmentId, committedDelta: delta, partial, stability: 0.5, startS, endS, language: "English",
+                                                        isFinal: final, fromFinalize } };
 }
-const ready = (sessionId, resumeAfterSeq, keepAlive = false) => ({ kind: "ready", sessionId, resumeAfterSeq, lastFinalSegment: -1, keepAlive, wordTimings: false });
+const ready = (sessionId, resumeAfterSeq, keepAlive = false) => ({ kind: "ready", sessionId, resumeAfterSeq, lastFinalSegment: -1, keepAlive,
+                                                                   wordTimings: false, turnEvents: false });
+const turn = (kind, segmentId, audioS, eventSeq) => ({ kind: "turn", turn: { kind, segmentId, audioS }, eventSeq });
 const ack = (seq, lastFinalSegment) => ({ kind: "ack", seq, lastFinalSegment });
 
 function writeAll(s) {
@@ -33,7 +36,7 @@ function connect(s, r, now = 0) {
   return start;
 }
 
-const shown = (out) => out.filter((e) => e.kind !== "progress").map((e) => [e.committedDelta, e.partial]);
+const shown = (out) => out.filter((e) => e.kind === undefined).map((e) => [e.committedDelta, e.partial]);
 
 test("a whole stream", () => {
   const s = new ClientSession({ language: "English", context: "names" });
@@ -41,7 +44,7 @@ test("a whole stream", () => {
   assert.deepEqual(s.onPackets(p.slice(0, 2), 0.05), { kind: "progress", boundS: 0.05 });
   const start = connect(s, ready("sid", 0), 1.0);
   assert.deepEqual(start, { kind: "start", language: "English", context: "names", codec: CODEC, sessionId: "", lastEventSeq: 0, seed: null,
-                            wordTimings: false });
+                            wordTimings: false, turnEvents: false });
   assert.deepEqual(writeAll(s).map((m) => [m.kind, m.seq]), [["features", 1], ["features", 2]]);
   assert.equal(s.nextMessage(), null);
   assert.deepEqual(shown(s.onServerMessage(transcript(0, 1, "Hel", "lo"), 1.1)), [["Hel", "lo"]]);
@@ -255,4 +258,44 @@ test("no KeepAlive to a server whose Ready does not take them", () => {
   connect(s, ready("sid", 0), 0);
   assert.equal(s.keepaliveIn(1e6), null);
   assert.equal(s.nextMessage(1e6), null);
+});
+
+test("turn events: asked in Start, once each (across a replacement session too), none for final segments", () => {
+  // as test_client_session.py's test_turn_events_once_each_and_on_the_users_timeline
+  const s = new ClientSession({ turnEvents: true });
+  s.onPackets([packet(0, 0, { start: true }), packet(0, 10, { end: true }), packet(1, 50, { start: true })], 1.0);
+  const start = connect(s, { ...ready("old", 0), turnEvents: true });
+  assert.equal(start.turnEvents, true);
+  assert.equal(s.stats.turnEvents, true);
+  writeAll(s);
+  const began = { kind: "speech_started", segmentId: 0, audioS: 0.0 };
+  assert.deepEqual(s.onServerMessage(turn("speech_started", 0, 0.0, 1), 0.1), [began]);
+  assert.deepEqual(s.onServerMessage(turn("speech_started", 0, 0.0, 1), 0.1), []); // a resume's replay: once
+  assert.deepEqual(s.onServerMessage(turn("utterance_end", 0, 0.2, 2), 0.2), [{ kind: "utterance_end", segmentId: 0, audioS: 0.2 }]);
+  const final = s.onServerMessage(transcript(0, 3, "first.", "", { final: true, endS: 0.2, seed: SEED, fromFinalize: true }), 0.3);
+  assert.equal(final[0].fromFinalize, true); // passed on as the server says it
+  const second = { kind: "speech_started", segmentId: 1, audioS: 0.5 };
+  assert.deepEqual(s.onServerMessage(turn("speech_started", 1, 0.5, 4), 0.4), [second]);
+  assert.equal(s.stats.duplicateEvents, 1);
+  // the server lost the session: the replacement repeats segment 1's onset, which is not shown again
+  assert.deepEqual(s.onDisconnect({ details: "no session", code: "NOT_FOUND" }, 1.0), { delayS: 0, newSession: true });
+  const again = connect(s, { ...ready("new", 0), turnEvents: true });
+  assert.equal(again.turnEvents, true);
+  assert.deepEqual(again.seed, SEED);
+  writeAll(s);
+  assert.deepEqual(s.onServerMessage(turn("speech_started", 1, 0.5, 1), 1.1), []);
+  assert.deepEqual(s.onServerMessage(turn("utterance_end", 1, 0.9, 2), 1.2), [{ kind: "utterance_end", segmentId: 1, audioS: 0.9 }]);
+  // a segment already final: its (late or repeated) turn events are not shown
+  assert.deepEqual(s.onServerMessage(turn("utterance_end", 0, 0.2, 3), 1.3), []);
+  assert.equal(s.stats.duplicateEvents, 3);
+  // segment 1's final forgets its turns (the private set the Python one calls _turns_seen): bounded
+  assert.equal(s.turnsSeen.size, 2);
+  s.onServerMessage(transcript(1, 4, "second.", "", { final: true, endS: 0.9 }), 1.4);
+  assert.equal(s.turnsSeen.size, 0);
+  assert.equal(s.onServerMessage(turn("speech_started", 2, 1.5, 5), 1.5).length, 1);
+  assert.equal(s.turnsSeen.size, 1);
+  // not asked: the Start says so and the stats stay null
+  const plain = new ClientSession();
+  assert.equal(connect(plain, { ...ready("sid", 0), turnEvents: true }).turnEvents, false);
+  assert.equal(plain.stats.turnEvents, null);
 });

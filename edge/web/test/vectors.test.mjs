@@ -1,6 +1,7 @@
 // The TypeScript edge against the Python edge's test vectors (edge/web/vectors/, written by
 // tests/web_vectors.py): log-mel and VAD on onnxruntime-node within 1e-4, the codec's payloads and
-// the pipeline's wire messages byte for byte.
+// the pipeline's wire messages byte for byte; and FeatureStream.finalize mid-speech (each vector's
+// "finalize" record) giving Python's packets, the finalized one included.
 import assert from "node:assert/strict";
 import { readFileSync, readdirSync } from "node:fs";
 import { test } from "node:test";
@@ -52,9 +53,9 @@ const models = (async () => ({
   vad: await OrtModel.load(ort, MODELS + "silero_vad_windows.onnx"),
 }))();
 
-/** The JS pipeline on a vector WAV, pushed as the Python one was (or in pieces of `pieceSamples`):
- * -> {mel, probs, events, packets}. */
-async function runEdge(name, pieceSamples = null) {
+/** The JS pipeline on a vector WAV, pushed as the Python one was (or in pieces of `pieceSamples`),
+ * finalized once `finalizeAt` samples are in (if given): -> {mel, probs, events, packets}. */
+async function runEdge(name, pieceSamples = null, finalizeAt = null) {
   const rec = record(name);
   const audio = readWav(VECTORS + name + ".wav");
   const piece = pieceSamples ?? rec.push_samples;
@@ -66,7 +67,12 @@ async function runEdge(name, pieceSamples = null) {
   const seg = stream.vad.segmenter, pushSeg = seg.push.bind(seg), finishSeg = seg.finish.bind(seg);
   seg.push = (p) => { probs.push(...p); const e = pushSeg(p); events.push(...e); return e; };
   seg.finish = (p, n) => { probs.push(...p); const e = finishSeg(p, n); events.push(...e); return e; };
-  for (let i = 0; i < audio.length; i += piece) packets.push(...await stream.push(audio.subarray(i, i + piece)));
+  const finalizeSeg = seg.finalize.bind(seg);
+  seg.finalize = () => { const e = finalizeSeg(); events.push(...e); return e; };
+  for (let i = 0; i < audio.length; i += piece) {
+    if (i === finalizeAt) packets.push(...stream.finalize());
+    packets.push(...await stream.push(audio.subarray(i, i + piece)));
+  }
   packets.push(...await stream.flush());
   const k = melParts.reduce((n, f) => n + f.k, 0);
   const mel = { data: new Float32Array(128 * k), k };
@@ -104,39 +110,73 @@ for (const name of names) {
       rec.vad_events.map((e) => [e.kind, e.segment_id, e.start_sample, e.end_sample, e.decided_at_sample]));
   });
 
-  test(`${name}: Python's frames and VAD events give Python's packets, byte for byte`, () => {
-    // the pipeline after the models: same floors, segments, payloads, CRCs and wire messages
-    const rec = record(name);
+  /** Replays the Python pushes of `run` (a vector record or its "finalize" record): the frames and VAD
+   * events each one produced, and the VAD's earliest end after it (an open segment's frames leave
+   * only up to that); a finalize entry goes to FeatureStream.applyFinalize. Checks the packets. */
+  const replay = (rec, run) => {
     const ref = pythonMel(name);
-    assert.ok(rec.pushes.every((p) => "earliest_end_sample" in p), "pushes record earliest_end_sample (tests/web_vectors.py)");
-    // replay the Python pushes: the frames and VAD events each one produced, and the VAD's
-    // earliest end after it (an open segment's frames leave only up to that)
+    assert.ok(run.pushes.every((p) => "earliest_end_sample" in p), "pushes record earliest_end_sample (tests/web_vectors.py)");
     const stream = new FeatureStream({ logmel: null, vad: null }, { packetFrames: rec.packet_frames });
-    const events = rec.vad_events.map((e) => ({ kind: e.kind, segmentId: e.segment_id, startSample: e.start_sample,
+    const events = run.vad_events.map((e) => ({ kind: e.kind, segmentId: e.segment_id, startSample: e.start_sample,
       endSample: e.end_sample, decidedAtSample: e.decided_at_sample }));
     const packets = [];
     let done = 0;
-    for (const push of rec.pushes) {
-      packets.push(...stream.advance(sliceFrames(ref, done, push.frames), push.events.map((i) => events[i]), push.final,
-        push.earliest_end_sample));
+    for (const push of run.pushes) {
+      const pushed = push.events.map((i) => events[i]);
+      if (push.finalize) packets.push(...stream.applyFinalize(pushed, push.earliest_end_sample));
+      else packets.push(...stream.advance(sliceFrames(ref, done, push.frames), pushed, push.final, push.earliest_end_sample));
       done += push.frames;
     }
     assert.equal(done, ref.k);
-    assert.equal(packets.length, rec.packets.length);
+    assert.equal(packets.length, run.packets.length);
     packets.forEach((p, i) => {
-      const want = rec.packets[i];
-      assert.deepEqual([p.segmentId, p.firstFrame, p.frameCount, p.segmentStart, p.segmentEnd],
-        [want.segment_id, want.first_frame, want.frame_count, want.segment_start, want.segment_end], `packet ${i}`);
+      const want = run.packets[i];
+      assert.deepEqual([p.segmentId, p.firstFrame, p.frameCount, p.segmentStart, p.segmentEnd, p.finalized],
+        [want.segment_id, want.first_frame, want.frame_count, want.segment_start, want.segment_end, want.finalized], `packet ${i}`);
       assert.equal(hex(p.payload), want.payload, `packet ${i} payload`);
       assert.equal(crc32c(p.payload), want.crc32c);
       assert.equal(hex(encodeClientMessage({ kind: "features", seq: want.seq, packet: p })), want.message, `packet ${i} message`);
     });
+  };
+
+  test(`${name}: Python's frames and VAD events give Python's packets, byte for byte`, () => {
+    // the pipeline after the models: same floors, segments, payloads, CRCs and wire messages
+    const rec = record(name);
+    replay(rec, rec);
+  });
+
+  test(`${name}: finalized mid-speech, Python's frames and VAD events give Python's packets, byte for byte`, () => {
+    const rec = record(name);
+    assert.ok(rec.finalize, "a finalize record (tests/web_vectors.py)");
+    assert.equal(rec.finalize.pushes.filter((p) => p.finalize).length, 1);
+    replay(rec, rec.finalize);
   });
 
   const summary = (packets) => packets.map((p) => [p.segmentId, p.firstFrame, p.frameCount, p.segmentStart, p.segmentEnd,
-    p.runningMaxLog10, hex(p.payload)]);
-  const pythonSummary = (rec) => rec.packets.map((p) => [p.segment_id, p.first_frame, p.frame_count, p.segment_start,
-    p.segment_end, p.running_max_log10, p.payload]);
+    p.finalized, p.runningMaxLog10, hex(p.payload)]);
+  const pythonSummary = (run) => run.packets.map((p) => [p.segment_id, p.first_frame, p.frame_count, p.segment_start,
+    p.segment_end, p.finalized, p.running_max_log10, p.payload]);
+
+  test(`${name}: the whole JS edge (ONNX models included), finalized mid-speech, sends Python's packets`, async () => {
+    const rec = record(name);
+    const { events, packets } = await runEdge(name, null, rec.finalize.after_samples);
+    assert.deepEqual(events.map((e) => [e.kind, e.segmentId, e.startSample, e.kind === "end" ? e.endSample : null, e.decidedAtSample]),
+      rec.finalize.vad_events.map((e) => [e.kind, e.segment_id, e.start_sample, e.end_sample, e.decided_at_sample]));
+    assert.deepEqual(summary(packets), pythonSummary(rec.finalize));
+    if (rec.packets.length) {
+      // the vector's speech: one more segment than without the finalize, cut by the finalized packet,
+      // the next one starting at the very frame the finalized one ended
+      const cut = packets.findIndex((p) => p.finalized);
+      assert.ok(cut >= 0 && packets.filter((p) => p.finalized).length === 1);
+      const end = packets[cut].firstFrame + packets[cut].frameCount;
+      assert.ok(end <= rec.finalize.after_samples / 160, "no frame past those computed: at once");
+      const after = packets[cut + 1];
+      if (after) { // speech went on after the cut
+        assert.ok(after.segmentStart && after.segmentId === packets[cut].segmentId + 1);
+        assert.equal(after.firstFrame, end);
+      }
+    }
+  });
 
   test(`${name}: the whole JS edge (ONNX models included) sends Python's packets`, async () => {
     const { rec, packets } = await edge(name);

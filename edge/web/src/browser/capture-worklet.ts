@@ -1,6 +1,8 @@
 // AudioWorklet "harken-capture": the track's audio at the device rate, mixed to mono, resampled to
 // 16 kHz here in the audio thread, and posted in pieces of 100 ms (1600 samples) to the edge worker
 // over the MessagePort it is given ({type: "port"}). {type: "stop"} flushes and ends the stream.
+// {type: "finalize"} (TrackStream.finalize) sends the part-filled piece at once, then the finalize
+// request on the same port, so the worker cuts the segment after exactly the audio captured before it.
 
 import { StreamingResampler } from "../resample.js";
 
@@ -28,6 +30,12 @@ class CaptureProcessor extends AudioWorkletProcessor {
         this.emit(this.resampler.flush());
         if (this.fill) this.send(this.piece.slice(0, this.fill));
         this.out?.postMessage({ type: "end" });
+      } else if (ev.data.type === "finalize" && !this.stopped) {
+        if (this.fill) {
+          this.send(this.piece.slice(0, this.fill));
+          this.fill = 0;
+        }
+        this.out?.postMessage({ type: "finalize" });
       }
     };
   }

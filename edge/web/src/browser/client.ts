@@ -5,6 +5,11 @@
 //   const t = s.addTrack(mediaStreamTrack, { speaker: "Alice", language: "English" });
 //   s.on("transcript", (event, { speaker }) => ...);   // every track's events
 //   s.on("word_timings", (timings, { speaker }) => ...); // with { wordTimings: true } in the track's options
+//   s.on("turn", (turn, { speaker }) => ...);          // with { turnEvents: true }: turn.kind is
+//                                                      // "speech_started" | "utterance_end" (also
+//                                                      // emitted under those names)
+//   await t.finalize();                                // push-to-talk released: the open segment
+//                                                      // ends now, its final comes at once (fromFinalize)
 //   await t.stop();                                    // End: the last finals, then "end"
 //
 // The data channel carries the gRPC stream's messages (cloud/adapters/webrtc.py): binary frames are
@@ -15,7 +20,7 @@
 
 import type { Mode } from "../codec.js";
 import { decodeServerMessage, encodeClientMessage } from "../proto.js";
-import type { TranscriptEvent } from "../protocol.js";
+import type { FeaturePacket, TranscriptEvent } from "../protocol.js";
 import { ClientSession, StreamError } from "../session.js";
 import type { ClientOptions, Disconnect, SessionOutput } from "../session.js";
 import { transcriptText } from "../text.js";
@@ -74,8 +79,10 @@ class CallEnded extends Error {
 }
 
 /** One track's stream: its capture, its session, its calls. Events: "ready" (session id, on every
- * call's Ready), "transcript" (event, info), "progress" (boundS), "end" (text), "error"
- * (StreamError), "bytes" (n, on every write). */
+ * call's Ready), "transcript" (event, info; a final cut by `finalize()` says `fromFinalize`),
+ * "word_timings" (timings, info), "turn" (TurnEvent, info; then the same under its kind's name,
+ * "speech_started" or "utterance_end"), "progress" (boundS), "end" (text), "error" (StreamError),
+ * "bytes" (n, on every write). */
 export class TrackStream extends Emitter {
   readonly session: ClientSession;
   readonly speaker: string;
@@ -90,6 +97,7 @@ export class TrackStream extends Emitter {
   private channel: RTCDataChannel | null = null;
   private pc: RTCPeerConnection | null = null;
   private stopping = false;
+  private finalizing: (() => void)[] = []; // finalize() calls whose packets the worker has not sent yet
   private resolveDone!: (text: string) => void;
   private rejectDone!: (e: Error) => void;
 
@@ -116,19 +124,38 @@ export class TrackStream extends Emitter {
   }
 
   /** From the worker: packets (and the ended mark) of this track. */
-  onWorker(msg: { type: string; packets?: any[]; boundS?: number; message?: string }): void {
+  onWorker(msg: { type: string; packets?: FeaturePacket[]; boundS?: number; finalized?: boolean; message?: string }): void {
     if (msg.type === "packets") {
       try {
         this.deliver([this.session.onPackets(msg.packets!, msg.boundS!)]);
       } catch (e) {
         this.fail(e as Error);
       }
+      if (msg.finalized) this.finalizing.shift()?.();
     } else if (msg.type === "ended") {
       this.session.endInput();
+      this.settleFinalizing();
     } else if (msg.type === "failed") {
       this.fail(new StreamError("EDGE", msg.message ?? "the edge worker failed"));
     }
     this.pump?.();
+  }
+
+  /** Finalize now (the speaker stopped, push-to-talk released): the open segment ends at the audio
+   * captured so far (FeatureStream.finalize in the worker, in order with the audio) and its final
+   * comes at once, with `fromFinalize`; speech that goes on is the next segment. Resolves once the
+   * packets the cut completes are with the session (queued to send). Nothing open, or the track
+   * stopping: nothing changes. */
+  finalize(): Promise<void> {
+    if (this.stopping || !this.node) return Promise.resolve();
+    return new Promise((resolve) => {
+      this.finalizing.push(resolve);
+      this.node!.port.postMessage({ type: "finalize" });
+    });
+  }
+
+  private settleFinalizing(): void {
+    for (const resolve of this.finalizing.splice(0)) resolve();
   }
 
   /** No more audio: the capture flushes, End follows the last packet; resolves with the final text. */
@@ -161,8 +188,16 @@ export class TrackStream extends Emitter {
         this.conn.emitFromTrack("word_timings", item, info);
         continue;
       }
-      if ("kind" in item) {
+      if ("kind" in item && item.kind === "progress") {
         this.emit("progress", item.boundS);
+        continue;
+      }
+      if ("kind" in item) { // a TurnEvent
+        const info: TrackInfo = { speaker: this.speaker, track: this };
+        for (const name of ["turn", item.kind]) {
+          this.emit(name, item, info);
+          this.conn.emitFromTrack(name, item, info);
+        }
         continue;
       }
       const e = item as TranscriptEvent;
@@ -177,6 +212,7 @@ export class TrackStream extends Emitter {
   private fail(e: Error): void {
     if (this.session.lifecycle !== "failed") this.session.lifecycle = "failed";
     this.close();
+    this.settleFinalizing();
     this.emit("error", e);
     this.conn.emitFromTrack("error", e, { speaker: this.speaker, track: this });
     this.rejectDone(e);
@@ -301,7 +337,8 @@ export class TrackStream extends Emitter {
 }
 
 /** A connection to one harken server: the shared audio context and edge worker of its tracks.
- * Events: "transcript" (event, {speaker, track}), "end" (text, info), "error" (e, info). */
+ * Events: "transcript" (event, {speaker, track}), "word_timings" (timings, info), "turn" (TurnEvent,
+ * info) and its kind's name ("speech_started", "utterance_end"), "end" (text, info), "error" (e, info). */
 export class Connection extends Emitter {
   readonly tracks: TrackStream[] = [];
   private nextId = 1;

@@ -6,8 +6,12 @@
 //                   {type: "open", id, port, mode, packetFrames, capture}
 //                   {type: "captured", id}                   (tests) the 16 kHz audio fed so far and
 //                                                            the raw log-mel computed from it
+//   worklet -> worker (the track's port): {type: "pcm", samples} | {type: "finalize"} | {type: "end"}
+//                   finalize: FeatureStream.finalize after the audio before it (the open segment
+//                   ends there, its last packet `finalized`)
 //   worker -> page: {type: "ready"} | {type: "failed", message}
 //                   {type: "packets", id, packets, boundS}  boundS: no segment not yet opened starts earlier
+//                   {type: "packets", id, packets, boundS, finalized: true}   a finalize's packets
 //                   {type: "ended", id}                      the flush's packets came before it
 //                   {type: "captured", id, samples, mel: {data: [128, k] row-major, k}}
 
@@ -42,6 +46,7 @@ function open(id: number, port: MessagePort, mode: Mode, packetFrames: number, c
   const stream = new FeatureStream(models!, { mode, packetFrames, onFrames: kept ? (f) => kept.mel.push(f) : undefined });
   let samples = 0;
   let chain = Promise.resolve();
+  const boundS = () => (Math.max(0, Math.floor((samples - 200) / 160)) - stream.lookbackFrames) / 100;
   port.onmessage = (ev: MessageEvent) => {
     const msg = ev.data;
     chain = chain.then(async () => {
@@ -50,8 +55,9 @@ function open(id: number, port: MessagePort, mode: Mode, packetFrames: number, c
         kept?.audio.push(pcm.slice());
         const packets = await stream.push(pcm);
         samples += pcm.length;
-        const newestFrame = Math.max(0, Math.floor((samples - 200) / 160));
-        self.postMessage({ type: "packets", id, packets, boundS: (newestFrame - stream.lookbackFrames) / 100 });
+        self.postMessage({ type: "packets", id, packets, boundS: boundS() });
+      } else if (msg.type === "finalize") {
+        self.postMessage({ type: "packets", id, packets: stream.finalize(), boundS: boundS(), finalized: true });
       } else if (msg.type === "end") {
         const packets = await stream.flush();
         self.postMessage({ type: "packets", id, packets, boundS: Infinity });

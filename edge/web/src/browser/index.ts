@@ -3,5 +3,5 @@
 export { Connection, TrackStream, connect, edgeSupported } from "./client.js";
 export type { ConnectOptions, TrackInfo, TrackOptions } from "./client.js";
 export { ClientSession, StreamError } from "../session.js";
-export type { TranscriptEvent } from "../protocol.js";
+export type { SegmentTimings, TranscriptEvent, TurnEvent } from "../protocol.js";
 export { transcriptText } from "../text.js";
