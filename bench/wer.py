@@ -78,6 +78,15 @@ class WerBenchOptions:
     concurrency: int = 8  # utterances in flight at once on each served path
     update_interval_s: float | None = None  # the stream path's policy (None: CommitPolicy's default)
     rollback_tokens: int | None = None
+    intermediate_commits: bool = True
+    vad_min_silence_ms: int | None = None  # the stream paths' edge VAD (None: the edge's default)
+
+    def vad_options(self):
+        from harken.edge.vad import VadOptions
+
+        if self.vad_min_silence_ms is None:
+            return VadOptions()
+        return VadOptions(min_silence_duration_ms=self.vad_min_silence_ms)
 
     def stream_policy(self):
         """The stream path's commit policy: the engine's default, with the knobs given here."""
@@ -91,7 +100,7 @@ class WerBenchOptions:
                 policy = replace(policy, update_interval_s=self.update_interval_s)
             if self.rollback_tokens is not None:
                 policy = replace(policy, rollback_tokens=self.rollback_tokens)
-            return policy
+            return replace(policy, intermediate_commits=self.intermediate_commits)
         except ValueError as e:
             raise HarkenError(f"--update-interval / --rollback-tokens: {e}") from None
 
@@ -216,14 +225,14 @@ def latency_summary(latencies: list[WordLatency], churn: Churn, finals: list[flo
 
 
 def stream_timed(audio: np.ndarray, engine, options, clock: Clock, finalize_at_s: float | None = None,
-                 requested: list[float] | None = None) -> list[TimedEvent]:
+                 requested: list[float] | None = None, vad_options=None) -> list[TimedEvent]:
     """One utterance through the in-process engine, paced on `clock`; events with their arrival
     times (0 = capture of the first sample). `finalize_at_s`: see `paced_pieces`."""
     from harken.cloud.embedded import stream_pieces
 
     start = clock.now()
     pieces = paced_pieces(audio, clock, start, finalize_at_s=finalize_at_s, requested=requested)
-    return [TimedEvent(clock.now() - start, e) for e in stream_pieces(pieces, engine, options)]
+    return [TimedEvent(clock.now() - start, e) for e in stream_pieces(pieces, engine, options, vad_options=vad_options)]
 
 
 def _feature_kbps_inputs(audio: np.ndarray, mode: str) -> tuple[int, float]:
@@ -257,7 +266,7 @@ class StreamTimes:
 
 
 def run_stream(asr, utterances: list[BenchUtterance], language: str | None, clock: Clock, policy=None,
-               finalize: bool = False) -> tuple[PathResult, StreamTimes]:
+               finalize: bool = False, vad_options=None) -> tuple[PathResult, StreamTimes]:
     """The stream path (with `finalize`: a finalize request `FINALIZE_AFTER_S` after each timed
     utterance's last word: the stream_finalize path)."""
     from harken.cloud.inference.commit import CommitPolicy
@@ -272,7 +281,7 @@ def run_stream(asr, utterances: list[BenchUtterance], language: str | None, cloc
         requested: list[float] = []
         finalize_at = u.words[-1].end_s + FINALIZE_AFTER_S if finalize and u.words else None
         try:
-            events = stream_timed(u.audio, engine, options, clock, finalize_at, requested)
+            events = stream_timed(u.audio, engine, options, clock, finalize_at, requested, vad_options)
         except HarkenError as e:
             result.failed(i, e)
             continue
@@ -384,7 +393,7 @@ def bench_wer(options: WerBenchOptions, log=lambda s: None) -> dict:
             t0 = time.monotonic()
             clock: Clock = WallClock() if options.realtime else AudioClock()
             results[path], measured = run_stream(asr, utterances, options.language, clock, options.stream_policy(),
-                                                 finalize=path == "stream_finalize")
+                                                 finalize=path == "stream_finalize", vad_options=options.vad_options())
             if path == "stream":
                 times = measured
             else:
@@ -408,6 +417,10 @@ def bench_wer(options: WerBenchOptions, log=lambda s: None) -> dict:
     policy = options.stream_policy()
     out["stream_policy"] = {"update_interval_s": policy.update_interval_s, "rollback_tokens": policy.rollback_tokens,
                             "agreement": policy.agreement}
+    if not policy.intermediate_commits:
+        out["stream_policy"]["intermediate_commits"] = False
+    if options.vad_min_silence_ms is not None:
+        out["stream_policy"]["vad_min_silence_ms"] = options.vad_min_silence_ms
     out["n_timed_utterances"] = sum(1 for u in utterances if u.words is not None)
     out["concurrency"] = options.concurrency
     out["seconds"] = {p: round(results[p].seconds, 1) for p in options.paths}

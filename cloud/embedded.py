@@ -12,7 +12,7 @@ by an engine that keeps up, only without waiting for the clock.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterable, Iterator, Literal, overload
+from typing import TYPE_CHECKING, Iterable, Iterator, Literal, overload
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from harken.shared.codec import DEFAULT_MODE
 from harken.shared.features_spec import SAMPLE_RATE
 from harken.shared.protocol import Finalize
 from harken.shared.transcript import TurnEvent
+
+if TYPE_CHECKING:
+    from harken.edge.vad import VadOptions
 
 PIECE_SECONDS = 0.1
 
@@ -36,27 +39,31 @@ def stream_audio(audio: np.ndarray, engine: Engine, options: SessionOptions = Se
 
 @overload
 def stream_pieces(pieces: Iterable[np.ndarray | Finalize], engine: Engine, options: SessionOptions = ...,
-                  codec_mode: str = ..., on_packet=..., turns: Literal[False] = ...) -> Iterator[EngineEvent]: ...
+                  codec_mode: str = ..., on_packet=..., turns: Literal[False] = ...,
+                  vad_options: VadOptions | None = ...) -> Iterator[EngineEvent]: ...
 
 
 @overload
 def stream_pieces(pieces: Iterable[np.ndarray | Finalize], engine: Engine, options: SessionOptions = ...,
-                  codec_mode: str = ..., on_packet=..., turns: bool = ...) -> Iterator[EngineEvent | TurnEvent]: ...
+                  codec_mode: str = ..., on_packet=..., turns: bool = ...,
+                  vad_options: VadOptions | None = ...) -> Iterator[EngineEvent | TurnEvent]: ...
 
 
 def stream_pieces(pieces: Iterable[np.ndarray | Finalize], engine: Engine, options: SessionOptions = SessionOptions(),
-                  codec_mode: str = DEFAULT_MODE, on_packet=None,
-                  turns: bool = False) -> Iterator[EngineEvent | TurnEvent]:
+                  codec_mode: str = DEFAULT_MODE, on_packet=None, turns: bool = False,
+                  vad_options: VadOptions | None = None) -> Iterator[EngineEvent | TurnEvent]:
     """Stream pieces of 16 kHz mono float32 audio as they come (a file cut up, a microphone)
     through the edge pipeline (codec mode `codec_mode`) and `engine`; after each piece the engine
     catches up. A `Finalize` among the pieces ends the open segment there (`FeatureStream.finalize`;
     its final is `from_finalize`). `on_packet(packet)` sees each edge packet before the engine does
     (word timings keep the segments' features with it). `turns`: the VAD's `TurnEvent`s too, each
-    as soon as its packet is out (before the engine's events of that packet)."""
+    as soon as its packet is out (before the engine's events of that packet). `vad_options`: the edge
+    VAD's (None: its defaults)."""
     from harken.edge.pipeline import FeatureStream
+    from harken.edge.vad import VadOptions
 
     seed = options.resume.running_max_log10 if options.resume is not None else float("-inf")
-    edge = FeatureStream(mode=codec_mode, running_max_log10=seed)
+    edge = FeatureStream(vad_options or VadOptions(), mode=codec_mode, running_max_log10=seed)
     sid = engine.open_session(options)
     finalized: set[int] = set()
 

@@ -233,6 +233,12 @@ def _bench_wer_parser(bsub: Subparsers) -> None:
     b.add_argument("--rollback-tokens", type=int,
                    help="the stream path's commit policy: last tokens of a hypothesis never committed by "
                         "an update (default: the engine's, 5)")
+    b.add_argument("--no-intermediate-commits", action="store_true",
+                   help="the stream paths' commit policy: updates give partials only, each item's final "
+                        "pass commits its text")
+    b.add_argument("--vad-min-silence-ms", type=int,
+                   help="the stream paths' edge VAD: a pause this long ends a segment (default: the "
+                        "edge's, 300)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
