@@ -264,6 +264,11 @@ def test_small_vocabulary_keeps_real_special_ids(tmp_path):
     text = "language English<asr_text>Hello world, it's a test."
     assert tk.decode(tk.encode(text), skip_special_tokens=False) == text
     assert tk.decode(tk.encode("<|im_end|>hi"), skip_special_tokens=True) == "hi"
+    # every id has bytes, the fillers that are not byte-level BPE too (a streaming session builds its
+    # text from these: one id without them took every served stream of such a model down)
+    fillers = [i for i in range(151643) if tk._tk.id_to_token(i).startswith("\u2400")]
+    assert fillers and all(tk.token_bytes(i) == tk._tk.id_to_token(i).encode() for i in fillers[:1000])
+    assert b"".join(tk.token_bytes(i) for i in tk.encode(text)) == text.encode()
 
 
 # --- numerics: prefill logits in float64 ----------------------------------------------------------

@@ -178,3 +178,20 @@ def test_finalize_closes_the_open_segment_of_a_thin_client(asr, audio):
         assert seqs[(t.segment_id, pb.Turn.UTTERANCE_END)] < t.event_seq
     events = sorted([t.event_seq for t in out.transcripts] + [t.event_seq for t in turns])
     assert events == list(range(1, len(events) + 1))
+
+
+def test_a_model_whose_vocabulary_is_not_all_byte_level_serves_its_streams(audio, tmp_path):
+    """`harken make-tiny-model --vocab small` fills its vocabulary with tokens that are not byte-level
+    BPE ("␀unused447"); a random model writes them. Every stream of it ends OK with its text."""
+    from harken.cloud.model.asr import Qwen3ASR
+    from harken.cloud.model.tiny import make_tiny_model
+
+    small = Qwen3ASR.load(str(make_tiny_model(tmp_path / "small", vocab="small")))
+
+    async def main():
+        async with serving(small) as server:
+            return await run_stream(server.address, [start_msg()] + audio_msgs(audio) + [END])
+
+    out = asyncio.run(main())
+    assert out.code == OK, out.details
+    assert [t.segment_id for t in out.transcripts if t.is_final] == [0, 1]

@@ -138,7 +138,10 @@ class Tokenizer:
         if added is not None and added.id == token_id:
             return b"" if added.special else token.encode("utf-8")
         table = _unicode_to_bytes()
-        return bytes(table[c] for c in token)
+        try:
+            return bytes(table[c] for c in token)
+        except KeyError:  # not byte-level BPE (a filler such as `--vocab small`'s "␀unused447"): its text
+            return token.encode("utf-8")
 
     def encode_byte(self, byte: int) -> int | None:
         """The id of the vocabulary token that is exactly one byte (None if there is none)."""
