@@ -15,7 +15,6 @@ import numpy as np
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import SAMPLE_RATE
 
-MIN_PIECE_SAMPLES = SAMPLE_RATE // 2  # the official package pads shorter pieces of a split file
 TINY_BANNER = ("harken: --model tiny is a tiny RANDOM checkpoint for tests and plumbing checks; "
                "its output is meaningless")
 
@@ -44,19 +43,16 @@ def transcribe_command(input_path: str, model: str, language: str | None = None,
 
     check_decoder(decoder)  # without vLLM: one line saying how to install it, before any work
     from harken.edge.audio import MAX_PASS_SECONDS, load_audio, peak_normalize, split_at_quiet_points
-    from harken.edge.features import log_mel
 
     audio = peak_normalize(load_audio(input_path))  # before loading the model: bad input fails fast
     limit = MAX_PASS_SECONDS if max_pass_s is None else max_pass_s
     if limit <= 0:
         raise HarkenError("--max-pass-s must be > 0")
-    spans = split_at_quiet_points(audio, limit)
 
+    from harken.cloud.inference.offline import transcribe_audio
     from harken.cloud.model.asr import Qwen3ASR
     from harken.cloud.model.checkpoint import TINY, TINY_UNTIED
-    from harken.cloud.model.decode_limits import DecodeLimits
     from harken.cloud.model.prompt import forced_language
-    from harken.shared.text import transcript_text
 
     forced_language(language)  # an unsupported language fails before the model loads
     if model in (TINY, TINY_UNTIED):
@@ -70,33 +66,26 @@ def transcribe_command(input_path: str, model: str, language: str | None = None,
 
         from harken.cloud.inference.vllm_decoder import VllmDecoder, offline_max_model_len, transcribe_vllm
 
-        longest_s = max(b - a for a, b in spans) / SAMPLE_RATE
+        longest_s = max(b - a for a, b in split_at_quiet_points(audio, limit)) / SAMPLE_RATE
         vllm = VllmDecoder(asr, max_seqs=1, max_model_len=offline_max_model_len(asr, longest_s, asr.max_new_tokens))
         transcribe = partial(transcribe_vllm, asr, vllm)
     show = sys.stderr.isatty() if progress is None else progress
     total_s = len(audio) / SAMPLE_RATE
-    texts, languages, token_ids = [], [], []
-    for i, (a, b) in enumerate(spans):
-        piece = audio[a:b]
-        if len(spans) > 1 and b - a < MIN_PIECE_SAMPLES:  # as the official package pads a short tail
-            piece = np.pad(piece, (0, MIN_PIECE_SAMPLES - (b - a)))
-        result = transcribe(log_mel(piece), language=language, context=context or "",
-                            limits=DecodeLimits() if decode_limits else None)
-        texts.append(result.text)
-        languages.append(result.language)
-        token_ids.append(result.token_ids)
-        if show and len(spans) > 1:
-            print(f"transcribe: {b / SAMPLE_RATE:.0f}/{total_s:.0f} s ({i + 1}/{len(spans)} passes)",
-                  file=sys.stderr, flush=True)
-    text = transcript_text(dict(enumerate(texts)))
-    lang = next((x for x in languages if x), "")
+
+    def shown(i: int, n: int, end_s: float) -> None:
+        print(f"transcribe: {end_s:.0f}/{total_s:.0f} s ({i + 1}/{n} passes)", file=sys.stderr, flush=True)
+
+    out = transcribe_audio(asr, audio, language, context, limit, decode_limits, transcribe,
+                           progress=shown if show else None)
+    text = out.text
     if as_json:
-        out = {"text": text, "language": lang,
-               "token_ids": token_ids[0] if len(token_ids) == 1 else [t for ids in token_ids for t in ids]}
-        if len(spans) > 1:
-            out["pieces"] = [{"start_s": round(a / SAMPLE_RATE, 5), "end_s": round(b / SAMPLE_RATE, 5),
-                              "text": t, "language": la} for (a, b), t, la in zip(spans, texts, languages)]
-        print(json.dumps(out, ensure_ascii=False))
+        ids = [p.token_ids for p in out.pieces]
+        doc = {"text": text, "language": out.language,
+               "token_ids": ids[0] if len(ids) == 1 else [t for piece in ids for t in piece]}
+        if len(out.pieces) > 1:
+            doc["pieces"] = [{"start_s": round(p.start_s, 5), "end_s": round(p.end_s, 5), "text": p.text,
+                              "language": p.language} for p in out.pieces]
+        print(json.dumps(doc, ensure_ascii=False))
     else:
         print(text)
     return 0

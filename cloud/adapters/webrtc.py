@@ -163,8 +163,11 @@ class WebRTCEndpoint:
         if self.api is not None:
             from harken.cloud.adapters.realtime_api import RealtimeTranscription
 
+            from harken.cloud.adapters.deepgram_api import DeepgramListen
+
             self.api.add_routes(app)
             RealtimeTranscription(self.handler, self.keys, self.api.model_id).add_routes(app)
+            DeepgramListen(self.handler, self.keys, self.api.model_id, files=self.api).add_routes(app)
         app.router.add_static("/static/", WEB_DIR)
         if EDGE_WEB_DIR.is_dir():
             app.router.add_static("/edge/", EDGE_WEB_DIR)
@@ -358,7 +361,8 @@ async def _pump_track(track, feed: _TrackFeed) -> None:
 async def start_webrtc(handler: StreamHandler, keys: ApiKeys | None, host: str, port: int,
                        cors_origins: tuple[str, ...] = (), api_limits: ApiLimits | None = None) -> WebRTCEndpoint:
     """The HTTP port: WebRTC signaling, the page, and (with `api_limits`) the OpenAI-compatible file
-    API on the served model (cloud/adapters/openai_api.py) and its Realtime transcription (cloud/adapters/realtime_api.py)."""
+    API on the served model (cloud/adapters/openai_api.py), its Realtime transcription
+    (cloud/adapters/realtime_api.py) and Deepgram's /v1/listen (cloud/adapters/deepgram_api.py)."""
     api = None
     if api_limits is not None:
         from harken.cloud.adapters.openai_api import api_for

@@ -244,6 +244,7 @@ class HostedSession:
             await self._feed_front_end(await _run(self.executor, front_end.finalize))
         else:
             self._finalize()
+        self.core.finalized()
 
     def _finalize(self) -> None:
         if self.core.finalize(time.monotonic()) is not None:

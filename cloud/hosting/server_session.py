@@ -12,6 +12,7 @@ engine, pumps the engine's events in, and wakes the attached stream.
              fed(packet, now)      -> the frames are with the engine
              applied(message)      -> seq advanced; an Ack falls due every ACK_EVERY messages
              finalize(now)         -> the open segment to finalise, if any (its final: from_finalize)
+             finalized()           -> a Finalize is applied: an Ack is due at once
              drain(status)         -> no more input; ENDED once every final is in
     output   record(event, now)    -> the `Transcript` with its event_seq (and seed on finals)
              record_timings(words) -> the `WordTimings` of a final segment, its event_seq next in line
@@ -435,6 +436,12 @@ class ServerSession:
         self._trim_events()
         if self.attachment is not None:
             self.attachment.notify()
+
+    def finalized(self) -> None:
+        """A Finalize has been applied: an Ack now (its seq is the last message before it), so a
+        client knows every event the audio before it decided is in (a turn that opened a segment
+        came before this Ack; the segment's final follows)."""
+        self._ack()
 
     def front_end_checkpoints(self, checkpoints: list[FrontEndCheckpoint]) -> None:
         for c in checkpoints:

@@ -1,0 +1,694 @@
+"""Deepgram's listen API on `harken serve --http-port`, as Deepgram's SDK, LiveKit's and Pipecat's
+Deepgram plugins speak it, so a bot written for Deepgram points at harken by changing its base URL:
+
+    GET  /v1/listen (WebSocket)   live: binary frames of audio in, JSON `Results` / `SpeechStarted` /
+                                  `UtteranceEnd` / `Metadata` out; `KeepAlive`, `Finalize`,
+                                  `CloseStream`, `Configure` in
+    POST /v1/listen               pre-recorded: the audio file (or raw audio as the query names it) as
+                                  the body, one JSON answer
+
+A live connection is one harken stream per audio channel (`multichannel=true`; else the channels
+are mixed to one), each a thin client of the one stream handler (the server's VAD, features and
+batches, as gRPC, WebRTC and OpenAI realtime): the text is harken's committed text. How it maps:
+
+    an interim Results     a segment's committed text + its partial (`interim_results=true`)
+    a final Results        the segment's final event: all its text; `speech_final` when the VAD ended
+                           the speech (`endpointing` not false), `from_finalize` when a Finalize did
+    SpeechStarted          the VAD opened a segment (`vad_events=true`): harken's turn event, at once
+    UtteranceEnd           the segment's speech is over (`utterance_end_ms` set), after its final
+    Finalize               harken's Finalize: the open segment ends at the audio sent so far and its
+                           final comes at once, `from_finalize`; nothing open: an empty such final
+    CloseStream            End: the remaining finals, then Metadata, then close 1000
+    Configure              ConfigureFailure: harken takes keyterms when a connection opens
+                           (`keyterm=`: Qwen3-ASR's context), not yet in the middle of one
+
+Words: `word` / `punctuated_word` as harken writes them; `start` / `end` spread over the segment's
+span by their length (harken's own times need the aligner) and `confidence` 1.0 (not measured yet).
+Parameters harken has no use for are accepted and ignored; `docs/deepgram.md` has the table.
+Pre-recorded audio is read as `harken transcribe` reads a file: its offline pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+from harken.cloud.auth import ApiKeys
+from harken.cloud.errors import Unauthenticated
+from harken.cloud.hosting.stream_handler import RequestQueue, StreamFailed, StreamHandler
+from harken.shared import wire
+from harken.shared.errors import HarkenError
+from harken.shared.features_spec import SAMPLE_RATE
+from harken.shared.protocol import Ack, Audio, ClientMessage, End, Finalize, ServerError, Start, Transcript, Turn
+from harken.shared.transcript import SPEECH_STARTED
+
+log = logging.getLogger("harken.deepgram")
+
+LISTEN_PATH = "/v1/listen"
+ENCODINGS = ("linear16", "mulaw", "alaw")
+MAX_CHANNELS = 8
+IDLE_CLOSE_S = 10.0  # no frame at all for this long: close 1011 NET-0001, as Deepgram does
+PIECE_S = 0.1  # audio per harken Audio message
+MAX_FRAME_BYTES = 4 << 20
+MAX_QUEUED_MESSAGES = 16  # per channel: past it the socket is not read (TCP pushes back)
+_WORD_EDGES = re.compile(r"^[^\w]+|[^\w]+$")
+
+
+class ParamError(Exception):
+    """A query parameter harken cannot take: HTTP 400 with a `dg-error` header."""
+
+
+def _flag(query: Mapping[str, str], name: str, default: bool) -> bool:
+    value = query.get(name)
+    if value is None or value == "":
+        return default
+    v = value.strip().lower()
+    if v in ("true", "1"):
+        return True
+    if v in ("false", "0"):
+        return False
+    raise ParamError(f"{name} must be true or false, not {value[:40]!r}")
+
+
+def _int(query: Mapping[str, str], name: str, lo: int, hi: int) -> int | None:
+    value = query.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise ParamError(f"{name} must be an integer, not {value[:40]!r}") from None
+    if not lo <= n <= hi:
+        raise ParamError(f"{name} must be {lo}..{hi}, got {n}")
+    return n
+
+
+@dataclass(frozen=True)
+class ListenParams:
+    """The query of one /v1/listen request, as far as harken honours it."""
+
+    encoding: str | None = None  # None: a container (WAV on a live socket; any file harken reads for POST)
+    sample_rate: int | None = None
+    channels: int = 1
+    multichannel: bool = False
+    language: str | None = None  # harken's forced language; None: detect
+    interim_results: bool = False
+    endpointing: bool = True  # `endpointing=false`: no speech_final
+    utterance_end: bool = False  # `utterance_end_ms` set
+    vad_events: bool = False
+    keyterms: tuple[str, ...] = ()
+    diarize: bool = False  # accepted; no speaker labels yet
+
+    @classmethod
+    def parse(cls, query) -> ListenParams:
+        """`query`: the request's (multi)dict. Unknown parameters are accepted and ignored."""
+        from harken.cloud.model.prompt import forced_language
+
+        encoding = (query.get("encoding") or "").strip().lower() or None
+        if encoding is not None and encoding not in ENCODINGS:
+            raise ParamError(f"encoding {encoding[:40]!r} is not supported; use one of {', '.join(ENCODINGS)}, "
+                             "or none for a container")
+        rate = _int(query, "sample_rate", 8_000, 48_000)
+        if encoding is not None and rate is None:
+            raise ParamError("sample_rate is required with encoding")
+        channels = _int(query, "channels", 1, MAX_CHANNELS) or 1
+        language = (query.get("language") or "").strip()
+        if language.lower() in ("", "multi"):
+            forced = None
+        else:
+            try:
+                forced = forced_language(language.split("-")[0])
+            except HarkenError as e:
+                raise ParamError(f"language {language[:40]!r}: {e}") from None
+        endpointing = query.get("endpointing")
+        getall = getattr(query, "getall", None)
+        keyterms = tuple(getall("keyterm", ())) if getall is not None else tuple(
+            [query["keyterm"]] if query.get("keyterm") else [])
+        return cls(encoding=encoding, sample_rate=rate, channels=channels,
+                   multichannel=_flag(query, "multichannel", False), language=forced,
+                   interim_results=_flag(query, "interim_results", False),
+                   endpointing=(endpointing or "").strip().lower() != "false",
+                   utterance_end=bool(_int(query, "utterance_end_ms", 0, 60_000)),
+                   vad_events=_flag(query, "vad_events", False), keyterms=keyterms,
+                   diarize=_flag(query, "diarize", False))
+
+    @property
+    def context(self) -> str:
+        """Keyterms as Qwen3-ASR's context (the system turn the model reads before the audio)."""
+        return ", ".join(k.strip() for k in self.keyterms if k.strip())[:2000]
+
+    @property
+    def streams(self) -> int:
+        return self.channels if self.multichannel else 1
+
+
+def deepgram_metadata(headers) -> tuple[tuple, bool]:
+    """An HTTP request's credentials as harken's call metadata (`Authorization: Bearer KEY`), from
+    `Authorization: Token KEY` or `Bearer KEY` (any case) or a browser's `Sec-WebSocket-Protocol:
+    token, KEY`; and whether the key came as a subprotocol (the answer then selects `token`)."""
+    auth = headers.get("Authorization")
+    if auth:
+        scheme, _, key = auth.strip().partition(" ")
+        if scheme.lower() in ("token", "bearer") and key.strip():
+            return (("authorization", f"Bearer {key.strip()}"),), False
+        return (("authorization", auth),), False
+    protocols = [p.strip() for p in (headers.get("Sec-WebSocket-Protocol") or "").split(",")]
+    if len(protocols) >= 2 and protocols[0].lower() == "token" and protocols[1]:
+        return (("authorization", f"Bearer {protocols[1]}"),), True
+    return (), False
+
+
+# ---- audio --------------------------------------------------------------------------------------
+
+def _mulaw_table() -> np.ndarray:
+    u = ~np.arange(256, dtype=np.uint8)
+    sign, exponent, mantissa = u & 0x80, (u >> 4) & 0x07, u & 0x0F
+    magnitude = ((mantissa.astype(np.int32) << 3) + 0x84) << exponent
+    return np.where(sign, 0x84 - magnitude, magnitude - 0x84).astype(np.int16)
+
+
+def _alaw_table() -> np.ndarray:
+    a = np.arange(256, dtype=np.uint8) ^ 0x55
+    sign, exponent, mantissa = a & 0x80, (a >> 4) & 0x07, (a & 0x0F).astype(np.int32)
+    magnitude = np.where(exponent == 0, (mantissa << 4) + 8, ((mantissa << 4) + 0x108) << (exponent - 1))
+    return np.where(sign, magnitude, -magnitude).astype(np.int16)
+
+
+G711 = {"mulaw": _mulaw_table(), "alaw": _alaw_table()}
+
+
+class AudioDecoder:
+    """Binary frames of one connection -> int16 samples per harken stream. Frames may split a
+    sample or a channel frame anywhere; a WAV header (no `encoding`) is read from the first bytes."""
+
+    def __init__(self, params: ListenParams):
+        self.params = params
+        self.encoding, self.rate, self.channels = params.encoding, params.sample_rate, params.channels
+        self.pending = b""
+        self.header = params.encoding is None  # a container's header still to read
+        self.bytes_in = 0
+        self.samples = 0  # per channel
+
+    def feed(self, data: bytes) -> list[np.ndarray]:
+        """Raises HarkenError for audio that cannot be decoded."""
+        self.bytes_in += len(data)
+        self.pending += data
+        if self.header:
+            if not self._read_header():
+                return []
+        width = 2 if self.encoding == "linear16" else 1
+        frame = width * self.channels
+        n = len(self.pending) // frame * frame
+        raw, self.pending = self.pending[:n], self.pending[n:]
+        if self.encoding == "linear16":
+            x = np.frombuffer(raw, dtype="<i2")
+        else:
+            x = G711[str(self.encoding)][np.frombuffer(raw, dtype=np.uint8)]
+        x = x.reshape(-1, self.channels)
+        self.samples += x.shape[0]
+        if self.params.multichannel:
+            return [np.ascontiguousarray(x[:, c]) for c in range(self.channels)]
+        if self.channels == 1:
+            return [x[:, 0]]
+        return [np.round(x.astype(np.float32).mean(axis=1)).astype(np.int16)]
+
+    def _read_header(self) -> bool:
+        """A WAV stream's header: True once read (the samples follow), False while more bytes are due."""
+        b = self.pending
+        if len(b) < 12:
+            return False
+        if b[:4] != b"RIFF" or b[8:12] != b"WAVE":
+            raise HarkenError("the audio has no encoding parameter and is not a WAV stream: send "
+                              "encoding=linear16|mulaw|alaw with sample_rate, or a WAV stream")
+        i = 12
+        while i + 8 <= len(b):
+            kind, size = b[i:i + 4], int.from_bytes(b[i + 4:i + 8], "little")
+            if kind == b"data":
+                self.pending, self.header = b[i + 8:], False
+                if self.encoding is None:
+                    raise HarkenError("a WAV stream's data came before its fmt chunk")
+                return True
+            if i + 8 + size > len(b):
+                return False
+            if kind == b"fmt ":
+                fmt, channels, rate, _, _, bits = np.frombuffer(b[i + 8:i + 24], dtype="<u2,<u2,<u4,<u4,<u2,<u2")[0]
+                kinds = {(1, 16): "linear16", (7, 8): "mulaw", (6, 8): "alaw"}
+                if (int(fmt), int(bits)) not in kinds or not 1 <= channels <= MAX_CHANNELS or not 8000 <= rate <= 48000:
+                    raise HarkenError("a WAV stream must be PCM16, mu-law or A-law, 1..8 channels, 8..48 kHz")
+                self.encoding, self.channels, self.rate = kinds[(int(fmt), int(bits))], int(channels), int(rate)
+            i += 8 + size + (size & 1)
+        return False
+
+
+# ---- the JSON messages --------------------------------------------------------------------------
+
+def words_of(transcript: str, start_s: float, end_s: float) -> list[dict]:
+    """Deepgram's word objects for `transcript` spread over [start_s, end_s] by character count."""
+    tokens = transcript.split()
+    total = sum(len(t) for t in tokens) or 1
+    span, at, out = max(0.0, end_s - start_s), start_s, []
+    for t in tokens:
+        end = at + span * len(t) / total
+        out.append({"word": _WORD_EDGES.sub("", t).lower() or t.lower(), "start": round(at, 3), "end": round(end, 3),
+                    "confidence": 1.0, "punctuated_word": t})
+        at = end
+    return out
+
+
+def model_info(model_id: str) -> tuple[str, dict]:
+    model_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, "harken:" + model_id))
+    return model_uuid, {"name": model_id, "version": "1", "arch": "harken"}
+
+
+# ---- live ---------------------------------------------------------------------------------------
+
+@dataclass
+class _Segment:
+    text: str = ""  # committed so far
+    finalize_asked: bool = False  # a Finalize came while it was open: its final says from_finalize
+    ended_at_s: float | None = None  # the VAD's utterance end (an UtteranceEnd follows the final)
+
+
+@dataclass
+class _Channel:
+    """One harken stream: one audio channel of the connection."""
+
+    index: int
+    requests: RequestQueue = field(default_factory=RequestQueue)
+    seq: itertools.count = field(default_factory=lambda: itertools.count(1))
+    buffered: list[np.ndarray] = field(default_factory=list)
+    buffered_samples: int = 0
+    segments: dict[int, _Segment] = field(default_factory=dict)  # open: started, not yet final
+    last_seq: int = 0  # the last Audio message's seq
+    finalizes: list[int] = field(default_factory=list)  # Finalize requests not yet settled: the seq before each
+    task: asyncio.Task | None = None
+
+
+class DeepgramListen:
+    """The /v1/listen routes on the stream handler (live) and the served model (pre-recorded)."""
+
+    def __init__(self, handler: StreamHandler, keys: ApiKeys | None, model_id: str, files=None):
+        self.handler, self.keys, self.model_id = handler, keys, model_id
+        self.files = files  # the OpenAI file API (its lane, its limits), for pre-recorded audio
+
+    def add_routes(self, app) -> None:
+        app.router.add_get(LISTEN_PATH, self.live)
+        app.router.add_post(LISTEN_PATH, self.prerecorded)
+
+    def _refusal(self, status: int, message: str, request_id: str, code: str):
+        from aiohttp import web
+
+        return web.json_response({"err_code": code, "err_msg": message, "request_id": request_id}, status=status,
+                                 headers={"dg-error": message[:500], "dg-request-id": request_id})
+
+    def _check(self, request, request_id: str) -> tuple[tuple, bool, ListenParams]:
+        metadata, as_protocol = deepgram_metadata(request.headers)
+        if self.keys is not None:
+            try:
+                self.keys.authenticate(metadata)
+            except Unauthenticated as e:
+                raise _Refused(401, f"invalid credentials: {e}", "INVALID_AUTH") from None
+        try:
+            params = ListenParams.parse(request.query)
+        except ParamError as e:
+            raise _Refused(400, str(e), "Bad Request") from None
+        return metadata, as_protocol, params
+
+    async def live(self, request):
+        from aiohttp import web
+
+        request_id = str(uuid.uuid4())
+        try:
+            metadata, as_protocol, params = self._check(request, request_id)
+        except _Refused as e:
+            return self._refusal(e.status, e.message, request_id, e.code)
+        ws = web.WebSocketResponse(protocols=("token",) if as_protocol else (), max_msg_size=MAX_FRAME_BYTES,
+                                   autoping=True)
+        if not ws.can_prepare(request).ok:
+            return self._refusal(400, "/v1/listen with GET is a WebSocket: connect with 'Upgrade: websocket', "
+                                      "or POST the audio", request_id, "Bad Request")
+        ws.headers["dg-request-id"] = request_id
+        await ws.prepare(request)
+        await _Live(self, ws, metadata, params, request_id).run()
+        return ws
+
+    async def prerecorded(self, request):
+        from aiohttp import web
+
+        request_id = str(uuid.uuid4())
+        try:
+            _, _, params = self._check(request, request_id)
+            if self.files is None:
+                raise _Refused(503, "this server has no model for pre-recorded audio", "UNAVAILABLE")
+            files = self.files
+            if files.admitted >= files.limits.lanes + files.limits.queue:
+                raise _Refused(429, f"the server transcribes {files.limits.lanes} file(s) at once and holds "
+                                    f"{files.limits.queue} more waiting; try again later", "TOO_MANY_REQUESTS")
+        except _Refused as e:
+            return self._refusal(e.status, e.message, request_id, e.code)
+        files.admitted += 1
+        try:
+            body = await self._body(request, files.limits.max_upload_bytes, request_id)
+            loop = asyncio.get_running_loop()
+            try:
+                channels = await loop.run_in_executor(None, lambda: _decode_file(body, params))
+            except HarkenError as e:
+                raise _Refused(400, str(e), "Bad Request") from None
+            if max(c.size for c in channels) / SAMPLE_RATE > files.limits.max_audio_s:
+                raise _Refused(400, f"the audio is longer than this server takes ({files.limits.max_audio_s:.0f} s)",
+                               "Bad Request")
+            from harken.cloud.inference.offline import transcribe_audio
+
+            asr = files.asr
+            try:
+                outs = [await loop.run_in_executor(files.lane, transcribe_audio, asr, a, params.language,
+                                                   params.context) for a in channels]
+            except HarkenError as e:
+                raise _Refused(500, f"transcription failed: {e}", "INTERNAL") from None
+        except _Refused as e:
+            return self._refusal(e.status, e.message, request_id, e.code)
+        finally:
+            files.admitted -= 1
+        model_uuid, info = model_info(self.model_id)
+        duration = round(max(c.size for c in channels) / SAMPLE_RATE, 3)
+        results = []
+        for out in outs:
+            words = [w for p in out.pieces for w in words_of(p.text, p.start_s, p.end_s)]
+            alternative = {"transcript": out.text, "confidence": 1.0, "words": words}
+            channel: dict[str, Any] = {"alternatives": [alternative]}
+            if out.language:
+                channel["detected_language"] = _language_code(out.language)
+            results.append(channel)
+        return web.json_response({
+            "metadata": {"transaction_key": "deprecated", "request_id": request_id,
+                         "sha256": hashlib.sha256(body).hexdigest(), "created": _now_iso(), "duration": duration,
+                         "channels": len(results), "models": [model_uuid], "model_info": {model_uuid: info}},
+            "results": {"channels": results}}, headers={"dg-request-id": request_id})
+
+    async def _body(self, request, limit: int, request_id: str) -> bytes:
+        if request.content_type == "application/json":
+            raise _Refused(400, "harken takes the audio as the request body; a URL to fetch it from is not taken",
+                           "Bad Request")
+        if request.content_length is not None and request.content_length > limit:
+            raise _Refused(413, f"the audio is larger than this server's limit of {limit // (1 << 20)} MiB",
+                           "Payload Too Large")
+        body = bytearray()
+        async for chunk in request.content.iter_chunked(1 << 16):
+            body += chunk
+            if len(body) > limit:
+                raise _Refused(413, f"the audio is larger than this server's limit of {limit // (1 << 20)} MiB",
+                               "Payload Too Large")
+        if not body:
+            raise _Refused(400, "the request has no audio", "Bad Request")
+        return bytes(body)
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str, code: str):
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+
+
+def _decode_file(body: bytes, params: ListenParams) -> list[np.ndarray]:
+    """A pre-recorded request's audio -> 16 kHz mono float32 per harken stream (peak-normalised as
+    files are)."""
+    import tempfile
+
+    from harken.edge.audio import load_audio, peak_normalize
+
+    if params.encoding is not None:
+        decoder = AudioDecoder(params)
+        parts = decoder.feed(body)
+        return [peak_normalize(_resample(p.astype(np.float32) / 32768.0, decoder.rate or SAMPLE_RATE)) for p in parts]
+    with tempfile.NamedTemporaryFile(prefix="harken-listen-") as f:
+        f.write(body)
+        f.flush()
+        try:
+            return [peak_normalize(load_audio(f.name))]
+        except HarkenError as e:
+            raise HarkenError(str(e).replace(f.name, "the audio")) from None
+
+
+def _resample(x: np.ndarray, rate: int) -> np.ndarray:
+    if rate == SAMPLE_RATE:
+        return x
+    import soxr
+
+    return soxr.resample(x, rate, SAMPLE_RATE, quality="VHQ").astype(np.float32)
+
+
+def _language_code(name: str) -> str:
+    from harken.cloud.model.prompt import LANGUAGE_CODES
+
+    return next((code for code, n in LANGUAGE_CODES.items() if n == name), name.lower())
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class _Live:
+    """One live WebSocket: its channels' harken streams and the event mapping."""
+
+    def __init__(self, api: DeepgramListen, ws, metadata: tuple, params: ListenParams, request_id: str):
+        self.api, self.ws, self.metadata, self.params, self.request_id = api, ws, metadata, params, request_id
+        self.decoder = AudioDecoder(params)
+        self.channels = [_Channel(c) for c in range(params.streams)]
+        self.sha = hashlib.sha256()
+        self.closing = False  # CloseStream (or the socket) ended the input
+        self.last_frame = time.monotonic()
+        self.model_uuid, self.model_info = model_info(api.model_id)
+
+    async def send(self, message: dict) -> None:
+        if not self.ws.closed:
+            try:
+                await self.ws.send_str(json.dumps(message, ensure_ascii=False))
+            except ConnectionError:  # the client went away mid-write (Pipecat closes right after CloseStream)
+                pass
+
+    async def error(self, description: str, message: str = "") -> None:
+        await self.send({"type": "Error", "variant": "SchemaError", "description": description,
+                         "message": message[:200]})
+
+    async def run(self) -> None:
+        from aiohttp import WSMsgType
+
+        watchdog = asyncio.get_running_loop().create_task(self._watch_idle())
+        try:
+            async for msg in self.ws:
+                self.last_frame = time.monotonic()
+                if msg.type == WSMsgType.BINARY:
+                    if not msg.data:  # an empty frame: the legacy CloseStream
+                        await self._close_stream()
+                        break
+                    if not await self._audio(msg.data):
+                        break
+                elif msg.type == WSMsgType.TEXT:
+                    if await self._control(msg.data):
+                        break
+        finally:
+            watchdog.cancel()
+            await self._end_streams(wait=not self.ws.closed)
+
+    async def _watch_idle(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            if time.monotonic() - self.last_frame > IDLE_CLOSE_S and not self.closing:
+                await self.error("no audio or message for 10 s", "NET-0001")
+                await self.ws.close(code=1011, message=b"NET-0001")
+                return
+
+    async def _audio(self, data: bytes) -> bool:
+        if self.closing:
+            await self.error("audio after CloseStream is not taken")
+            return True
+        self.sha.update(data)
+        try:
+            parts = self.decoder.feed(data)
+        except HarkenError as e:
+            await self.error(str(e), "DATA-0000")
+            await self.ws.close(code=1008, message=b"DATA-0000")
+            return False
+        rate = self.decoder.rate or SAMPLE_RATE
+        for ch, samples in zip(self.channels, parts):
+            task = self._started(ch)
+            if samples.size:
+                ch.buffered.append(samples)
+                ch.buffered_samples += samples.size
+            if ch.buffered_samples >= rate * PIECE_S:
+                self._flush(ch)
+            while ch.requests.queue.qsize() > MAX_QUEUED_MESSAGES and not task.done():
+                await asyncio.sleep(0.02)
+        return True
+
+    def _started(self, ch: _Channel) -> asyncio.Task:
+        """The channel's harken stream, its Start first in line (begun with the channel's first audio)."""
+        if ch.task is None:
+            start = Start(language=self.params.language or "", context=self.params.context, turn_events=True)
+            ch.requests.put(wire.client_message_to_proto(start).SerializeToString())
+            ch.task = asyncio.get_running_loop().create_task(self._stream(ch))
+        return ch.task
+
+    def _flush(self, ch: _Channel) -> None:
+        if ch.buffered_samples:
+            pcm = np.concatenate(ch.buffered).astype("<i2").tobytes()
+            ch.last_seq = next(ch.seq)
+            self._put(ch, Audio(ch.last_seq, pcm, self.decoder.rate or SAMPLE_RATE))
+            ch.buffered, ch.buffered_samples = [], 0
+
+    def _put(self, ch: _Channel, msg: ClientMessage) -> None:
+        ch.requests.put(wire.client_message_to_proto(msg).SerializeToString())
+
+    async def _control(self, text: str) -> bool:
+        """A JSON control message; True when the connection is done."""
+        try:
+            message = json.loads(text)
+        except (ValueError, RecursionError):
+            await self.error("text frames are JSON control messages", text)
+            return False
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "KeepAlive":
+            return False
+        if kind == "Finalize":
+            await self._finalize()
+            return False
+        if kind == "CloseStream":
+            await self._close_stream()
+            return True
+        if kind == "Configure":
+            await self.send({"type": "ConfigureFailure", "request_id": self.request_id, "code": "UNSUPPORTED",
+                             "description": "harken takes keyterms when the connection opens (keyterm=...), "
+                                            "not yet in the middle of one"})
+            return False
+        await self.error(f"unknown control message type {str(kind)[:60]!r}", text)
+        return False
+
+    async def _finalize(self) -> None:
+        """harken's Finalize after the audio sent so far. Its Ack says the server has applied the
+        audio before it, so every segment that audio opened is known then (`_settle`)."""
+        for ch in self.channels:
+            if ch.task is not None and not ch.task.done():
+                self._flush(ch)
+                ch.finalizes.append(ch.last_seq)
+                self._put(ch, Finalize())
+            else:
+                await self._empty_final(ch)
+
+    async def _settle(self, ch: _Channel, ack: Ack) -> None:
+        """Finalize requests the Ack covers: the segments still open then end with it (their finals
+        say from_finalize); none open: Deepgram still answers with an empty finalized final."""
+        while ch.finalizes and ack.seq >= ch.finalizes[0]:
+            ch.finalizes.pop(0)
+            for seg in ch.segments.values():
+                seg.finalize_asked = True
+            if not ch.segments:
+                await self._empty_final(ch)
+
+    async def _empty_final(self, ch: _Channel) -> None:
+        await self.send(self._results(ch, 0.0, 0.0, "", is_final=True, speech_final=False, from_finalize=True))
+
+    async def _close_stream(self) -> None:
+        await self._end_streams(wait=True)
+        await self.send({"type": "Metadata", "transaction_key": "deprecated", "request_id": self.request_id,
+                         "sha256": self.sha.hexdigest(), "created": _now_iso(),
+                         "duration": round(self.decoder.samples / (self.decoder.rate or SAMPLE_RATE), 3),
+                         "channels": len(self.channels)})
+        await self.ws.close(code=1000)
+
+    async def _end_streams(self, wait: bool) -> None:
+        if not self.closing:
+            self.closing = True
+            for ch in self.channels:
+                if ch.task is not None:
+                    self._flush(ch)
+                    self._put(ch, End())
+                    ch.requests.end()
+        tasks = [ch.task for ch in self.channels if ch.task is not None]
+        if not tasks:
+            return
+        if wait:
+            await asyncio.wait(tasks, timeout=60)
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ---- harken's events -> Deepgram's ---------------------------------------------------------
+
+    async def _stream(self, ch: _Channel) -> None:
+        handler = self.api.handler
+        try:
+            async with aclosing(handler.run(self.metadata, handler.parse(ch.requests))) as messages:
+                async for out in messages:
+                    if isinstance(out, Transcript):
+                        await self._transcript(ch, out)
+                    elif isinstance(out, Turn):
+                        await self._turn(ch, out)
+                    elif isinstance(out, Ack):
+                        await self._settle(ch, out)
+                    elif isinstance(out, ServerError):
+                        await self.error(out.message, out.code)
+        except StreamFailed as e:
+            await self.error(e.message, e.code)
+            if not self.ws.closed:
+                await self.ws.close(code=1011, message=e.code.encode()[:120])
+
+    async def _turn(self, ch: _Channel, t: Turn) -> None:
+        e = t.turn
+        if e.kind == SPEECH_STARTED:
+            ch.segments.setdefault(e.segment_id, _Segment())
+            if self.params.vad_events:
+                await self.send({"type": "SpeechStarted", "channel": [ch.index], "timestamp": round(e.audio_s, 3)})
+        else:
+            ch.segments.setdefault(e.segment_id, _Segment()).ended_at_s = e.audio_s
+
+    async def _transcript(self, ch: _Channel, t: Transcript) -> None:
+        e = t.event
+        seg = ch.segments.setdefault(e.segment_id, _Segment())
+        seg.text += e.committed_delta
+        if not e.is_final:
+            text = (seg.text + e.partial).strip()
+            if self.params.interim_results and text:
+                await self.send(self._results(ch, e.start_s, e.end_s, text, is_final=False, speech_final=False,
+                                              from_finalize=False))
+            return
+        del ch.segments[e.segment_id]
+        from_finalize = e.from_finalize or seg.finalize_asked
+        await self.send(self._results(ch, e.start_s, e.end_s, seg.text.strip(), is_final=True,
+                                      speech_final=self.params.endpointing and not from_finalize,
+                                      from_finalize=from_finalize))
+        if self.params.utterance_end and seg.text.strip():
+            last = seg.ended_at_s if seg.ended_at_s is not None else e.end_s
+            await self.send({"type": "UtteranceEnd", "channel": [ch.index, len(self.channels)],
+                             "last_word_end": round(min(last, e.end_s), 3)})
+
+    def _results(self, ch: _Channel, start_s: float, end_s: float, transcript: str, is_final: bool,
+                 speech_final: bool, from_finalize: bool) -> dict:
+        return {"type": "Results", "channel_index": [ch.index, len(self.channels)], "start": round(start_s, 3),
+                "duration": round(max(0.0, end_s - start_s), 3), "is_final": is_final, "speech_final": speech_final,
+                "from_finalize": from_finalize,
+                "channel": {"alternatives": [{"transcript": transcript, "confidence": 1.0 if transcript else 0.0,
+                                              "words": words_of(transcript, start_s, end_s)}]},
+                "metadata": {"request_id": self.request_id, "model_info": self.model_info,
+                             "model_uuid": self.model_uuid}}
+
+
+def listen_api(handler: StreamHandler, keys: ApiKeys | None, model_id: str, files=None) -> DeepgramListen:
+    return DeepgramListen(handler, keys, model_id, files)
+
+
+__all__ = ["DeepgramListen", "ListenParams", "ParamError", "AudioDecoder", "deepgram_metadata", "words_of",
+           "LISTEN_PATH", "listen_api"]
