@@ -666,10 +666,11 @@ class _Live:
                                               from_finalize=False))
             return
         del ch.segments[e.segment_id]
-        from_finalize = e.from_finalize or seg.finalize_asked
+        # speech_final: the VAD heard the speech end (a Finalize that came after that does not change
+        # it); from_finalize: a Finalize cut the segment, or came while its final was due
         await self.send(self._results(ch, e.start_s, e.end_s, seg.text.strip(), is_final=True,
-                                      speech_final=self.params.endpointing and not from_finalize,
-                                      from_finalize=from_finalize))
+                                      speech_final=self.params.endpointing and not e.from_finalize,
+                                      from_finalize=e.from_finalize or seg.finalize_asked))
         if self.params.utterance_end and seg.text.strip():
             last = seg.ended_at_s if seg.ended_at_s is not None else e.end_s
             await self.send({"type": "UtteranceEnd", "channel": [ch.index, len(self.channels)],
