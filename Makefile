@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: ship demo test typecheck test-gpu bench proto sysdeps venv clean web setup-vllm test-vllm \
+.PHONY: ship demo test typecheck test-gpu bench proto sysdeps venv clean web setup-vllm test-vllm setup-pipecat \
 	train train-device device-carry pack-state bench-device
 
 $(STAMP): pyproject.toml Makefile
@@ -44,9 +44,21 @@ $(WEB_STAMP): $(WEB)/package.json $(WEB)/package-lock.json
 web: $(WEB_STAMP)
 	cd $(WEB) && npx tsc --noEmit -p . && node build.mjs
 
+# Pipecat (examples/pipecat_bot.py, tests/test_pipecat_bot.py): its Deepgram extra needs protobuf 6.x,
+# which harken's own install excludes, and a client needs no harken install: a venv of its own, as
+# for vLLM, but small enough (~0.5 GB) that `make test` builds it and runs the bot against harken serve.
+PIPECAT_VENV := .venv-pipecat
+PIPECAT_STAMP := $(PIPECAT_VENV)/.installed
+$(PIPECAT_STAMP): Makefile
+	test -x $(PIPECAT_VENV)/bin/python || $(PYTHON) -m venv $(PIPECAT_VENV)
+	$(PIPECAT_VENV)/bin/python -m pip install -q 'pipecat-ai[deepgram]==1.14.0' 'deepgram-sdk==7.16.0'
+	touch $(PIPECAT_STAMP)
+
+setup-pipecat: $(PIPECAT_STAMP)
+
 # mypy and the TypeScript check first ([tool.mypy] in pyproject.toml: the whole tree), then the test
 # suite (which runs the node tests too).
-test: $(STAMP) sysdeps
+test: $(STAMP) sysdeps $(PIPECAT_STAMP)
 	$(MAKE) web
 	$(PY) -m mypy
 	$(PY) -m pytest -q
