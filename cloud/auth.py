@@ -3,12 +3,19 @@
 The keys file holds one key per line, optionally followed by whitespace and a name; blank lines and
 `#` comments are skipped. A key is never logged or put into a metric: what identifies a caller
 there is its `KeyId` — the name from the file, or a short hash of the key.
+
+Short-lived tokens (`ApiKeys.grant`: OpenAI's realtime client secrets, Deepgram's access tokens) let
+a browser page connect without the key: a token stands for its key (the key's id, so the key's
+limits) until it expires, then it is refused like an unknown key; it says nothing about the key
+(random bytes, held by digest like the keys), and it cannot grant tokens itself.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import secrets
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harken.cloud.errors import Unauthenticated
@@ -29,6 +36,8 @@ class ApiKeys:
     """The accepted keys: sha256(key) -> key id."""
 
     by_digest: dict[bytes, str]
+    # granted tokens: sha256(token) -> (key id, expiry in `time.time()` seconds)
+    tokens: dict[bytes, tuple[str, float]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def load(cls, path: str | Path) -> "ApiKeys":
@@ -62,10 +71,34 @@ class ApiKeys:
         if key is None:
             raise Unauthenticated("missing API key: send 'authorization: Bearer <key>' metadata")
         # looked up by digest: the time a lookup takes says nothing about how much of a key matched
-        key_id = self.by_digest.get(_digest(key))
-        if key_id is None:
+        digest = _digest(key)
+        key_id = self.by_digest.get(digest)
+        if key_id is not None:
+            return Caller(key_id)
+        granted = self.tokens.get(digest)
+        if granted is None:
             raise Unauthenticated("unknown API key")
-        return Caller(key_id)
+        if granted[1] <= time.time():
+            del self.tokens[digest]
+            raise Unauthenticated("the token has expired: get a new one")
+        return Caller(granted[0])
+
+    def authenticate_key(self, metadata) -> Caller:
+        """As `authenticate`, but only a key itself: a token does not grant tokens."""
+        key = bearer_token(metadata)
+        if key is not None and _digest(key) in self.tokens:
+            raise Unauthenticated("a token cannot grant tokens: use an API key")
+        return self.authenticate(metadata)
+
+    def grant(self, caller: Caller, ttl_s: float, prefix: str = "") -> tuple[str, float]:
+        """A new token for `caller`'s key, valid for `ttl_s` seconds: (token, expiry in unix seconds)."""
+        now = time.time()
+        for digest, (_, expires) in list(self.tokens.items()):  # expired ones go as new ones come
+            if expires <= now:
+                del self.tokens[digest]
+        token = prefix + secrets.token_urlsafe(24)
+        self.tokens[_digest(token)] = (caller.key_id, now + ttl_s)
+        return token, now + ttl_s
 
 
 def http_metadata(headers) -> tuple:

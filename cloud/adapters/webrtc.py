@@ -164,10 +164,12 @@ class WebRTCEndpoint:
             from harken.cloud.adapters.realtime_api import RealtimeTranscription
 
             from harken.cloud.adapters.deepgram_api import DeepgramListen
+            from harken.cloud.adapters.tokens import TokenGrants
 
             self.api.add_routes(app)
             RealtimeTranscription(self.handler, self.keys, self.api.model_id).add_routes(app)
             DeepgramListen(self.handler, self.keys, self.api.model_id, files=self.api).add_routes(app)
+            TokenGrants(self.keys, self.api.model_id).add_routes(app)
         app.router.add_static("/static/", WEB_DIR)
         if EDGE_WEB_DIR.is_dir():
             app.router.add_static("/edge/", EDGE_WEB_DIR)
