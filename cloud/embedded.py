@@ -20,7 +20,7 @@ from harken.cloud.inference.engine import Engine, EngineConfig
 from harken.cloud.inference.stream_session import SessionOptions, EngineEvent
 from harken.shared.codec import DEFAULT_MODE
 from harken.shared.features_spec import SAMPLE_RATE
-from harken.shared.protocol import Finalize
+from harken.shared.protocol import Configure, Finalize, model_context
 from harken.shared.transcript import TurnEvent
 
 if TYPE_CHECKING:
@@ -38,24 +38,25 @@ def stream_audio(audio: np.ndarray, engine: Engine, options: SessionOptions = Se
 
 
 @overload
-def stream_pieces(pieces: Iterable[np.ndarray | Finalize], engine: Engine, options: SessionOptions = ...,
+def stream_pieces(pieces: Iterable[np.ndarray | Finalize | Configure], engine: Engine, options: SessionOptions = ...,
                   codec_mode: str = ..., on_packet=..., turns: Literal[False] = ...,
                   vad_options: VadOptions | None = ...) -> Iterator[EngineEvent]: ...
 
 
 @overload
-def stream_pieces(pieces: Iterable[np.ndarray | Finalize], engine: Engine, options: SessionOptions = ...,
+def stream_pieces(pieces: Iterable[np.ndarray | Finalize | Configure], engine: Engine, options: SessionOptions = ...,
                   codec_mode: str = ..., on_packet=..., turns: bool = ...,
                   vad_options: VadOptions | None = ...) -> Iterator[EngineEvent | TurnEvent]: ...
 
 
-def stream_pieces(pieces: Iterable[np.ndarray | Finalize], engine: Engine, options: SessionOptions = SessionOptions(),
+def stream_pieces(pieces: Iterable[np.ndarray | Finalize | Configure], engine: Engine, options: SessionOptions = SessionOptions(),
                   codec_mode: str = DEFAULT_MODE, on_packet=None, turns: bool = False,
                   vad_options: VadOptions | None = None) -> Iterator[EngineEvent | TurnEvent]:
     """Stream pieces of 16 kHz mono float32 audio as they come (a file cut up, a microphone)
     through the edge pipeline (codec mode `codec_mode`) and `engine`; after each piece the engine
     catches up. A `Finalize` among the pieces ends the open segment there (`FeatureStream.finalize`;
-    its final is `from_finalize`). `on_packet(packet)` sees each edge packet before the engine does
+    its final is `from_finalize`); a `Configure` sets the keyterms (and context) from the next
+    segment on. `on_packet(packet)` sees each edge packet before the engine does
     (word timings keep the segments' features with it). `turns`: the VAD's `TurnEvent`s too, each
     as soon as its packet is out (before the engine's events of that packet). `vad_options`: the edge
     VAD's (None: its defaults)."""
@@ -83,8 +84,13 @@ def stream_pieces(pieces: Iterable[np.ndarray | Finalize], engine: Engine, optio
                 event = replace(event, from_finalize=True)
             yield event
 
+    context = options.context
     try:
         for piece in pieces:
+            if isinstance(piece, Configure):
+                context = context if piece.context is None else piece.context
+                engine.configure(sid, model_context(context, piece.keyterms))
+                continue
             yield from feed(edge.finalize() if isinstance(piece, Finalize) else edge.push(piece))
             yield from drain()
         yield from feed(edge.flush())

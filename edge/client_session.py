@@ -70,7 +70,7 @@ from harken.edge.errors import BufferOverflowError, ServerRejectedError, ServerU
 from harken.edge.replay import AudioBuffer, FeatureBuffer, PendingMessage, ReplayFilter, ResendBuffer
 from harken.shared.codec import DEFAULT_MODE
 from harken.shared.features_spec import SAMPLE_RATE
-from harken.shared.protocol import (Ack, ClientMessage, End, FeaturePacket, Finalize, KeepAlive, Ready,
+from harken.shared.protocol import (Ack, ClientMessage, Configure, End, FeaturePacket, Finalize, KeepAlive, Ready,
                                     ServerMessage, SessionSeed, Start, Transcript, Turn, WordTimings)
 from harken.shared.transcript import SegmentTimings, TimedWord, TranscriptEvent, TurnEvent
 
@@ -117,6 +117,9 @@ class ClientOptions:
     # the server has applied the frames that decide them. The SDK sets it per stream:
     # `TranscriptionClient.stream(source, turn_events=True)`
     turn_events: bool = False
+    # words and names to expect (Qwen3-ASR's context after `context`); `ClientSession.configure`
+    # changes them (and the context) mid-stream, from the next segment on
+    keyterms: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.max_offline_s <= 0 or self.max_buffer_bytes <= 0:
@@ -240,6 +243,9 @@ class ClientSession:
     _keep_alive_ok: bool = field(default=False, init=False, repr=False)  # this call's Ready: the server takes KeepAlive
     # thin client: Finalize requests not yet written, each due once the message of this seq is out
     _finalize_after: list[int] = field(default_factory=list, init=False, repr=False)
+    # the latest Configure, and the seq after which it is due on this call (None: sent on it)
+    _configure: Configure | None = field(default=None, init=False, repr=False)
+    _configure_after: int | None = field(default=None, init=False, repr=False)
     # turn events passed on, per segment not yet final: a replacement session repeats them
     _turns_seen: set[tuple[int, str]] = field(default_factory=set, init=False, repr=False)
 
@@ -279,6 +285,15 @@ class ClientSession:
                                               or self._finalize_after[-1] < self.buffer.next_seq - 1):
             self._finalize_after.append(self.buffer.next_seq - 1)
 
+    def configure(self, keyterms: tuple[str, ...], context: str | None = None) -> None:
+        """From the next segment on, the model expects these keyterms (and, given, this context): a
+        `Configure` goes out after the messages given so far, and again first on every later call
+        (the server keeps no record of it for a resume); a replacement session's Start carries them."""
+        self.options = replace(self.options, keyterms=tuple(keyterms),
+                               context=self.options.context if context is None else context)
+        self._configure = Configure(tuple(keyterms), context if context is not None else self.options.context)
+        self._configure_after = self.buffer.next_seq - 1
+
     def end_input(self) -> None:
         """The source is exhausted: End follows the last buffered message."""
         if self.input is InputState.OPEN:
@@ -302,7 +317,7 @@ class ClientSession:
         return Start(language=o.language, context=o.context, codec=self.buffer.codec, session_id=self.session_id,
                      last_event_seq=self.last_event_seq if self.session_id else 0,
                      seed=None if self.session_id else self.seed, word_timings=o.word_timings,
-                     turn_events=o.turn_events)
+                     turn_events=o.turn_events, keyterms=o.keyterms)
 
     def on_server_message(self, msg: ServerMessage | None, now: float) -> list[SessionOutput]:
         """A message from the server (None: an empty one) at clock time `now`; returns what the
@@ -334,6 +349,10 @@ class ClientSession:
         if now is not None:
             self._now = now
         self._writing = self.buffer.after(self.sent_through)
+        if self._configure_after is not None and (self._writing is None or self._configure_after <= self.sent_through):
+            self._writing = None
+            assert self._configure is not None  # set together
+            return self._configure
         if self._finalize_after and (self._writing is None or self._finalize_after[0] <= self.sent_through):
             self._writing = None
             return Finalize()
@@ -359,6 +378,9 @@ class ClientSession:
         self._last_written = self._now
         if isinstance(msg, KeepAlive):
             self.stats.keepalives_sent += 1
+            return
+        if isinstance(msg, Configure):
+            self._configure_after = None
             return
         if isinstance(msg, Finalize):
             self._finalize_after.pop(0)
@@ -468,6 +490,8 @@ class ClientSession:
         if self.options.turn_events:
             self.stats.turn_events = ready.turn_events
         self._last_written = self._now = self.last_heard
+        if self._configure is not None and self._configure_after is None:
+            self._configure_after = self.sent_through  # sent on an earlier call: again, first on this one
         self._connected_this_call = True
         self.lifecycle = ClientLifecycle.STREAMING
         self._drain_if_all_sent()

@@ -8,7 +8,8 @@ session's messages.
 Each `run()` consumes the source and ends the session's input; it calls `notify` with the items
 for the user (progress) whenever the session may have something new to send. A source may yield
 `FINALIZE` between its pieces (the speaker stopped; push-to-talk released): the open segment ends
-at the audio given so far and its final comes at once (`from_finalize`).
+at the audio given so far and its final comes at once (`from_finalize`); or a `Configure`
+(keyterms, context): the model expects them from the next segment on.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from harken.edge.audio import load_audio, peak_normalize
 from harken.edge.client_session import ClientOptions, ClientSession, SessionOutput
 from harken.edge.pipeline import FeatureStream
 from harken.shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
-from harken.shared.protocol import Finalize
+from harken.shared.protocol import Configure, Finalize
 
 FINALIZE = Finalize()
 """Yield it from a stream's source between audio pieces to finalize the open segment now."""
 
-Piece = np.ndarray | Finalize
+Piece = np.ndarray | Finalize | Configure
 AudioSource = Iterable[Piece] | AsyncIterable[Piece] | np.ndarray | str | Path
 """What `TranscriptionClient.stream` takes: 16 kHz mono float32 pieces (sync or async, `FINALIZE`
 between them where the speaker stopped), an array or an audio file's path."""
@@ -87,6 +88,10 @@ class FeatureFrontEnd:
             if isinstance(pcm, Finalize):
                 notify([session.on_packets(await asyncio.to_thread(self.stream.finalize), -math.inf)])
                 continue
+            if isinstance(pcm, Configure):
+                session.configure(pcm.keyterms, pcm.context)
+                notify([])
+                continue
             pcm = np.asarray(pcm, dtype=np.float32).reshape(-1)
             # the edge's ONNX work leaves the event loop, so transcript events keep flowing
             packets = await asyncio.to_thread(self.stream.push, pcm)
@@ -111,6 +116,10 @@ class AudioFrontEnd:
     async def run(self, pieces: AsyncIterator[Piece], session: ClientSession, notify: Notify) -> None:
         pending = np.zeros(0, np.float32)
         async for pcm in pieces:
+            if isinstance(pcm, Configure):
+                session.configure(pcm.keyterms, pcm.context)
+                notify([])
+                continue
             if isinstance(pcm, Finalize):
                 if pending.size:  # the audio given so far goes before the Finalize
                     session.on_audio(_pcm16(pending))

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0charken.proto\x12\tharken.v1\"\xfa\x01\n\rClientMessage\x12!\n\x05start\x18\x01 \x01(\x0b\x32\x10.harken.v1.StartH\x00\x12\'\n\x08\x66\x65\x61tures\x18\x02 \x01(\x0b\x32\x13.harken.v1.FeaturesH\x00\x12!\n\x05\x61udio\x18\x03 \x01(\x0b\x32\x10.harken.v1.AudioH\x00\x12\'\n\x08\x66inalize\x18\x04 \x01(\x0b\x32\x13.harken.v1.FinalizeH\x00\x12\x1d\n\x03\x65nd\x18\x05 \x01(\x0b\x32\x0e.harken.v1.EndH\x00\x12*\n\nkeep_alive\x18\x06 \x01(\x0b\x32\x14.harken.v1.KeepAliveH\x00\x42\x06\n\x04kind\"\x0b\n\tKeepAlive\"\xb6\x01\n\x05Start\x12\x10\n\x08language\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontext\x18\x02 \x01(\t\x12\r\n\x05\x63odec\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12$\n\x04seed\x18\x05 \x01(\x0b\x32\x16.harken.v1.SessionSeed\x12\x16\n\x0elast_event_seq\x18\x06 \x01(\x04\x12\x14\n\x0cword_timings\x18\x07 \x01(\x08\x12\x13\n\x0bturn_events\x18\x08 \x01(\x08\"\x97\x01\n\x0bSessionSeed\x12\x0f\n\x07present\x18\x01 \x01(\x08\x12\x19\n\x11running_max_log10\x18\x02 \x01(\x02\x12\x14\n\x0c\x63ontext_tail\x18\x03 \x01(\t\x12\x17\n\x0fnext_segment_id\x18\x04 \x01(\r\x12\x17\n\x0f\x66ront_end_state\x18\x05 \x01(\x0c\x12\x14\n\x0c\x61udio_sample\x18\x06 \x01(\x04\"\x8b\x02\n\x08\x46\x65\x61tures\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x12\n\nsegment_id\x18\x02 \x01(\r\x12\x13\n\x0b\x66irst_frame\x18\x03 \x01(\x04\x12\x13\n\x0b\x66rame_count\x18\x04 \x01(\r\x12\x15\n\rsegment_start\x18\x05 \x01(\x08\x12\x13\n\x0bsegment_end\x18\x06 \x01(\x08\x12\x0f\n\x07payload\x18\x07 \x01(\x0c\x12\x1e\n\x11running_max_log10\x18\x08 \x01(\x02H\x00\x88\x01\x01\x12\x1b\n\x0epayload_crc32c\x18\t \x01(\x07H\x01\x88\x01\x01\x12\x11\n\tfinalized\x18\n \x01(\x08\x42\x14\n\x12_running_max_log10B\x11\n\x0f_payload_crc32c\"8\n\x05\x41udio\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05pcm16\x18\x02 \x01(\x0c\x12\x13\n\x0bsample_rate\x18\x03 \x01(\r\"\n\n\x08\x46inalize\"\x05\n\x03\x45nd\"\xfa\x01\n\rServerMessage\x12!\n\x05ready\x18\x01 \x01(\x0b\x32\x10.harken.v1.ReadyH\x00\x12+\n\ntranscript\x18\x02 \x01(\x0b\x32\x15.harken.v1.TranscriptH\x00\x12\x1d\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x0e.harken.v1.AckH\x00\x12!\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x10.harken.v1.ErrorH\x00\x12.\n\x0cword_timings\x18\x05 \x01(\x0b\x32\x16.harken.v1.WordTimingsH\x00\x12\x1f\n\x04turn\x18\x06 \x01(\x0b\x32\x0f.harken.v1.TurnH\x00\x42\x06\n\x04kind\"\x90\x01\n\x05Ready\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10resume_after_seq\x18\x02 \x01(\x04\x12\x1a\n\x12last_final_segment\x18\x03 \x01(\x03\x12\x12\n\nkeep_alive\x18\x04 \x01(\x08\x12\x14\n\x0cword_timings\x18\x05 \x01(\x08\x12\x13\n\x0bturn_events\x18\x06 \x01(\x08\"\xf1\x01\n\nTranscript\x12\x12\n\nsegment_id\x18\x01 \x01(\r\x12\x17\n\x0f\x63ommitted_delta\x18\x02 \x01(\t\x12\x0f\n\x07partial\x18\x03 \x01(\t\x12\x11\n\tstability\x18\x04 \x01(\x02\x12\x0f\n\x07start_s\x18\x05 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x06 \x01(\x01\x12\x10\n\x08language\x18\x07 \x01(\t\x12\x10\n\x08is_final\x18\x08 \x01(\x08\x12$\n\x04seed\x18\t \x01(\x0b\x32\x16.harken.v1.SessionSeed\x12\x11\n\tevent_seq\x18\n \x01(\x04\x12\x15\n\rfrom_finalize\x18\x0b \x01(\x08\"\xa7\x01\n\x04Turn\x12\x12\n\nsegment_id\x18\x01 \x01(\r\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.harken.v1.Turn.Kind\x12\x0f\n\x07\x61udio_s\x18\x03 \x01(\x01\x12\x11\n\tevent_seq\x18\x04 \x01(\x04\"C\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eSPEECH_STARTED\x10\x01\x12\x11\n\rUTTERANCE_END\x10\x02\"T\n\x0bWordTimings\x12\x12\n\nsegment_id\x18\x01 \x01(\r\x12\x1e\n\x05words\x18\x02 \x03(\x0b\x32\x0f.harken.v1.Word\x12\x11\n\tevent_seq\x18\x03 \x01(\x04\"4\n\x04Word\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07start_s\x18\x02 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x03 \x01(\x01\".\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x1a\n\x12last_final_segment\x18\x02 \x01(\x03\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t2Q\n\rTranscription\x12@\n\x06Stream\x12\x18.harken.v1.ClientMessage\x1a\x18.harken.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0charken.proto\x12\tharken.v1\"\xa5\x02\n\rClientMessage\x12!\n\x05start\x18\x01 \x01(\x0b\x32\x10.harken.v1.StartH\x00\x12\'\n\x08\x66\x65\x61tures\x18\x02 \x01(\x0b\x32\x13.harken.v1.FeaturesH\x00\x12!\n\x05\x61udio\x18\x03 \x01(\x0b\x32\x10.harken.v1.AudioH\x00\x12\'\n\x08\x66inalize\x18\x04 \x01(\x0b\x32\x13.harken.v1.FinalizeH\x00\x12\x1d\n\x03\x65nd\x18\x05 \x01(\x0b\x32\x0e.harken.v1.EndH\x00\x12*\n\nkeep_alive\x18\x06 \x01(\x0b\x32\x14.harken.v1.KeepAliveH\x00\x12)\n\tconfigure\x18\x07 \x01(\x0b\x32\x14.harken.v1.ConfigureH\x00\x42\x06\n\x04kind\"?\n\tConfigure\x12\x10\n\x08keyterms\x18\x01 \x03(\t\x12\x14\n\x07\x63ontext\x18\x02 \x01(\tH\x00\x88\x01\x01\x42\n\n\x08_context\"\x0b\n\tKeepAlive\"\xc8\x01\n\x05Start\x12\x10\n\x08language\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontext\x18\x02 \x01(\t\x12\r\n\x05\x63odec\x18\x03 \x01(\t\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12$\n\x04seed\x18\x05 \x01(\x0b\x32\x16.harken.v1.SessionSeed\x12\x16\n\x0elast_event_seq\x18\x06 \x01(\x04\x12\x14\n\x0cword_timings\x18\x07 \x01(\x08\x12\x13\n\x0bturn_events\x18\x08 \x01(\x08\x12\x10\n\x08keyterms\x18\t \x03(\t\"\x97\x01\n\x0bSessionSeed\x12\x0f\n\x07present\x18\x01 \x01(\x08\x12\x19\n\x11running_max_log10\x18\x02 \x01(\x02\x12\x14\n\x0c\x63ontext_tail\x18\x03 \x01(\t\x12\x17\n\x0fnext_segment_id\x18\x04 \x01(\r\x12\x17\n\x0f\x66ront_end_state\x18\x05 \x01(\x0c\x12\x14\n\x0c\x61udio_sample\x18\x06 \x01(\x04\"\x8b\x02\n\x08\x46\x65\x61tures\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x12\n\nsegment_id\x18\x02 \x01(\r\x12\x13\n\x0b\x66irst_frame\x18\x03 \x01(\x04\x12\x13\n\x0b\x66rame_count\x18\x04 \x01(\r\x12\x15\n\rsegment_start\x18\x05 \x01(\x08\x12\x13\n\x0bsegment_end\x18\x06 \x01(\x08\x12\x0f\n\x07payload\x18\x07 \x01(\x0c\x12\x1e\n\x11running_max_log10\x18\x08 \x01(\x02H\x00\x88\x01\x01\x12\x1b\n\x0epayload_crc32c\x18\t \x01(\x07H\x01\x88\x01\x01\x12\x11\n\tfinalized\x18\n \x01(\x08\x42\x14\n\x12_running_max_log10B\x11\n\x0f_payload_crc32c\"8\n\x05\x41udio\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05pcm16\x18\x02 \x01(\x0c\x12\x13\n\x0bsample_rate\x18\x03 \x01(\r\"\n\n\x08\x46inalize\"\x05\n\x03\x45nd\"\xfa\x01\n\rServerMessage\x12!\n\x05ready\x18\x01 \x01(\x0b\x32\x10.harken.v1.ReadyH\x00\x12+\n\ntranscript\x18\x02 \x01(\x0b\x32\x15.harken.v1.TranscriptH\x00\x12\x1d\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x0e.harken.v1.AckH\x00\x12!\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x10.harken.v1.ErrorH\x00\x12.\n\x0cword_timings\x18\x05 \x01(\x0b\x32\x16.harken.v1.WordTimingsH\x00\x12\x1f\n\x04turn\x18\x06 \x01(\x0b\x32\x0f.harken.v1.TurnH\x00\x42\x06\n\x04kind\"\x90\x01\n\x05Ready\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x18\n\x10resume_after_seq\x18\x02 \x01(\x04\x12\x1a\n\x12last_final_segment\x18\x03 \x01(\x03\x12\x12\n\nkeep_alive\x18\x04 \x01(\x08\x12\x14\n\x0cword_timings\x18\x05 \x01(\x08\x12\x13\n\x0bturn_events\x18\x06 \x01(\x08\"\xf1\x01\n\nTranscript\x12\x12\n\nsegment_id\x18\x01 \x01(\r\x12\x17\n\x0f\x63ommitted_delta\x18\x02 \x01(\t\x12\x0f\n\x07partial\x18\x03 \x01(\t\x12\x11\n\tstability\x18\x04 \x01(\x02\x12\x0f\n\x07start_s\x18\x05 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x06 \x01(\x01\x12\x10\n\x08language\x18\x07 \x01(\t\x12\x10\n\x08is_final\x18\x08 \x01(\x08\x12$\n\x04seed\x18\t \x01(\x0b\x32\x16.harken.v1.SessionSeed\x12\x11\n\tevent_seq\x18\n \x01(\x04\x12\x15\n\rfrom_finalize\x18\x0b \x01(\x08\"\xa7\x01\n\x04Turn\x12\x12\n\nsegment_id\x18\x01 \x01(\r\x12\"\n\x04kind\x18\x02 \x01(\x0e\x32\x14.harken.v1.Turn.Kind\x12\x0f\n\x07\x61udio_s\x18\x03 \x01(\x01\x12\x11\n\tevent_seq\x18\x04 \x01(\x04\"C\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eSPEECH_STARTED\x10\x01\x12\x11\n\rUTTERANCE_END\x10\x02\"T\n\x0bWordTimings\x12\x12\n\nsegment_id\x18\x01 \x01(\r\x12\x1e\n\x05words\x18\x02 \x03(\x0b\x32\x0f.harken.v1.Word\x12\x11\n\tevent_seq\x18\x03 \x01(\x04\"4\n\x04Word\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x0f\n\x07start_s\x18\x02 \x01(\x01\x12\r\n\x05\x65nd_s\x18\x03 \x01(\x01\".\n\x03\x41\x63k\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x1a\n\x12last_final_segment\x18\x02 \x01(\x03\"&\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t2Q\n\rTranscription\x12@\n\x06Stream\x12\x18.harken.v1.ClientMessage\x1a\x18.harken.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,39 +32,41 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'harken_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CLIENTMESSAGE']._serialized_start=28
-  _globals['_CLIENTMESSAGE']._serialized_end=278
-  _globals['_KEEPALIVE']._serialized_start=280
-  _globals['_KEEPALIVE']._serialized_end=291
-  _globals['_START']._serialized_start=294
-  _globals['_START']._serialized_end=476
-  _globals['_SESSIONSEED']._serialized_start=479
-  _globals['_SESSIONSEED']._serialized_end=630
-  _globals['_FEATURES']._serialized_start=633
-  _globals['_FEATURES']._serialized_end=900
-  _globals['_AUDIO']._serialized_start=902
-  _globals['_AUDIO']._serialized_end=958
-  _globals['_FINALIZE']._serialized_start=960
-  _globals['_FINALIZE']._serialized_end=970
-  _globals['_END']._serialized_start=972
-  _globals['_END']._serialized_end=977
-  _globals['_SERVERMESSAGE']._serialized_start=980
-  _globals['_SERVERMESSAGE']._serialized_end=1230
-  _globals['_READY']._serialized_start=1233
-  _globals['_READY']._serialized_end=1377
-  _globals['_TRANSCRIPT']._serialized_start=1380
-  _globals['_TRANSCRIPT']._serialized_end=1621
-  _globals['_TURN']._serialized_start=1624
-  _globals['_TURN']._serialized_end=1791
-  _globals['_TURN_KIND']._serialized_start=1724
-  _globals['_TURN_KIND']._serialized_end=1791
-  _globals['_WORDTIMINGS']._serialized_start=1793
-  _globals['_WORDTIMINGS']._serialized_end=1877
-  _globals['_WORD']._serialized_start=1879
-  _globals['_WORD']._serialized_end=1931
-  _globals['_ACK']._serialized_start=1933
-  _globals['_ACK']._serialized_end=1979
-  _globals['_ERROR']._serialized_start=1981
-  _globals['_ERROR']._serialized_end=2019
-  _globals['_TRANSCRIPTION']._serialized_start=2021
-  _globals['_TRANSCRIPTION']._serialized_end=2102
+  _globals['_CLIENTMESSAGE']._serialized_end=321
+  _globals['_CONFIGURE']._serialized_start=323
+  _globals['_CONFIGURE']._serialized_end=386
+  _globals['_KEEPALIVE']._serialized_start=388
+  _globals['_KEEPALIVE']._serialized_end=399
+  _globals['_START']._serialized_start=402
+  _globals['_START']._serialized_end=602
+  _globals['_SESSIONSEED']._serialized_start=605
+  _globals['_SESSIONSEED']._serialized_end=756
+  _globals['_FEATURES']._serialized_start=759
+  _globals['_FEATURES']._serialized_end=1026
+  _globals['_AUDIO']._serialized_start=1028
+  _globals['_AUDIO']._serialized_end=1084
+  _globals['_FINALIZE']._serialized_start=1086
+  _globals['_FINALIZE']._serialized_end=1096
+  _globals['_END']._serialized_start=1098
+  _globals['_END']._serialized_end=1103
+  _globals['_SERVERMESSAGE']._serialized_start=1106
+  _globals['_SERVERMESSAGE']._serialized_end=1356
+  _globals['_READY']._serialized_start=1359
+  _globals['_READY']._serialized_end=1503
+  _globals['_TRANSCRIPT']._serialized_start=1506
+  _globals['_TRANSCRIPT']._serialized_end=1747
+  _globals['_TURN']._serialized_start=1750
+  _globals['_TURN']._serialized_end=1917
+  _globals['_TURN_KIND']._serialized_start=1850
+  _globals['_TURN_KIND']._serialized_end=1917
+  _globals['_WORDTIMINGS']._serialized_start=1919
+  _globals['_WORDTIMINGS']._serialized_end=2003
+  _globals['_WORD']._serialized_start=2005
+  _globals['_WORD']._serialized_end=2057
+  _globals['_ACK']._serialized_start=2059
+  _globals['_ACK']._serialized_end=2105
+  _globals['_ERROR']._serialized_start=2107
+  _globals['_ERROR']._serialized_end=2145
+  _globals['_TRANSCRIPTION']._serialized_start=2147
+  _globals['_TRANSCRIPTION']._serialized_end=2228
 # @@protoc_insertion_point(module_scope)

@@ -8,27 +8,37 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ClientMessage(_message.Message):
-    __slots__ = ("start", "features", "audio", "finalize", "end", "keep_alive")
+    __slots__ = ("start", "features", "audio", "finalize", "end", "keep_alive", "configure")
     START_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
     AUDIO_FIELD_NUMBER: _ClassVar[int]
     FINALIZE_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
+    CONFIGURE_FIELD_NUMBER: _ClassVar[int]
     start: Start
     features: Features
     audio: Audio
     finalize: Finalize
     end: End
     keep_alive: KeepAlive
-    def __init__(self, start: _Optional[_Union[Start, _Mapping]] = ..., features: _Optional[_Union[Features, _Mapping]] = ..., audio: _Optional[_Union[Audio, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., end: _Optional[_Union[End, _Mapping]] = ..., keep_alive: _Optional[_Union[KeepAlive, _Mapping]] = ...) -> None: ...
+    configure: Configure
+    def __init__(self, start: _Optional[_Union[Start, _Mapping]] = ..., features: _Optional[_Union[Features, _Mapping]] = ..., audio: _Optional[_Union[Audio, _Mapping]] = ..., finalize: _Optional[_Union[Finalize, _Mapping]] = ..., end: _Optional[_Union[End, _Mapping]] = ..., keep_alive: _Optional[_Union[KeepAlive, _Mapping]] = ..., configure: _Optional[_Union[Configure, _Mapping]] = ...) -> None: ...
+
+class Configure(_message.Message):
+    __slots__ = ("keyterms", "context")
+    KEYTERMS_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    keyterms: _containers.RepeatedScalarFieldContainer[str]
+    context: str
+    def __init__(self, keyterms: _Optional[_Iterable[str]] = ..., context: _Optional[str] = ...) -> None: ...
 
 class KeepAlive(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class Start(_message.Message):
-    __slots__ = ("language", "context", "codec", "session_id", "seed", "last_event_seq", "word_timings", "turn_events")
+    __slots__ = ("language", "context", "codec", "session_id", "seed", "last_event_seq", "word_timings", "turn_events", "keyterms")
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +47,7 @@ class Start(_message.Message):
     LAST_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     WORD_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     TURN_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    KEYTERMS_FIELD_NUMBER: _ClassVar[int]
     language: str
     context: str
     codec: str
@@ -45,7 +56,8 @@ class Start(_message.Message):
     last_event_seq: int
     word_timings: bool
     turn_events: bool
-    def __init__(self, language: _Optional[str] = ..., context: _Optional[str] = ..., codec: _Optional[str] = ..., session_id: _Optional[str] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., last_event_seq: _Optional[int] = ..., word_timings: _Optional[bool] = ..., turn_events: _Optional[bool] = ...) -> None: ...
+    keyterms: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, language: _Optional[str] = ..., context: _Optional[str] = ..., codec: _Optional[str] = ..., session_id: _Optional[str] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., last_event_seq: _Optional[int] = ..., word_timings: _Optional[bool] = ..., turn_events: _Optional[bool] = ..., keyterms: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SessionSeed(_message.Message):
     __slots__ = ("present", "running_max_log10", "context_tail", "next_segment_id", "front_end_state", "audio_sample")

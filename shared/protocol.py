@@ -72,6 +72,18 @@ class Start:
     seed: SessionSeed | None = None
     word_timings: bool = False  # send each final segment's word times (`WordTimings`)
     turn_events: bool = False  # send the VAD's turn events (`Turn`: speech started, utterance end)
+    keyterms: tuple[str, ...] = ()  # words and names to expect (Qwen3-ASR's context, after `context`)
+
+    @property
+    def model_context(self) -> str:
+        return model_context(self.context, self.keyterms)
+
+
+def model_context(context: str, keyterms: tuple[str, ...]) -> str:
+    """The context text the model reads (its system turn, as the official package puts `context`):
+    the caller's context, then the keyterms, comma-separated, on a line of their own."""
+    terms = ", ".join(t.strip() for t in keyterms if t.strip())
+    return f"{context}\n{terms}" if context and terms else context or terms
 
 
 @dataclass(frozen=True)
@@ -111,7 +123,17 @@ class KeepAlive:
     not take the stream for an abandoned one."""
 
 
-ClientMessage = Start | Features | Audio | Finalize | End | KeepAlive
+@dataclass(frozen=True)
+class Configure:
+    """Change what the model is told from the session's next audio item on (the item in progress
+    keeps its prompt): `keyterms` replace the session's, `context` (None: unchanged) replaces its
+    context. Not acknowledged; a client sends its latest again after a reconnect."""
+
+    keyterms: tuple[str, ...] = ()
+    context: str | None = None
+
+
+ClientMessage = Start | Features | Audio | Finalize | End | KeepAlive | Configure
 
 
 # ---- server -> client ----------------------------------------------------------------------------

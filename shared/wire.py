@@ -32,7 +32,8 @@ from harken.shared.features_spec import N_MELS
 from harken.shared.front_end_checkpoint import SIZE as FRONT_END_STATE_BYTES
 from harken.shared.front_end_checkpoint import FrontEndCheckpoint
 from harken.shared.integrity import payload_crc32c
-from harken.shared.protocol import (Ack, Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive,
+from harken.shared.protocol import (Ack, Audio, ClientMessage, Configure, End, FeaturePacket, Features, Finalize,
+                                    KeepAlive,
                                     Ready, ServerError, ServerMessage, SessionSeed, Start, Transcript, Turn,
                                     WordTimings)
 from harken.shared.transcript import SPEECH_STARTED, UTTERANCE_END, SegmentTimings, TimedWord, TranscriptEvent, TurnEvent
@@ -42,6 +43,8 @@ FrontEndCheck = Callable[[FrontEndCheckpoint], None]
 
 MAX_LANGUAGE_CHARS = 64
 MAX_CONTEXT_CHARS = 8_000
+MAX_KEYTERMS = 100
+MAX_KEYTERM_CHARS = 100
 MAX_SESSION_ID_CHARS = 64
 MAX_FRAMES_PER_MESSAGE = MAX_FRAMES
 MAX_FRAME_INDEX = 1 << 40  # ~350 years of frames: bounds the arithmetic, rejects garbage
@@ -64,7 +67,7 @@ def client_message_to_proto(msg: ClientMessage) -> pb.ClientMessage:
     if isinstance(msg, Start):
         start = pb.Start(language=msg.language, context=msg.context, codec=msg.codec, session_id=msg.session_id,
                          last_event_seq=msg.last_event_seq, word_timings=msg.word_timings,
-                         turn_events=msg.turn_events)
+                         turn_events=msg.turn_events, keyterms=list(msg.keyterms))
         if msg.seed is not None:
             start.seed.CopyFrom(seed_to_proto(msg.seed))
         return pb.ClientMessage(start=start)
@@ -72,6 +75,11 @@ def client_message_to_proto(msg: ClientMessage) -> pb.ClientMessage:
         return pb.ClientMessage(keep_alive=pb.KeepAlive())
     if isinstance(msg, Finalize):
         return pb.ClientMessage(finalize=pb.Finalize())
+    if isinstance(msg, Configure):
+        configure = pb.Configure(keyterms=list(msg.keyterms))
+        if msg.context is not None:
+            configure.context = msg.context
+        return pb.ClientMessage(configure=configure)
     if isinstance(msg, End):
         return pb.ClientMessage(end=pb.End())
     raise TypeError(f"not a client message: {msg!r}")
@@ -106,7 +114,8 @@ def client_message_from_proto(msg: pb.ClientMessage, front_end: FrontEndCheck | 
     server passes `harken.cloud.hosting.audio_front_end.check_resumable`); None takes any well-formed one."""
     kind = msg.WhichOneof("kind")
     if kind is None:
-        raise MalformedMessage("empty ClientMessage: set one of start, features, audio, finalize, end, keep_alive")
+        raise MalformedMessage("empty ClientMessage: set one of start, features, audio, finalize, end, keep_alive, "
+                               "configure")
     if kind == "start":
         return _parse_start(msg.start, front_end)
     if kind == "features":
@@ -117,7 +126,20 @@ def client_message_from_proto(msg: pb.ClientMessage, front_end: FrontEndCheck | 
         return Finalize()
     if kind == "keep_alive":
         return KeepAlive()
+    if kind == "configure":
+        c = msg.configure
+        if c.HasField("context") and len(c.context) > MAX_CONTEXT_CHARS:
+            raise MalformedMessage(f"configure.context longer than {MAX_CONTEXT_CHARS} characters")
+        return Configure(_keyterms(c.keyterms, "configure"), c.context if c.HasField("context") else None)
     return End()
+
+
+def _keyterms(terms, where: str) -> tuple[str, ...]:
+    if len(terms) > MAX_KEYTERMS:
+        raise MalformedMessage(f"{where}.keyterms: at most {MAX_KEYTERMS}")
+    if any(len(t) > MAX_KEYTERM_CHARS for t in terms):
+        raise MalformedMessage(f"{where}.keyterms: each at most {MAX_KEYTERM_CHARS} characters")
+    return tuple(terms)
 
 
 def _parse_start(s: pb.Start, front_end: FrontEndCheck | None) -> Start:
@@ -146,7 +168,7 @@ def _parse_start(s: pb.Start, front_end: FrontEndCheck | None) -> Start:
         raise MalformedMessage("start: a resume (session_id) takes no seed; a seed starts a new session")
     return Start(language=s.language, context=s.context, codec=s.codec, session_id=s.session_id,
                  last_event_seq=int(s.last_event_seq), seed=seed, word_timings=bool(s.word_timings),
-                 turn_events=bool(s.turn_events))
+                 turn_events=bool(s.turn_events), keyterms=_keyterms(s.keyterms, "start"))
 
 
 def _check_front_end(seed: pb.SessionSeed, front_end: FrontEndCheck | None) -> None:

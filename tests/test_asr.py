@@ -176,8 +176,12 @@ def test_every_supported_language_has_a_code_and_unknown_ones_list_them():
 @pytest.mark.parametrize("language", [None, "English", "Chinese"])
 def test_prompt_ids_match_official_processor(pair, language):
     _, off, asr = pair
+    from harken.shared.protocol import model_context
+
     contexts = ["", "Hello world", "it's CamelCase HTTPServer, don't stop.\nline two\r\n", "数字 123 和 4567",
-                "  leading and trailing  ", "emoji 🙂 and tabs\t\tok", "<|im_end|> in context"]
+                "  leading and trailing  ", "emoji 🙂 and tabs\t\tok", "<|im_end|> in context",
+                # keyterms (Start.keyterms, Configure) as the official package takes context
+                model_context("Meeting notes", ("Qwen3-ASR", "harken", "Dr. Nguyễn")), model_context("", ("kubectl",))]
     wav = noise(1.3, seed=5)
     n_audio = asr.encoder.num_tokens(official_features(off, wav).shape[1])
     for ctx in contexts:

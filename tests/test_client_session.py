@@ -445,3 +445,22 @@ def test_turn_events_once_each_and_on_the_users_timeline():
     write_all(s)
     assert s.on_server_message(Turn(second, 1), 1.1) == []
     assert s.on_server_message(Turn(TurnEvent("utterance_end", 1, 0.9), 2), 1.2) == [TurnEvent("utterance_end", 1, 0.9)]
+
+
+def test_a_configure_goes_out_after_the_messages_before_it_and_again_first_on_every_later_call():
+    from harken.shared.protocol import Configure
+
+    s = ClientSession(ClientOptions(send_audio=True, audio_piece_ms=100, keyterms=("alpha",)))
+    pcm = b"\1\0" * 1600
+    s.on_audio(pcm)
+    s.configure(("harken", "Qwen"), context="notes")
+    s.on_audio(pcm)
+    start = connect(s, Ready("sid", 0))
+    assert start.keyterms == ("alpha",) or start.keyterms == ("harken", "Qwen")
+    assert write_all(s) == [Audio(1, pcm, 16_000), Configure(("harken", "Qwen"), "notes"), Audio(2, pcm, 16_000)]
+    s.on_disconnect(Disconnect("lost", code="UNAVAILABLE"), now=1.0)
+    assert connect(s, Ready("sid", 2), now=1.5).keyterms == ("harken", "Qwen")
+    assert write_all(s) == [Configure(("harken", "Qwen"), "notes")]  # the server may not have had it
+    s.on_disconnect(Disconnect("no session", code="NOT_FOUND"), now=2.0)
+    replacement = connect(s, Ready("new", 0), now=2.5)
+    assert (replacement.keyterms, replacement.context) == (("harken", "Qwen"), "notes")

@@ -54,7 +54,7 @@ def keys(tmp_path_factory):
     return str(path)
 
 
-def _reference(asr, pcm: np.ndarray, cut: int | None) -> list:
+def _reference(asr, pcm: np.ndarray, cut: int | None, context: str = "") -> list:
     """The in-process engine's final events for the same 16-bit samples (a finalize after `cut`)."""
     from harken.cloud.embedded import stream_pieces
     from harken.cloud.inference.engine import Engine, EngineConfig
@@ -66,7 +66,7 @@ def _reference(asr, pcm: np.ndarray, cut: int | None) -> list:
     if cut is not None:
         pieces += [FINALIZE] + [audio[i:i + 1600] for i in range(cut, audio.size, 1600)]
     engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1))
-    events = list(stream_pieces(pieces, engine, SessionOptions()))
+    events = list(stream_pieces(pieces, engine, SessionOptions(context=context)))
     texts: dict[int, str] = {}
     for e in events:
         texts[e.segment_id] = texts.get(e.segment_id, "") + e.committed_delta
@@ -217,7 +217,9 @@ def test_mulaw_stereo_multichannel_and_bad_input_over_a_bare_websocket(words_asr
                 raw = stereo.tobytes()
                 two = await session(http, url + "?encoding=linear16&sample_rate=16000&channels=2&multichannel=true",
                                     [raw[i:i + 6400] for i in range(0, len(raw), 6400)],
-                                    texts=["not json", json.dumps({"type": "Shout"}), json.dumps({"type": "KeepAlive"})])
+                                    texts=["not json", json.dumps({"type": "Shout"}), json.dumps({"type": "KeepAlive"}),
+                                           json.dumps({"type": "Configure", "keyterms": ["harken", "Qwen"]}),
+                                           json.dumps({"type": "Configure", "keyterms": "not a list"})])
                 statuses = {}
                 for name, query, auth in [("key", "?encoding=linear16&sample_rate=16000", "Token wrong-key-123"),
                                           ("rate", "?encoding=linear16", f"Token {KEY}"),
@@ -245,7 +247,11 @@ def test_mulaw_stereo_multichannel_and_bad_input_over_a_bare_websocket(words_asr
         if m["type"] == "Results" and m["is_final"]:
             per_channel.setdefault(tuple(m["channel_index"]), []).append(m["channel"]["alternatives"][0]["transcript"])
     assert set(per_channel) == {(0, 2)}  # the silent right channel has no segment
-    assert per_channel[(0, 2)] == [t for t, _ in _reference(words_asr, pcm, None)]
+    # the Configure before any audio: the stream starts with its keyterms (Qwen3-ASR's context)
+    assert per_channel[(0, 2)] == [t for t, _ in _reference(words_asr, pcm, None, "harken, Qwen")]
+    configured = [m for m in two[:-1] if m["type"].startswith("Configure")]
+    assert [m["type"] for m in configured] == ["ConfigureSuccess", "ConfigureFailure"]
+    assert configured[0]["keyterms"] == ["harken", "Qwen"] and configured[0]["request_id"]
     errors = [m for m in two[:-1] if m["type"] == "Error"]
     assert len(errors) == 2 and two[-1] == ("closed", 1000)  # not JSON, an unknown type; KeepAlive is fine
     assert statuses == {"key": (401, True), "rate": (400, True), "enc": (400, True)}

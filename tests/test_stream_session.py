@@ -273,3 +273,44 @@ def test_thirty_minute_stream_keeps_state_bounded(talkative_asr):
     # nothing grows with the stream: the second quarter of an hour peaks no higher than the first
     assert all(halves[1][k] <= halves[0][k] for k in ("items", "segments", "encoder_frames", "committed",
                                                       "context"))
+
+
+def test_keyterms_set_mid_stream_take_effect_at_the_next_item_as_its_offline_context(talkative_asr):
+    """A `Configure` between two segments: the first item is decoded with the session's keyterms as
+    they were, the second with the new ones; each item's final pass (no intermediate commits) is the
+    offline pass of its frames with that context (`model_context`, the official package's context)."""
+    import numpy as np
+
+    asr = talkative_asr
+
+    from harken.cloud.embedded import stream_pieces
+    from harken.cloud.inference.commit import CommitPolicy
+    from harken.cloud.inference.engine import Engine, EngineConfig
+    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.model.decode_limits import DecodeLimits
+    from harken.shared.codec import decode_frames
+    from harken.shared.protocol import Configure, model_context
+    from signals import concat, silence, speech
+
+    audio = concat(silence(0.3), speech("Hello there."), silence(0.8), speech("Second one."), silence(0.6))
+    first_end = int((0.3 + speech("Hello there.").size / 16000 + 0.6) * 16000) // 1600 * 1600
+    pieces = [audio[i:i + 1600] for i in range(0, first_end, 1600)]
+    pieces += [Configure(("harken", "Qwen"), context="notes")]
+    pieces += [audio[i:i + 1600] for i in range(first_end, audio.size, 1600)]
+    policy = CommitPolicy(intermediate_commits=False)
+    options = SessionOptions(context="meeting", policy=policy)
+    packets: list = []
+    engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=policy))
+    events = list(stream_pieces(pieces, engine, options, on_packet=packets.append))
+    finals = [e for e in events if e.is_final]
+    assert len(finals) == 2
+    first_text = "".join(e.committed_delta for e in events if e.segment_id == finals[0].segment_id)
+    # (the second item's context carries the first one's committed text, as every next item's does)
+    contexts = ["meeting", compose_context(model_context("notes", ("harken", "Qwen")), first_text[-200:])]
+    for final, context in zip(finals, contexts):
+        frames = np.concatenate([decode_frames(p.payload) for p in packets if p.segment_id == final.segment_id], axis=1)
+        offline = asr.transcribe((frames + 4.0) / 4.0, context=context, limits=DecodeLimits())
+        assert list(final.token_ids) == offline.token_ids, (final.segment_id, context)
+    other = asr.transcribe((frames + 4.0) / 4.0, context=compose_context("meeting", first_text[-200:]),
+                           limits=DecodeLimits())
+    assert other.token_ids != list(finals[1].token_ids)  # the context did change what the model wrote

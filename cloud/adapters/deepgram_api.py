@@ -19,8 +19,8 @@ batches, as gRPC, WebRTC and OpenAI realtime): the text is harken's committed te
     Finalize               harken's Finalize: the open segment ends at the audio sent so far and its
                            final comes at once, `from_finalize`; nothing open: an empty such final
     CloseStream            End: the remaining finals, then Metadata, then close 1000
-    Configure              ConfigureFailure: harken takes keyterms when a connection opens
-                           (`keyterm=`: Qwen3-ASR's context), not yet in the middle of one
+    Configure              its keyterms replace the connection's from the next segment on (harken's
+                           Configure); ConfigureSuccess
 
 Words: `word` / `punctuated_word` as harken writes them; `start` / `end` spread over the segment's
 span by their length (harken's own times need the aligner) and `confidence` 1.0 (not measured yet).
@@ -40,7 +40,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -52,7 +52,8 @@ from harken.cloud.hosting.stream_handler import RequestQueue, StreamFailed, Stre
 from harken.shared import wire
 from harken.shared.errors import HarkenError
 from harken.shared.features_spec import SAMPLE_RATE
-from harken.shared.protocol import Ack, Audio, ClientMessage, End, Finalize, ServerError, Start, Transcript, Turn
+from harken.shared.protocol import (Ack, Audio, ClientMessage, Configure, End, Finalize, ServerError, Start,
+                                    Transcript, Turn, model_context)
 from harken.shared.transcript import SPEECH_STARTED
 
 log = logging.getLogger("harken.deepgram")
@@ -148,7 +149,7 @@ class ListenParams:
     @property
     def context(self) -> str:
         """Keyterms as Qwen3-ASR's context (the system turn the model reads before the audio)."""
-        return ", ".join(k.strip() for k in self.keyterms if k.strip())[:2000]
+        return model_context("", self.keyterms)
 
     @property
     def streams(self) -> int:
@@ -537,7 +538,7 @@ class _Live:
     def _started(self, ch: _Channel) -> asyncio.Task:
         """The channel's harken stream, its Start first in line (begun with the channel's first audio)."""
         if ch.task is None:
-            start = Start(language=self.params.language or "", context=self.params.context, turn_events=True)
+            start = Start(language=self.params.language or "", keyterms=self.params.keyterms, turn_events=True)
             ch.requests.put(wire.client_message_to_proto(start).SerializeToString())
             ch.task = asyncio.get_running_loop().create_task(self._stream(ch))
         return ch.task
@@ -569,12 +570,28 @@ class _Live:
             await self._close_stream()
             return True
         if kind == "Configure":
-            await self.send({"type": "ConfigureFailure", "request_id": self.request_id, "code": "UNSUPPORTED",
-                             "description": "harken takes keyterms when the connection opens (keyterm=...), "
-                                            "not yet in the middle of one"})
+            await self._configure(message, text)
             return False
         await self.error(f"unknown control message type {str(kind)[:60]!r}", text)
         return False
+
+    async def _configure(self, message: dict, text: str) -> None:
+        """Deepgram's Configure: its keyterms (a list of strings) from the next segment on."""
+        from harken.shared.wire import MAX_KEYTERM_CHARS, MAX_KEYTERMS
+
+        keyterms = message.get("keyterms", [])
+        if not isinstance(keyterms, list) or not all(isinstance(k, str) for k in keyterms) \
+                or len(keyterms) > MAX_KEYTERMS or any(len(k) > MAX_KEYTERM_CHARS for k in keyterms):
+            await self.send({"type": "ConfigureFailure", "request_id": self.request_id, "code": "INVALID_KEYTERMS",
+                             "description": f"keyterms: a list of at most {MAX_KEYTERMS} strings of at most "
+                                            f"{MAX_KEYTERM_CHARS} characters"})
+            return
+        self.params = replace(self.params, keyterms=tuple(keyterms))
+        for ch in self.channels:
+            if ch.task is not None and not ch.task.done():
+                self._flush(ch)
+                self._put(ch, Configure(tuple(keyterms)))
+        await self.send({"type": "ConfigureSuccess", "request_id": self.request_id, "keyterms": keyterms})
 
     async def _finalize(self) -> None:
         """harken's Finalize after the audio sent so far. Its Ack says the server has applied the

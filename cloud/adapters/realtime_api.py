@@ -21,7 +21,8 @@ batches), so the text is harken's committed text. How harken's model maps onto t
     the socket closes          harken's End (half-close): open segments are finalised
 
 `session.update` is taken before the first audio (format rate, transcription language and prompt,
-the prompt being Qwen3-ASR's context); turn detection is always harken's own VAD. API keys as on
+the prompt being Qwen3-ASR's context); after it only the prompt may change (harken's Configure:
+from the next item on); turn detection is always harken's own VAD. API keys as on
 every entry point: `Authorization: Bearer KEY`.
 
 vLLM's `/v1/realtime` (its Qwen3-ASR and Voxtral servers) speaks a dialect of this, which is taken
@@ -47,7 +48,7 @@ from harken.cloud.errors import Unauthenticated
 from harken.cloud.hosting.stream_handler import RequestQueue, StreamFailed, StreamHandler
 from harken.shared import wire
 from harken.shared.codec import CODEC_NAME
-from harken.shared.protocol import Audio, ClientMessage, End, Finalize, ServerError, Start, Transcript, Turn
+from harken.shared.protocol import Audio, ClientMessage, Configure, End, Finalize, ServerError, Start, Transcript, Turn
 from harken.shared.transcript import SPEECH_STARTED
 
 REALTIME_PATH = "/v1/realtime"
@@ -174,10 +175,8 @@ class _Session:
                              "unknown_event", event_id)
 
     async def _update(self, session: dict, event_id: Any) -> None:
-        if self.stream is not None:
-            await self.error("the session's settings are fixed once its audio has started", "session_started",
-                             event_id)
-            return
+        started = self.stream is not None
+
         def part(where: dict, key: str) -> dict | None:  # absent: {}; not an object: None
             value = where.get(key)
             return {} if value is None else value if isinstance(value, dict) else None
@@ -197,9 +196,15 @@ class _Session:
             await self.error("audio.input.format.rate must be an integer from 8000 to 48000", "invalid_value",
                              event_id)
             return
-        self.rate = rate
-        self.language = str(transcription.get("language") or "")
-        self.prompt = str(transcription.get("prompt") or "")
+        language = str(transcription.get("language", self.language) or "")
+        prompt = str(transcription.get("prompt", self.prompt) or "")
+        if started and (rate != self.rate or language != self.language):
+            await self.error("the audio format and language are fixed once the audio has started (the prompt "
+                             "may change)", "session_started", event_id)
+            return
+        if started and prompt != self.prompt:  # from the next item on: harken's Configure
+            self.put(Configure(context=prompt))
+        self.rate, self.language, self.prompt = rate, language, prompt
         await self.send({"type": "session.updated", "session": self.describe()})
 
     async def _append(self, audio: Any, event_id: Any) -> None:

@@ -53,8 +53,8 @@ from harken.cloud.hosting.audio_front_end import ThinClientFrontEnd
 from harken.cloud.errors import ShuttingDown
 from harken.cloud.metrics import ServerMetrics
 from harken.cloud.hosting.server_session import Attachment, AudioPace, ServerLifecycle, ServerSession, SessionLimits
-from harken.shared.protocol import (Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive,
-                                    LoggedEvent, Start)
+from harken.shared.protocol import (Audio, ClientMessage, Configure, End, FeaturePacket, Features, Finalize,
+                                    KeepAlive, LoggedEvent, Start, model_context)
 
 if TYPE_CHECKING:
     from harken.cloud.inference.scheduler import Scheduler
@@ -76,10 +76,11 @@ class HostedSession:
         # each segment's frames and text until its final, for the aligner (sessions that asked only)
         self._tap: SegmentTap | None = SegmentTap() if timings else None
         policy = {} if limits.policy is None else {"policy": limits.policy}
-        options = SessionOptions(language=start.language or None, context=start.context, resume=start.seed,
+        options = SessionOptions(language=start.language or None, context=start.model_context, resume=start.seed,
                                  **policy)
         _, self._engine_events = scheduler.open_session(options, session_id)
         self.scheduler = scheduler
+        self.context, self.keyterms = start.context, start.keyterms  # what Configure changes
         self.metrics = metrics
         self.executor = executor
         self._on_ended = on_ended
@@ -190,6 +191,8 @@ class HostedSession:
                 return
             if isinstance(todo, Finalize):
                 await self._finalize_on_request()
+            elif isinstance(todo, Configure):
+                self._configure(todo)
             elif isinstance(todo, End):
                 await self._end(by_client=True)
             elif isinstance(todo, Features):
@@ -233,6 +236,13 @@ class HostedSession:
             if self._tap is not None and n:  # what the engine applied: a resent overlap is not kept twice
                 self._tap.add_frames(p.segment_id, frames[:, frames.shape[1] - n:])
         self.core.fed(p, time.monotonic())
+
+    def _configure(self, c: Configure) -> None:
+        """The client's Configure: the model's context from the next audio item on."""
+        if c.context is not None:
+            self.context = c.context
+        self.keyterms = c.keyterms
+        self.scheduler.configure(self.session_id, model_context(self.context, self.keyterms))
 
     async def _finalize_on_request(self) -> None:
         """The client's Finalize. A thin client's front end cuts its open segment at the audio taken

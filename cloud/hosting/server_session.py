@@ -43,7 +43,7 @@ from harken.cloud.errors import MalformedMessage, OutOfOrder, SessionNotFound, S
 from harken.shared.wire import MAX_SEGMENT_ID
 from harken.shared.front_end_checkpoint import FrontEndCheckpoint
 from harken.shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
-from harken.shared.protocol import (Audio, ClientMessage, End, FeaturePacket, Features, Finalize, KeepAlive,
+from harken.shared.protocol import (Audio, ClientMessage, Configure, End, FeaturePacket, Features, Finalize, KeepAlive,
                                     LoggedEvent, SessionSeed, Start, Transcript, Turn, WordTimings)
 from harken.shared.transcript import UTTERANCE_END, SegmentTimings, TranscriptEvent, TurnEvent
 
@@ -356,7 +356,7 @@ class ServerSession:
             if isinstance(msg, End) or getattr(msg, "seq", 0) <= self.applied_seq:
                 return None
             raise OutOfOrder("the session has ended: no input after end")
-        if isinstance(msg, (Finalize, End)):
+        if isinstance(msg, (Finalize, End, Configure)):
             return msg
         if msg.seq <= self.applied_seq:
             return None  # a duplicate resent after a reconnect: already applied

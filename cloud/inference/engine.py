@@ -7,6 +7,7 @@ API:
     engine.ingest(sid, segment_id, first_frame, frames, segment_start, segment_end, running_max_log10)
     engine.ingest_packet(sid, packet)                   # an edge FeaturePacket (payload decoded here)
     engine.finalize(sid)                                # end the open segment now
+    engine.configure(sid, context)                      # the user context from the next audio item on
     engine.has_work() -> bool
     engine.ready_sessions() -> int / engine.working_on(sid) -> bool   # work waiting / owed to one
     engine.step(emit=None) -> list[(sid, EngineEvent)]   # one batched tick over all ready sessions
@@ -223,6 +224,11 @@ class Engine:
         """End the session's open segment now."""
         with self._lock:
             self._get(sid).finalize_open()
+
+    def configure(self, sid: str, context: str) -> None:
+        """The session's user context from its next audio item on (`StreamSession.configure`)."""
+        with self._lock:
+            self._get(sid).configure(context)
 
     def queued_frames(self, sid: str) -> int:
         """Frames of this session received but not yet encoded (what its queue limits count)."""

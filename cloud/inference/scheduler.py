@@ -106,6 +106,9 @@ class Scheduler:
         self.engine.finalize(sid)
         self._wake.set()
 
+    def configure(self, sid: str, context: str) -> None:
+        self.engine.configure(sid, context)
+
     def align(self, sid: str, segment_id: int, features: np.ndarray | None, text: str, start_s: float,
               language: str) -> None:
         """Queue a final segment for its word timings (`SegmentAligner.submit`): a later tick puts a

@@ -41,7 +41,7 @@ session's length.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -195,6 +195,12 @@ class StreamSession:
             self.state.running_max_log10 = r.running_max_log10
             self.state.next_segment_id = r.next_segment_id
             self.state.resume = SessionSeed(r.running_max_log10, r.context_tail, r.next_segment_id)  # the engine's part
+
+    def configure(self, context: str) -> None:
+        """The user context from the next audio item on (StreamInputError when it is too long); the
+        item in progress keeps its prompt."""
+        check_context(self.asr.tokenizer, context)
+        self.state.options = replace(self.state.options, context=context)
 
     # -- input -----------------------------------------------------------------------------------
 
