@@ -16,6 +16,10 @@ lane) with its HTTP port open on loopback; each example is one of:
                     text that is not JSON, JSON that is not an object, deeply nested JSON, binary
                     frames, events out of order (audio after the final commit, settings after the
                     audio, commits twice), closes and dropped connections
+    listen          a WebSocket session on Deepgram's `/v1/listen`: query strings good, bad and unknown,
+                    Token/Bearer keys good and bad, audio good, odd-sized, random and huge, every
+                    control message (KeepAlive, Finalize, Configure with odd keyterms, CloseStream)
+                    and some that are none, text that is not JSON, audio after CloseStream
 
 The requests and sessions are drawn by bench/fuzz_http_inputs.py.
 
@@ -27,7 +31,11 @@ Properties (a broken one is a `Crash`, bench/fuzz_targets.py's):
 - Realtime: every server event is a JSON object with a `type`, an `error` event has OpenAI's error
   shape; the server never ends the socket abnormally (1011, or a dropped connection) while the
   client keeps it open, and always answers the client's close.
-- Neither: the server logs no unhandled exception (aiohttp's "Error handling request", asyncio's
+- Listen: a bad key is 401 and bad parameters 400 before the upgrade, each with a `dg-error` header;
+  every message is a JSON object whose `type` Deepgram's clients know; the socket ends 1000, 1008
+  (the client's fault: undecodable audio, a refused Configure) or 1009 (a frame over the size limit),
+  never 1011 or a dropped connection while the client keeps it open.
+- None: the server logs no unhandled exception (aiohttp's "Error handling request", asyncio's
   "exception was never retrieved"): each such record is a crash.
 - Beside the fuzzing, a well-behaved Realtime client of another key (vLLM's dialect) streams the
   corpus's audio again and again and must get the text it gets alone; once the fuzzing is over and
@@ -46,8 +54,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harken.bench.fuzz_http_inputs import (CUT, FORMATS, HTTP_KEY, HTTP_REFERENCE_KEY, HTTP_TARGETS, MAX_FILE_S,
-                                          MAX_UPLOAD_BYTES, REQUEST_DEADLINE_S, HttpRequest, RealtimeScript,
-                                          random_http_request, random_realtime_script, realtime_event)
+                                          MAX_UPLOAD_BYTES, REQUEST_DEADLINE_S, HttpRequest, ListenScript, RealtimeScript,
+                                          random_http_request, random_listen_script, random_realtime_script,
+                                          realtime_event)
 from harken.bench.fuzz_inputs import FuzzCorpus
 from harken.bench.fuzz_targets import Crash, describe
 
@@ -248,6 +257,70 @@ class ServedHTTP:
         self.error_codes.update(errors)
         return f"{outcome}, error events" if errors else outcome
 
+    # ---- Deepgram's listen WebSocket ---------------------------------------------------------------
+
+    async def run_listen(self, script: ListenScript, deadline_s: float = REQUEST_DEADLINE_S) -> tuple[str, list]:
+        import aiohttp
+
+        url = f"http://127.0.0.1:{self.port}/v1/listen?{script.query}"
+        events: list = []
+        async with aiohttp.ClientSession() as http:
+            try:
+                ws = await http.ws_connect(url, headers=dict(script.headers), max_msg_size=0)
+            except aiohttp.WSServerHandshakeError as e:
+                dg_error = bool(e.headers and e.headers.get("dg-error"))
+                return f"HTTP {e.status}{'' if dg_error else ' without dg-error'}", events
+            reading = asyncio.ensure_future(_read_events(ws, events))
+            closed_early = None
+            for kind, data in script.frames:
+                if reading.done():
+                    closed_early = reading.result()
+                    break
+                try:
+                    if kind == "wait":
+                        await asyncio.sleep(data)
+                    elif kind == "text":
+                        await ws.send_str(data)
+                    else:
+                        await ws.send_bytes(data)
+                except (ConnectionError, RuntimeError) as e:
+                    closed_early = f"send failed: {type(e).__name__}"
+                    break
+            if script.drop:
+                reading.cancel()
+                await asyncio.gather(reading, return_exceptions=True)
+                return "DROPPED", events
+            if closed_early is None and not reading.done():
+                await ws.close()
+            await asyncio.wait_for(reading, deadline_s)
+            return (closed_early or f"closed {ws.close_code}"), events
+
+    async def check_listen(self, script: ListenScript) -> str:
+        try:
+            outcome, events = await self.run_listen(script)
+        except asyncio.TimeoutError:
+            raise Crash("listen", f"no close within {REQUEST_DEADLINE_S:.0f} s", script) from None
+        self._check_log("listen", script)
+        if outcome.startswith("HTTP "):
+            if "without dg-error" in outcome or int(outcome[5:8]) >= 500:
+                raise Crash("listen", f"the handshake got {outcome}", script)
+            if int(outcome[5:8]) == 401 and script.good_key:
+                raise Crash("listen", "a good key was refused", script)
+            if int(outcome[5:8]) == 400 and script.good_query and script.good_key:
+                raise Crash("listen", "parameters the server takes were refused", script)
+            return outcome[:8]
+        if not script.good_key:
+            raise Crash("listen", "a bad key was let in", script)
+        known = {"Results", "SpeechStarted", "UtteranceEnd", "Metadata", "Error", "ConfigureSuccess",
+                 "ConfigureFailure"}
+        for e in events:
+            if not isinstance(e, dict) or e.get("type") not in known:
+                raise Crash("listen", f"a message Deepgram's clients do not know: {describe(e)}", script)
+        if outcome not in ("closed 1000", "closed 1008", "closed 1009", "DROPPED"):
+            raise Crash("listen", f"the socket ended {outcome}", script)
+        errors = sum(1 for e in events if e["type"] == "Error")
+        return f"{outcome}, Error messages" if errors else outcome
+
     def _check_log(self, target: str, data: Any) -> None:
         if len(self.log.records) > self.logged:
             new = self.log.records[self.logged:]
@@ -389,10 +462,12 @@ class HttpTally:
 
 
 def random_example(rng: random.Random, corpus: FuzzCorpus) -> tuple[str, Any]:
-    """(target, input): 45% uploads, 45% realtime sessions, the rest /v1/models."""
+    """(target, input): 30% realtime sessions, 25% listen sessions, the rest uploads and /v1/models."""
     r = rng.random()
-    if r < 0.45:
+    if r < 0.3:
         return "realtime", random_realtime_script(rng, corpus)
+    if r < 0.55:
+        return "listen", random_listen_script(rng, corpus)
     req = random_http_request(rng, corpus)
     return ("models" if req.raw.startswith(b"GET") else "transcriptions"), req
 
@@ -400,6 +475,8 @@ def random_example(rng: random.Random, corpus: FuzzCorpus) -> tuple[str, Any]:
 async def check_example(harness: ServedHTTP, target: str, example: Any) -> str:
     if target == "realtime":
         return await harness.check_realtime(example)
+    if target == "listen":
+        return await harness.check_listen(example)
     return await harness.check_http(example)
 
 

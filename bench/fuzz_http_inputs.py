@@ -1,5 +1,5 @@
 """The inputs of the HTTP fuzzer (bench/fuzz_http.py): raw HTTP/1.1 requests to the file API and
-`/v1/models`, and scripts of Realtime WebSocket sessions, drawn from a seeded `random.Random` and the
+`/v1/models`, and scripts of Realtime and Deepgram-listen WebSocket sessions, drawn from a seeded `random.Random` and the
 wire fuzzer's corpus (bench/fuzz_inputs.py). What each target sends is described in fuzz_http.py's
 docstring; this module only builds the bytes and frames.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from harken.bench.fuzz_inputs import FuzzCorpus, random_json_text, random_text
 
-HTTP_TARGETS = ("transcriptions", "models", "realtime")
+HTTP_TARGETS = ("transcriptions", "models", "realtime", "listen")
 HTTP_KEY, HTTP_REFERENCE_KEY = "sk-fuzz-http-0123456789", "sk-fuzz-reference-0123456789"
 MAX_UPLOAD_BYTES = 256 * 1024  # the fuzzed server's upload limit: 8 s of 16 kHz PCM16
 MAX_FILE_S = 20.0
@@ -363,3 +363,83 @@ def random_realtime_script(rng: random.Random, corpus: FuzzCorpus) -> RealtimeSc
             frames.append(("text", json.dumps({"type": "input_audio_buffer.commit", "final": True})))
         frames.append(("wait", rng.choice((0.0, 0.2, 1.0))))
     return RealtimeScript(headers, tuple(frames), good_key=good_key, drop=rng.random() < 0.15)
+
+
+# ---- Deepgram's /v1/listen -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ListenScript:
+    """One /v1/listen WebSocket session: its query string, headers and frames (as `RealtimeScript`)."""
+
+    query: str
+    headers: tuple[tuple[str, str], ...]
+    frames: tuple[tuple[str, Any], ...]
+    good_key: bool = True
+    good_query: bool = True  # parameters the server takes (else it refuses the upgrade with 400)
+    drop: bool = False
+
+
+LISTEN_GOOD = {"encoding": ("linear16", "mulaw", "alaw"), "sample_rate": ("8000", "16000", "44100"),
+               "channels": ("1", "2"), "multichannel": ("true", "false"), "interim_results": ("true", "false"),
+               "vad_events": ("true", "false"), "utterance_end_ms": ("1000",), "endpointing": ("false", "25", "300"),
+               "language": ("en", "en-US", "multi"), "model": ("nova-3", "whatever"), "keyterm": ("harken", "Qwen")}
+LISTEN_BAD = {"encoding": ("opus", "flac", "x" * 300), "sample_rate": ("0", "-1", "abc", "9" * 40, "1000000"),
+              "channels": ("0", "9", "two"), "multichannel": ("maybe", "2"), "interim_results": ("yes!",),
+              "language": ("klingon", "zz-ZZ"), "utterance_end_ms": ("-5", "forever")}
+
+
+def random_listen_script(rng: random.Random, corpus: FuzzCorpus) -> ListenScript:
+    """Parameters good, bad and unknown; audio good (the corpus in the encoding the query names),
+    odd-sized, random or huge; every control message and some that are none; audio after CloseStream."""
+    good_key, auth = _random_auth(rng)
+    headers: tuple[tuple[str, str], ...] = ()
+    if auth is not None:
+        value = auth.decode("latin-1")
+        if value.lower().startswith("bearer") and rng.random() < 0.5:
+            value = "Token" + value[6:]  # Deepgram's own scheme
+        headers = (("Authorization", value),)
+    params: list[tuple[str, str]] = [("encoding", "linear16"), ("sample_rate", "16000")] if rng.random() < 0.7 else []
+    good_query = True
+    for _ in range(rng.randrange(0, 6)):
+        r = rng.random()
+        if r < 0.6:
+            name = rng.choice(list(LISTEN_GOOD))
+            params.append((name, rng.choice(LISTEN_GOOD[name])))
+        elif r < 0.8:
+            name = rng.choice(list(LISTEN_BAD))
+            params.append((name, rng.choice(LISTEN_BAD[name])))
+            good_query = False
+        else:  # unknown parameters are accepted and ignored
+            params.append((rng.choice(("no_delay", "filler_words", "tag", "x-y", "redact", random_text(rng, 8) or "q")),
+                           random_text(rng, 12)))
+    query = "&".join(f"{k}={v}" for k, v in params)
+    frames: list[tuple[str, Any]] = []
+    pcm = b"".join(corpus.pcm_pieces[:rng.randrange(1, min(len(corpus.pcm_pieces), 30) + 1)])
+    for _ in range(rng.randrange(0, 20)):
+        r = rng.random()
+        if r < 0.4:
+            i = rng.randrange(0, max(1, len(pcm)))
+            frames.append(("binary", pcm[i:i + rng.choice((1, 3, 320, 1600, 6400))]))
+        elif r < 0.45:
+            frames.append(("binary", rng.randbytes(rng.randrange(1, 2000))))
+        elif r < 0.47:
+            frames.append(("binary", b"\0" * rng.choice((100_000, 1_000_000))))  # a huge frame
+        elif r < 0.65:
+            frames.append(("text", json.dumps({"type": rng.choice(("KeepAlive", "Finalize", "Finalize"))})))
+        elif r < 0.72:
+            keyterms = rng.choice((["harken"], [], "x", [1, 2], ["k" * 150], ["a"] * 150, None))
+            frames.append(("text", json.dumps({"type": "Configure", "keyterms": keyterms})))
+        elif r < 0.8:
+            frames.append(("text", json.dumps({"type": rng.choice((None, 1, "", "Shout", "closestream", "x" * 3000))})))
+        elif r < 0.9:
+            frames.append(("text", random_json_text(rng)))
+        elif r < 0.95:
+            frames.append(("wait", rng.choice((0.01, 0.1, 0.5))))
+        else:
+            frames.append(("text", rng.choice(("", " ", "null", "[]", "{}", '{"type":'))))
+    if rng.random() < 0.6:
+        frames.append(("text", json.dumps({"type": "CloseStream"})) if rng.random() < 0.9 else ("binary", b""))
+        if rng.random() < 0.3:
+            frames.append(("binary", pcm[:640]))  # audio after CloseStream
+    return ListenScript(query, headers, tuple(frames), good_key=good_key, good_query=good_query,
+                        drop=rng.random() < 0.15)

@@ -396,7 +396,7 @@ def test_bench_fuzz_http_examples(capsys):
     result = json.loads(capsys.readouterr().out)
     http = result["http"]
     assert http["tried"] == 30 and http["crashes"] == 0 and http["ok"] and result["ok"]
-    assert set(http["by_target"]) == {"transcriptions", "models", "realtime"}
+    assert set(http["by_target"]) == {"transcriptions", "models", "realtime", "listen"}
     assert http["reference_runs"] >= 1 and http["others_affected"] == 0 and http["leaked_sessions"] == 0
 
 

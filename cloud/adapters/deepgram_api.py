@@ -660,8 +660,9 @@ class _Live:
                         await self.error(out.message, out.code)
         except StreamFailed as e:
             await self.error(e.message, e.code)
-            if not self.ws.closed:
-                await self.ws.close(code=1011, message=e.code.encode()[:120])
+            if not self.ws.closed:  # the server's fault: 1011; the client's (bad input, its limits): 1008
+                server = e.code in ("INTERNAL", "UNAVAILABLE", "UNKNOWN", "DATA_LOSS")
+                await self.ws.close(code=1011 if server else 1008, message=e.code.encode()[:120])
 
     async def _turn(self, ch: _Channel, t: Turn) -> None:
         e = t.turn
