@@ -150,7 +150,7 @@ class Ready(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., resume_after_seq: _Optional[int] = ..., last_final_segment: _Optional[int] = ..., keep_alive: _Optional[bool] = ..., word_timings: _Optional[bool] = ..., turn_events: _Optional[bool] = ...) -> None: ...
 
 class Transcript(_message.Message):
-    __slots__ = ("segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final", "seed", "event_seq", "from_finalize")
+    __slots__ = ("segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final", "seed", "event_seq", "from_finalize", "word_confidence")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_DELTA_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,7 @@ class Transcript(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     FROM_FINALIZE_FIELD_NUMBER: _ClassVar[int]
+    WORD_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
     segment_id: int
     committed_delta: str
     partial: str
@@ -173,7 +174,8 @@ class Transcript(_message.Message):
     seed: SessionSeed
     event_seq: int
     from_finalize: bool
-    def __init__(self, segment_id: _Optional[int] = ..., committed_delta: _Optional[str] = ..., partial: _Optional[str] = ..., stability: _Optional[float] = ..., start_s: _Optional[float] = ..., end_s: _Optional[float] = ..., language: _Optional[str] = ..., is_final: _Optional[bool] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., event_seq: _Optional[int] = ..., from_finalize: _Optional[bool] = ...) -> None: ...
+    word_confidence: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, segment_id: _Optional[int] = ..., committed_delta: _Optional[str] = ..., partial: _Optional[str] = ..., stability: _Optional[float] = ..., start_s: _Optional[float] = ..., end_s: _Optional[float] = ..., language: _Optional[str] = ..., is_final: _Optional[bool] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., event_seq: _Optional[int] = ..., from_finalize: _Optional[bool] = ..., word_confidence: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Turn(_message.Message):
     __slots__ = ("segment_id", "kind", "audio_s", "event_seq")

@@ -28,6 +28,10 @@ class TranscriptEvent:
     language: str
     is_final: bool
     from_finalize: bool = False
+    # on an item's final pass: each word of the item's text (whitespace-separated), its confidence
+    # (the mean probability the model gave the word's tokens: in the pass that committed each one);
+    # () where unknown (the vLLM decoder)
+    word_confidence: tuple[float, ...] = ()
 
     def as_dict(self) -> dict:
         """The JSON form (`harken stream --json`): exactly these nine keys."""

@@ -283,7 +283,8 @@ def transcript_to_proto(t: Transcript) -> pb.ServerMessage:
     e = t.event
     out = pb.Transcript(segment_id=e.segment_id, committed_delta=e.committed_delta, partial=e.partial,
                         stability=e.stability, start_s=e.start_s, end_s=e.end_s, language=e.language,
-                        is_final=e.is_final, event_seq=t.event_seq, from_finalize=e.from_finalize)
+                        is_final=e.is_final, event_seq=t.event_seq, from_finalize=e.from_finalize,
+                        word_confidence=list(e.word_confidence))
     if t.seed is not None:
         out.seed.CopyFrom(seed_to_proto(t.seed))
     return pb.ServerMessage(transcript=out)
@@ -315,7 +316,8 @@ def server_message_from_proto(msg: pb.ServerMessage) -> ServerMessage | None:
         t = msg.transcript
         event = TranscriptEvent(segment_id=t.segment_id, committed_delta=t.committed_delta, partial=t.partial,
                                 stability=t.stability, start_s=t.start_s, end_s=t.end_s, language=t.language,
-                                is_final=t.is_final, from_finalize=t.from_finalize)
+                                is_final=t.is_final, from_finalize=t.from_finalize,
+                                word_confidence=tuple(round(c, 4) for c in t.word_confidence))
         return Transcript(event, event_seq=t.event_seq, seed=seed_from_proto(t.seed))
     if kind == "word_timings":
         w = msg.word_timings

@@ -44,7 +44,7 @@ def reference(asr, audio):
 
     engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1))
     return [TranscriptEvent(e.segment_id, e.committed_delta, e.partial, float(np.float32(e.stability)),
-                            e.start_s, e.end_s, e.language, e.is_final)
+                            e.start_s, e.end_s, e.language, e.is_final, word_confidence=e.word_confidence)
             for e in stream_audio(audio, engine, SessionOptions(language="English"))]
 
 

@@ -321,7 +321,7 @@ def test_a_failing_session_does_not_affect_the_others(talkative_asr):
     bad = engine.session(sids[1])
     fault = RuntimeError("injected fault")
 
-    def broken(job, tokens):
+    def broken(job, tokens, *probs):
         raise fault
 
     bad.finish_job = broken  # the fault: this session's text handling blows up

@@ -89,10 +89,10 @@ def test_a_session_failing_in_the_engine_fails_alone_and_frees_its_slot(asr, pac
     finish_job = StreamSession.finish_job
     fault = RuntimeError("simulated fault in one session's processing")
 
-    def fragile(self, job, tokens):
+    def fragile(self, job, tokens, *probs):
         if self.state.options.context == "fail here" and self.state.events >= 2:
             raise fault
-        return finish_job(self, job, tokens)
+        return finish_job(self, job, tokens, *probs)
 
     monkeypatch.setattr(StreamSession, "finish_job", fragile)
 

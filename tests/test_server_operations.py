@@ -270,10 +270,10 @@ def test_a_session_failing_in_the_engine_gets_internal_while_the_others_carry_on
 
     finish_job = StreamSession.finish_job
 
-    def fragile(self, job, tokens):
+    def fragile(self, job, tokens, *probs):
         if self.state.options.context == "fail here" and self.state.events >= 2:
             raise RuntimeError("simulated fault in one session's processing")
-        return finish_job(self, job, tokens)
+        return finish_job(self, job, tokens, *probs)
 
     monkeypatch.setattr(StreamSession, "finish_job", fragile)
 

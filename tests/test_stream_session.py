@@ -111,11 +111,11 @@ def test_every_pass_equals_a_recompute_from_scratch(talkative_asr, agreement):
     passes = []
     finish = session.finish_job
 
-    def recording_finish(job, tokens):  # observe each pass as it completes (the model is untouched)
+    def recording_finish(job, tokens, *probs):  # observe each pass as it completes (the model is untouched)
         item = job.item
         passes.append((item.segment_id, item.first_frame, job.frames, job.budget, item.context,
                        list(item.committed), list(tokens)))
-        return finish(job, tokens)
+        return finish(job, tokens, *probs)
 
     session.finish_job = recording_finish
     events = []
@@ -314,3 +314,35 @@ def test_keyterms_set_mid_stream_take_effect_at_the_next_item_as_its_offline_con
     other = asr.transcribe((frames + 4.0) / 4.0, context=compose_context("meeting", first_text[-200:]),
                            limits=DecodeLimits())
     assert other.token_ids != list(finals[1].token_ids)  # the context did change what the model wrote
+
+
+@pytest.mark.parametrize("language", [None, "English"])
+def test_word_confidence_is_the_models_probability_of_its_tokens(talkative_asr, language):
+    """Each final's `word_confidence` is, per word of the item's text, the mean probability of the
+    word's tokens, as a cache-free teacher-forced forward over [prompt + the item's tokens] gives it
+    (independent of the engine's cache, batches and self-speculation). Tokens the final pass decides;
+    a token an update committed keeps the probability it had in that pass (less audio heard)."""
+    from harken.cloud.inference.commit import word_confidences
+    from harken.cloud.model.prompt import forced_language
+
+    for policy in (CommitPolicy(intermediate_commits=False, max_item_tokens=20, max_new_tokens_per_update=3),):
+        options = SessionOptions(language=language, context="hot words: harken", policy=policy)
+        segments = make_segments([3.3, 2.2], [0.2, 1.0], seed=31)
+        engine = Engine(talkative_asr, EngineConfig(max_sessions=1, slot_policy=policy))
+        events = run_alone(engine, options, segments, [37, 150])
+        texts = segment_texts(events)
+        tail = ""
+        for seg, fin in zip(segments, final_events(events)):
+            ids = list(fin.token_ids)
+            assert ids and len(fin.word_confidence) == len(texts[seg.segment_id].split())
+            context = compose_context(options.context, tail)
+            _, embeds = talkative_asr.prompt_embeddings((seg.frames + 4.0) / 4.0, language, context)
+            forced = torch.cat([embeds, talkative_asr.decoder.embed(torch.tensor(ids))])
+            with torch.no_grad():
+                logits = talkative_asr.decoder(forced[None])[0]  # every position, no cache
+            probs = torch.softmax(logits[embeds.shape[0] - 1:-1].float(), -1)[torch.arange(len(ids)), ids].tolist()
+            expected = word_confidences(talkative_asr.tokenizer.token_bytes, ids, probs, forced_language(language))
+            assert fin.word_confidence == pytest.approx(expected, abs=2e-4)
+            assert all(0.0 <= c <= 1.0 for c in fin.word_confidence)
+            piece = texts[seg.segment_id]
+            tail = (tail + (join_texts(tail, piece) + piece if piece else ""))[-policy.context_tail_chars:]

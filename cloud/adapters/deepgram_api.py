@@ -23,7 +23,9 @@ batches, as gRPC, WebRTC and OpenAI realtime): the text is harken's committed te
                            Configure); ConfigureSuccess
 
 Words: `word` / `punctuated_word` as harken writes them; `start` / `end` spread over the segment's
-span by their length (harken's own times need the aligner) and `confidence` 1.0 (not measured yet).
+span by their length (harken's own times need the aligner); `confidence` on finals the mean
+probability the model gave the word's tokens (harken's `word_confidence`), the alternative's their
+mean; interim words 1.0 (not scored before the final pass).
 Parameters harken has no use for are accepted and ignored; `docs/deepgram.md` has the table.
 Pre-recorded audio is read as `harken transcribe` reads a file: its offline pass.
 """
@@ -256,15 +258,18 @@ class AudioDecoder:
 
 # ---- the JSON messages --------------------------------------------------------------------------
 
-def words_of(transcript: str, start_s: float, end_s: float) -> list[dict]:
-    """Deepgram's word objects for `transcript` spread over [start_s, end_s] by character count."""
+def words_of(transcript: str, start_s: float, end_s: float, confidence: tuple[float, ...] = ()) -> list[dict]:
+    """Deepgram's word objects for `transcript` spread over [start_s, end_s] by character count,
+    each with its confidence (harken's per-word confidence where it has one for every word, else 1.0)."""
     tokens = transcript.split()
+    if len(confidence) != len(tokens):
+        confidence = (1.0,) * len(tokens)
     total = sum(len(t) for t in tokens) or 1
     span, at, out = max(0.0, end_s - start_s), start_s, []
-    for t in tokens:
+    for t, c in zip(tokens, confidence):
         end = at + span * len(t) / total
         out.append({"word": _WORD_EDGES.sub("", t).lower() or t.lower(), "start": round(at, 3), "end": round(end, 3),
-                    "confidence": 1.0, "punctuated_word": t})
+                    "confidence": c, "punctuated_word": t})
         at = end
     return out
 
@@ -279,6 +284,7 @@ def model_info(model_id: str) -> tuple[str, dict]:
 @dataclass
 class _Segment:
     text: str = ""  # committed so far
+    confidence: tuple[float, ...] = ()  # its words' confidence, from its items' final passes
     finalize_asked: bool = False  # a Finalize came while it was open: its final says from_finalize
     ended_at_s: float | None = None  # the VAD's utterance end (an UtteranceEnd follows the final)
 
@@ -677,6 +683,7 @@ class _Live:
         e = t.event
         seg = ch.segments.setdefault(e.segment_id, _Segment())
         seg.text += e.committed_delta
+        seg.confidence += e.word_confidence
         if not e.is_final:
             text = (seg.text + e.partial).strip()
             if self.params.interim_results and text:
@@ -688,19 +695,20 @@ class _Live:
         # it); from_finalize: a Finalize cut the segment, or came while its final was due
         await self.send(self._results(ch, e.start_s, e.end_s, seg.text.strip(), is_final=True,
                                       speech_final=self.params.endpointing and not e.from_finalize,
-                                      from_finalize=e.from_finalize or seg.finalize_asked))
+                                      from_finalize=e.from_finalize or seg.finalize_asked, confidence=seg.confidence))
         if self.params.utterance_end and seg.text.strip():
             last = seg.ended_at_s if seg.ended_at_s is not None else e.end_s
             await self.send({"type": "UtteranceEnd", "channel": [ch.index, len(self.channels)],
                              "last_word_end": round(min(last, e.end_s), 3)})
 
     def _results(self, ch: _Channel, start_s: float, end_s: float, transcript: str, is_final: bool,
-                 speech_final: bool, from_finalize: bool) -> dict:
+                 speech_final: bool, from_finalize: bool, confidence: tuple[float, ...] = ()) -> dict:
+        words = words_of(transcript, start_s, end_s, confidence)
+        overall = round(sum(w["confidence"] for w in words) / len(words), 4) if words else 0.0
         return {"type": "Results", "channel_index": [ch.index, len(self.channels)], "start": round(start_s, 3),
                 "duration": round(max(0.0, end_s - start_s), 3), "is_final": is_final, "speech_final": speech_final,
                 "from_finalize": from_finalize,
-                "channel": {"alternatives": [{"transcript": transcript, "confidence": 1.0 if transcript else 0.0,
-                                              "words": words_of(transcript, start_s, end_s)}]},
+                "channel": {"alternatives": [{"transcript": transcript, "confidence": overall, "words": words}]},
                 "metadata": {"request_id": self.request_id, "model_info": self.model_info,
                              "model_uuid": self.model_uuid}}
 

@@ -482,7 +482,7 @@ class ServerSession:
         out = Transcript(TranscriptEvent(segment_id=ev.segment_id, committed_delta=ev.committed_delta,
                                          partial=ev.partial, stability=ev.stability, start_s=ev.start_s,
                                          end_s=ev.end_s, language=ev.language, is_final=ev.is_final,
-                                         from_finalize=from_finalize),
+                                         from_finalize=from_finalize, word_confidence=ev.word_confidence),
                          event_seq=self.next_event_seq, seed=seed if ev.is_final else None)
         self.next_event_seq += 1
         self.events.append(out)

@@ -27,6 +27,7 @@ text already committed), so a degenerate answer with runs of >20 repeats keeps t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -245,3 +246,24 @@ def stability(hypothesis: Sequence[int], previous: Sequence[int] | None) -> floa
     if previous is None:
         return 0.0
     return common_prefix(hypothesis, previous) / len(hypothesis)
+
+
+def word_confidences(token_bytes: Callable[[int], bytes], tokens: Sequence[int], probs: Sequence[float],
+                     forced_language: str | None) -> tuple[float, ...]:
+    """The confidence of each word of an item's text (its whitespace-separated words after the
+    language header, as `ItemText` shows them): the mean probability of the tokens that make it up.
+    A token spanning two words counts for both."""
+    data, ends = b"", []
+    for t in tokens:
+        data += token_bytes(t)
+        ends.append(len(data.decode("utf-8", errors="replace")))
+    text = data.decode("utf-8", errors="replace")
+    body = 0
+    if not forced_language and ASR_TEXT in text and text.lstrip().startswith(HEADER_WORD):
+        body = text.index(ASR_TEXT) + len(ASR_TEXT)
+    out = []
+    for word in re.finditer(r"\S+", text[body:]):
+        a, b = word.start() + body, word.end() + body
+        covering = [p for p, start, end in zip(probs, [0, *ends[:-1]], ends) if start < b and end > a]
+        out.append(round(sum(covering) / len(covering), 4) if covering else 0.0)
+    return tuple(out)

@@ -46,7 +46,7 @@ import secrets
 import threading
 import time
 from typing import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -80,6 +80,11 @@ class TickFailed(RuntimeError):
 LOOP_WINDOW = 192
 
 
+def chosen_probabilities(logits: torch.Tensor, picked: torch.Tensor) -> list[float]:
+    """Each row's probability of its picked token (softmax in fp32): the words' confidence."""
+    return torch.softmax(logits.float(), dim=-1).gather(-1, picked.unsqueeze(-1)).squeeze(-1).tolist()
+
+
 @dataclass
 class _Running:
     sid: str
@@ -88,6 +93,7 @@ class _Running:
     slot: int
     tokens: list[int]
     held: int = 0  # decode steps it held still for live passes (`Engine._advance`)
+    probs: list[float] = field(default_factory=list)  # each token's probability as the model gave it
 
 
 class Engine:
@@ -375,18 +381,19 @@ class Engine:
         logits = prefill(self.asr.decoder, self.cache, slots, embeds, tails=[len(r.job.draft) + 1 for r in run])
         for r in run:
             r.session.prefilled(r.job)
-        greedy = logits.argmax(-1).tolist()
+        picked = logits.argmax(-1)
+        greedy, probs = picked.tolist(), chosen_probabilities(logits, picked)
         still: dict[str, _Running] = {}
         for r in run:
             k = len(r.job.draft)
-            if not self._verify(r, greedy[:k + 1]):
+            if not self._verify(r, greedy[:k + 1], probs[:k + 1]):
                 still[r.sid] = r
             else:
-                events += self._finish(r.sid, r.session, r.job, r.tokens)
-            del greedy[:k + 1]
+                events += self._finish(r.sid, r.session, r.job, r.tokens, r.probs)
+            del greedy[:k + 1], probs[:k + 1]
         return still, events
 
-    def _verify(self, r: _Running, greedy: list[int]) -> bool:
+    def _verify(self, r: _Running, greedy: list[int], probs: list[float]) -> bool:
         """Take the greedy tokens the prefill over the pass's draft settles
         (cloud/inference/speculation.py), each through `_done`, and cut the slot back to the
         positions they confirmed. Returns whether the pass is over."""
@@ -397,6 +404,7 @@ class Engine:
         taken, over = 0, False
         for t in greedy_prefix(greedy, draft):
             r.tokens.append(t)
+            r.probs.append(probs[taken])
             taken += 1
             over = self._done(r)
             if over:
@@ -418,7 +426,7 @@ class Engine:
         if cut is not None:
             keep = max(len(r.tokens) - (len(tail) - cut), 0)
             self._decoded(r.job, len(r.tokens) - keep)  # generated, then dropped: decode work all the same
-            del r.tokens[keep:]
+            del r.tokens[keep:], r.probs[keep:]
             self._truncated("loop")
             return True
         if len(r.tokens) >= r.job.budget:
@@ -437,11 +445,13 @@ class Engine:
         self.decoded_tokens += n
         self.decoded_by_pass["final" if job.final else "update"] += n
 
-    def _finish(self, sid: str, session: StreamSession, job: Job, tokens: list[int]) -> list:
+    def _finish(self, sid: str, session: StreamSession, job: Job, tokens: list[int],
+                probs: list[float] | None = None) -> list:
+        """`probs`: each token's probability (None: not known, e.g. from vLLM)."""
         self._decoded(job, len(tokens))
         with self._lock:
             try:
-                evs = session.finish_job(job, tokens)
+                evs = session.finish_job(job, tokens, probs)
             except Exception as e:  # noqa: BLE001
                 failed = e
             else:
@@ -576,11 +586,13 @@ class Engine:
                 running = [(key, r) for key, r in running if all(r is not h for h in held)]
         feed = torch.tensor([r.tokens[-1] for _, r in running], device=self.asr.device)
         logits = self._decode_step([r.slot for _, r in running], feed)
-        for (key, r), t in zip(running, logits.argmax(-1).tolist()):
+        picked = logits.argmax(-1)
+        for (key, r), t, p in zip(running, picked.tolist(), chosen_probabilities(logits, picked)):
             r.tokens.append(t)
+            r.probs.append(p)
             if self._done(r):
                 del flight[key]
-                events += self._finish(r.sid, r.session, r.job, r.tokens)
+                events += self._finish(r.sid, r.session, r.job, r.tokens, r.probs)
 
     def _abandon(self, flight: dict[str, _Running]) -> None:
         """A failed tick's passes in flight are dropped (the own decoder keeps nothing of them)."""

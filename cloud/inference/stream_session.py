@@ -46,7 +46,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from harken.cloud.inference.commit import (CommitPolicy, ItemText, compose_context, join_texts, stability)
+from harken.cloud.inference.commit import (CommitPolicy, ItemText, compose_context, join_texts, stability,
+                                           word_confidences)
 from harken.cloud.model.encoder import IncrementalEncoder, WindowRequest
 from harken.cloud.model.prompt import forced_language, prompt_text_parts
 from harken.shared.errors import HarkenError, StreamInputError, OutOfOrder
@@ -110,6 +111,7 @@ class AudioItem:
     stable_windows: int = 0  # completed windows whose KV the slot keeps
     boundary: int = 0  # frames covered by the last update
     committed: list[int] = field(default_factory=list)
+    committed_probs: list[float] | None = field(default_factory=list)  # None: a pass gave none (vLLM)
     previous: list[int] | None = None  # the last update's uncommitted tokens
     text: ItemText | None = None
     partial: str = ""
@@ -420,8 +422,9 @@ class StreamSession:
 
     # -- results ---------------------------------------------------------------------------------
 
-    def finish_job(self, job: Job, new_tokens: list[int]) -> list[EngineEvent]:
-        """Apply the tokens the pass decoded (an EOS at the end is dropped) and return its events."""
+    def finish_job(self, job: Job, new_tokens: list[int], probs: list[float] | None = None) -> list[EngineEvent]:
+        """Apply the tokens the pass decoded (an EOS at the end is dropped) and return its events.
+        `probs`: each token's probability (the final pass's event gets its words' confidence)."""
         item, st = job.item, self.state
         if new_tokens and new_tokens[-1] in self.asr.eos_ids:
             hyp = list(new_tokens[:-1])
@@ -438,6 +441,10 @@ class StreamSession:
             n = 0
         stab = _stability(hyp, item.previous, n)
         item.committed += hyp[:n]
+        if item.committed_probs is not None and probs is not None and len(probs) == len(new_tokens):
+            item.committed_probs += probs[:n]
+        elif n:
+            item.committed_probs = None
         item.previous = hyp[n:]
         assert item.text is not None  # set when the item starts
         view = item.text.update(hyp[:n], [] if job.final else hyp[n:], final=job.final)
@@ -463,8 +470,11 @@ class StreamSession:
                 st.final_segments += 1
                 resume = SessionSeed(seg.running_max_log10, st.context_tail, st.next_segment_id)
                 st.resume = resume
+            confidence = () if item.committed_probs is None else word_confidences(
+                self.asr.tokenizer.token_bytes, item.committed, item.committed_probs, st.forced_language)
             events.append(EngineEvent(item.segment_id, delta, "", 1.0, start_s, end_s,
-                                      item.language, is_final, resume=resume, token_ids=tuple(item.committed)))
+                                      item.language, is_final, word_confidence=confidence, resume=resume,
+                                      token_ids=tuple(item.committed)))
         elif delta or view.partial != item.partial:
             events.append(EngineEvent(item.segment_id, delta, view.partial, stab, start_s, end_s,
                                           item.language, False))
