@@ -256,3 +256,34 @@ def test_mulaw_stereo_multichannel_and_bad_input_over_a_bare_websocket(words_asr
     assert len(errors) == 2 and two[-1] == ("closed", 1000)  # not JSON, an unknown type; KeepAlive is fine
     assert statuses == {"key": (401, True), "rate": (400, True), "enc": (400, True)}
     assert protocol_ok
+
+
+def test_g711_tables_are_the_standards():
+    """mu-law and A-law decoding (telephony audio, `encoding=mulaw|alaw`) equal CPython's audioop
+    (the ITU-T G.711 reference, still in 3.11's standard library) for every byte."""
+    import warnings
+
+    from harken.cloud.adapters.deepgram_api import G711
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import audioop
+    every = bytes(range(256))
+    assert np.array_equal(G711["mulaw"], np.frombuffer(audioop.ulaw2lin(every, 2), "<i2"))
+    assert np.array_equal(G711["alaw"], np.frombuffer(audioop.alaw2lin(every, 2), "<i2"))
+
+
+def test_listen_parameters():
+    from harken.cloud.adapters.deepgram_api import ListenParams, ParamError
+    from multidict import MultiDict
+
+    p = ListenParams.parse(MultiDict([("encoding", "mulaw"), ("sample_rate", "8000"), ("language", "en-US"),
+                                      ("keyterm", "harken"), ("keyterm", "Qwen"), ("endpointing", "false"),
+                                      ("no_delay", "true"), ("totally_unknown", "x")]))
+    assert (p.encoding, p.sample_rate, p.language, p.keyterms, p.endpointing) == \
+        ("mulaw", 8000, "English", ("harken", "Qwen"), False)
+    assert p.context == "harken, Qwen" and ListenParams.parse({}).encoding is None
+    for bad in ({"encoding": "linear16"}, {"encoding": "opus", "sample_rate": "16000"}, {"channels": "9"},
+                {"interim_results": "perhaps"}, {"language": "klingon"}, {"sample_rate": "100"}):
+        with pytest.raises(ParamError):
+            ListenParams.parse(bad)
