@@ -103,6 +103,15 @@ def test_text_segments_and_subtitles_are_the_engines(server, reference):
     with SAMPLE.open("rb") as f:
         plain = client.audio.transcriptions.create(model=MODEL, file=f, language="en", response_format="text")
     assert plain.strip() == text
+    with SAMPLE.open("rb") as f:  # include=["logprobs"]: a log probability per word (harken's word confidence)
+        scored = client.audio.transcriptions.create(model=MODEL, file=f, language="en", include=["logprobs"])
+    import math
+
+    expected = [(w, math.log(c)) for e in reference if e.word_confidence
+                for w, c in zip(events_text([x for x in reference if x.segment_id == e.segment_id]).split()
+                                [-len(e.word_confidence):], e.word_confidence)]
+    assert scored.text == text and len(scored.logprobs) == len(expected) > 0
+    assert [(p.token, p.logprob) for p in scored.logprobs] == [(w, pytest.approx(lp, abs=1e-3)) for w, lp in expected]
 
 
 def test_streamed_deltas_add_up_to_the_text(server, reference):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -72,6 +73,7 @@ class Request:
     prompt: str
     response_format: str
     stream: bool
+    logprobs: bool = False  # `include[]=logprobs` (json): each word with its log probability
 
 
 class TranscriptionAPI:
@@ -189,7 +191,8 @@ class TranscriptionAPI:
         except HarkenError as e:
             raise ApiError(400, str(e).replace("context", "the prompt"), param="prompt") from e
         stream = fields.get("stream", "false").strip().lower() in ("true", "1")
-        return Request(audio, language, prompt, response_format, stream)
+        logprobs = "logprobs" in fields.get("include[]", "") or "logprobs" in fields.get("include", "")
+        return Request(audio, language, prompt, response_format, stream, logprobs)
 
     async def _parts(self, request, file_path: Path, fields: dict[str, str]) -> Path | None:
         """The form's parts: the file (to `file_path`, at most the upload limit) and the fields (as
@@ -323,7 +326,10 @@ def _response(req: Request, events: list):
         return web.Response(text=srt(cues) if req.response_format == "srt" else vtt(cues),
                             content_type="application/x-subrip" if req.response_format == "srt" else "text/vtt")
     if req.response_format == "json":
-        return web.json_response({"text": text.text}, dumps=_dumps)
+        body: dict[str, Any] = {"text": text.text}
+        if req.logprobs:  # per word, from the engine's word confidence (OpenAI gives them per token)
+            body["logprobs"] = _word_logprobs(events)
+        return web.json_response(body, dumps=_dumps)
     language = next((e.language for e in events if e.language), req.language or "")
     segments = [{"id": i, "seek": 0, "start": c.start_s, "end": c.end_s, "text": c.text, "tokens": [],
                  "temperature": 0.0, "avg_logprob": 0.0, "compression_ratio": 0.0, "no_speech_prob": 0.0}
@@ -331,6 +337,20 @@ def _response(req: Request, events: list):
     return web.json_response({"task": "transcribe", "language": language.lower(),
                               "duration": round(len(req.audio) / SAMPLE_RATE, 3), "text": text.text,
                               "segments": segments}, dumps=_dumps)
+
+
+def _word_logprobs(events: list) -> list[dict]:
+    """OpenAI's `logprobs` entries, a word each: an item's final event scores the item's words, the
+    last ones of its segment's text so far (`TranscriptEvent.word_confidence`)."""
+    texts: dict[int, str] = {}
+    out = []
+    for e in events:
+        texts[e.segment_id] = texts.get(e.segment_id, "") + e.committed_delta
+        if e.word_confidence:
+            words = texts[e.segment_id].split()[-len(e.word_confidence):]
+            out += [{"token": w, "logprob": round(math.log(max(c, 1e-12)), 4), "bytes": list(w.encode())}
+                    for w, c in zip(words, e.word_confidence)]
+    return out
 
 
 def _dumps(obj: Any) -> str:
