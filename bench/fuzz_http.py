@@ -195,18 +195,25 @@ class ServedHTTP:
 
     async def run_realtime(self, script: RealtimeScript, deadline_s: float = REQUEST_DEADLINE_S) -> tuple[str, list]:
         """Play one script; (its outcome, the server's events)."""
+        return await self._play(f"http://127.0.0.1:{self.port}/v1/realtime", script.headers, script.frames,
+                                script.drop, deadline_s)
+
+    async def _play(self, url: str, headers, frames, drop: bool, deadline_s: float) -> tuple[str, list]:
+        """One WebSocket session: connect, send `frames` while reading, then close (or drop the
+        connection); (how it ended, the server's messages). A refused upgrade: "HTTP <status>" (with
+        " without dg-error" on /v1/listen when the header is missing)."""
         import aiohttp
 
-        url = f"http://127.0.0.1:{self.port}/v1/realtime"
         events: list = []
         async with aiohttp.ClientSession() as http:
             try:
-                ws = await http.ws_connect(url, headers=dict(script.headers), max_msg_size=0)
+                ws = await http.ws_connect(url, headers=dict(headers), max_msg_size=0)
             except aiohttp.WSServerHandshakeError as e:
-                return f"HTTP {e.status}", events
+                missing = "/v1/listen" in url and not (e.headers and e.headers.get("dg-error"))
+                return f"HTTP {e.status}{' without dg-error' if missing else ''}", events
             reading = asyncio.ensure_future(_read_events(ws, events))
             closed_early = None
-            for kind, data in script.frames:
+            for kind, data in frames:
                 if reading.done():
                     closed_early = reading.result()
                     break
@@ -220,7 +227,7 @@ class ServedHTTP:
                 except (ConnectionError, RuntimeError) as e:  # the server closed the socket
                     closed_early = f"send failed: {type(e).__name__}"
                     break
-            if script.drop:  # no close frame: the session's connector closes the connection
+            if drop:  # no close frame: the session's connector closes the connection
                 reading.cancel()
                 await asyncio.gather(reading, return_exceptions=True)
                 return "DROPPED", events
@@ -260,40 +267,8 @@ class ServedHTTP:
     # ---- Deepgram's listen WebSocket ---------------------------------------------------------------
 
     async def run_listen(self, script: ListenScript, deadline_s: float = REQUEST_DEADLINE_S) -> tuple[str, list]:
-        import aiohttp
-
-        url = f"http://127.0.0.1:{self.port}/v1/listen?{script.query}"
-        events: list = []
-        async with aiohttp.ClientSession() as http:
-            try:
-                ws = await http.ws_connect(url, headers=dict(script.headers), max_msg_size=0)
-            except aiohttp.WSServerHandshakeError as e:
-                dg_error = bool(e.headers and e.headers.get("dg-error"))
-                return f"HTTP {e.status}{'' if dg_error else ' without dg-error'}", events
-            reading = asyncio.ensure_future(_read_events(ws, events))
-            closed_early = None
-            for kind, data in script.frames:
-                if reading.done():
-                    closed_early = reading.result()
-                    break
-                try:
-                    if kind == "wait":
-                        await asyncio.sleep(data)
-                    elif kind == "text":
-                        await ws.send_str(data)
-                    else:
-                        await ws.send_bytes(data)
-                except (ConnectionError, RuntimeError) as e:
-                    closed_early = f"send failed: {type(e).__name__}"
-                    break
-            if script.drop:
-                reading.cancel()
-                await asyncio.gather(reading, return_exceptions=True)
-                return "DROPPED", events
-            if closed_early is None and not reading.done():
-                await ws.close()
-            await asyncio.wait_for(reading, deadline_s)
-            return (closed_early or f"closed {ws.close_code}"), events
+        return await self._play(f"http://127.0.0.1:{self.port}/v1/listen?{script.query}", script.headers,
+                                script.frames, script.drop, deadline_s)
 
     async def check_listen(self, script: ListenScript) -> str:
         try:
