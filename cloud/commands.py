@@ -111,7 +111,7 @@ def _subtitles(audio: np.ndarray, asr, language: str | None, context: str, outpu
 
 
 def make_tiny_model_command(out_dir: str, seed: int = 0, vocab: str = "real", head: str = "tied",
-                            head_dim: int | None = None) -> int:
+                            head_dim: int | None = None, layers: int | None = None, hidden: int | None = None) -> int:
     """Write a tiny random checkpoint in the official format to `out_dir`."""
     from harken.cloud.model.tiny import make_tiny_model, tiny_config
 
@@ -121,9 +121,9 @@ def make_tiny_model_command(out_dir: str, seed: int = 0, vocab: str = "real", he
     if d.is_dir() and (d / "model.safetensors").exists():
         raise HarkenError(f"{d}: already holds a checkpoint; choose an empty or new directory")
     try:
-        cfg = tiny_config(head_dim)
+        cfg = tiny_config(head_dim, layers, hidden)
     except ValueError as e:
-        raise HarkenError(f"--head-dim: {e}") from e
+        raise HarkenError(f"--head-dim / --layers / --hidden: {e}") from e
     make_tiny_model(d, seed=seed, vocab=vocab, head=head, cfg=cfg)
     print(f"wrote a tiny random Qwen3-ASR checkpoint (seed {seed}, {vocab} vocabulary, {head} head) to {d}",
           file=sys.stderr)

@@ -154,7 +154,7 @@ def _dispatch(args: argparse.Namespace) -> int | None:
         from harken.cloud.commands import make_tiny_model_command
 
         return make_tiny_model_command(args.dir, seed=args.seed, vocab=args.vocab, head=args.head,
-                                       head_dim=args.head_dim)
+                                       head_dim=args.head_dim, layers=args.layers, hidden=args.hidden)
     if args.command == "bench" and args.bench == "model":
         from harken.bench.model import bench_model_command
 

@@ -131,6 +131,11 @@ def _make_tiny_model_parser(sub: Subparsers) -> None:
                         "for decode budgets and benchmarks)")
     s.add_argument("--head-dim", type=int, default=None,
                    help="attention head size (default 16; vLLM's kernels need 32 or more)")
+    s.add_argument("--layers", type=int, default=None,
+                   help="encoder and decoder layers (default 2); with --hidden, a model of negligible cost "
+                        "for measuring the host's work (harken bench load)")
+    s.add_argument("--hidden", type=int, default=None,
+                   help="encoder and decoder width (default 64; a multiple of two heads)")
 
 
 # synth-en's corpus sizes beside --utterances (`commands.CORPUS_FILES`): flag, default, what it is

@@ -496,3 +496,25 @@ def test_untied_head_is_loaded_from_lm_head(tmp_path):
     assert not asr.decoder.tied
     assert torch.equal(asr.decoder.lm_head.weight, stored["thinker.lm_head.weight"])
     assert torch.equal(asr.decoder.model.embed_tokens.weight, stored["thinker.model.embed_tokens.weight"])
+
+
+def test_make_tiny_model_with_layers_and_hidden_is_a_checkpoint_both_load_alike(tmp_path):
+    """`harken make-tiny-model DIR --layers 1 --hidden 32`: a model of negligible cost (for measuring
+    the host's work), still the official format: the official package loads it and reads a clip as
+    harken does; bad dims are one line on stderr."""
+    from qwen_asr import Qwen3ASRModel
+
+    d = tmp_path / "small"
+    out = run_cli("make-tiny-model", str(d), "--layers", "1", "--hidden", "32", "--vocab", "small")
+    assert out.returncode == 0, out.stderr
+    asr = Qwen3ASR.load(str(d), dtype="fp32", device="cpu")
+    assert asr.config.text.num_hidden_layers == asr.config.audio.encoder_layers == 1
+    assert asr.config.text.hidden_size == asr.config.audio.d_model == 32
+    off = Qwen3ASRModel.from_pretrained(str(d), dtype=torch.float32, max_new_tokens=MAX_NEW)
+    use_windowed_attention(off.model)
+    wav = noise(1.3, seed=5)
+    got = asr.transcribe(official_features(off, wav))
+    official = off.transcribe((wav, SR))[0]
+    assert (got.text, got.language) == (official.text, official.language)
+    bad = run_cli("make-tiny-model", str(tmp_path / "bad"), "--hidden", "40")
+    assert bad.returncode == 2 and "--hidden" in bad.stderr and "Traceback" not in bad.stderr

@@ -218,10 +218,24 @@ def write_tokenizer_files(out: str | Path, vocab: str = "real") -> None:
     _write_json(d / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
 
 
-def tiny_config(head_dim: int | None = None) -> Qwen3ASRConfig:
+def tiny_config(head_dim: int | None = None, layers: int | None = None, hidden: int | None = None) -> Qwen3ASRConfig:
     """The tiny dims every model test uses (config.py's preset); `head_dim` (a multiple of 8) other
-    than the preset's 16, with the MRoPE sections scaled to it: vLLM's kernels need head_dim >= 32."""
+    than the preset's 16, with the MRoPE sections scaled to it: vLLM's kernels need head_dim >= 32.
+    `layers` / `hidden`: the encoder's and the decoder's layer count and width (a model whose cost is
+    negligible beside the host's work, for `harken bench load --replay`): attention heads of
+    `head_dim`, half as many key-value heads, feed-forward layers twice as wide."""
     cfg = Qwen3ASRConfig.tiny()
+    if layers is not None or hidden is not None:
+        width = cfg.text.hidden_size if hidden is None else hidden
+        depth = cfg.text.num_hidden_layers if layers is None else layers
+        size = cfg.text.head_dim
+        if depth < 1 or width < 2 * size or width % (2 * size):
+            raise ValueError(f"layers >= 1 and hidden a multiple of {2 * size} (two heads of {size})")
+        heads = width // size
+        cfg = replace(cfg, audio=replace(cfg.audio, d_model=width, encoder_layers=depth, encoder_ffn_dim=2 * width,
+                                         output_dim=width, encoder_attention_heads=heads),
+                      text=replace(cfg.text, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=depth,
+                                   num_attention_heads=heads, num_key_value_heads=max(1, heads // 2)))
     if head_dim is None or head_dim == cfg.text.head_dim:
         return cfg
     if head_dim < 8 or head_dim % 8:
