@@ -80,6 +80,9 @@ class WerBenchOptions:
     rollback_tokens: int | None = None
     intermediate_commits: bool = True
     vad_min_silence_ms: int | None = None  # the stream paths' edge VAD (None: the edge's default)
+    agreement: str | None = None  # the stream paths' commit rule and its probabilities (None: the engine's)
+    confidence_prob: float | None = None
+    min_token_prob: float | None = None
 
     def vad_options(self):
         from harken.edge.vad import VadOptions
@@ -100,6 +103,9 @@ class WerBenchOptions:
                 policy = replace(policy, update_interval_s=self.update_interval_s)
             if self.rollback_tokens is not None:
                 policy = replace(policy, rollback_tokens=self.rollback_tokens)
+            for name in ("agreement", "confidence_prob", "min_token_prob"):
+                if getattr(self, name) is not None:
+                    policy = replace(policy, **{name: getattr(self, name)})
             return replace(policy, intermediate_commits=self.intermediate_commits)
         except ValueError as e:
             raise HarkenError(f"--update-interval / --rollback-tokens: {e}") from None
@@ -419,6 +425,10 @@ def bench_wer(options: WerBenchOptions, log=lambda s: None) -> dict:
                             "agreement": policy.agreement}
     if not policy.intermediate_commits:
         out["stream_policy"]["intermediate_commits"] = False
+    if policy.agreement == "confidence":
+        out["stream_policy"]["confidence_prob"] = policy.confidence_prob
+    if policy.min_token_prob:
+        out["stream_policy"]["min_token_prob"] = policy.min_token_prob
     if options.vad_min_silence_ms is not None:
         out["stream_policy"]["vad_min_silence_ms"] = options.vad_min_silence_ms
     out["n_timed_utterances"] = sum(1 for u in utterances if u.words is not None)

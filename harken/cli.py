@@ -201,7 +201,8 @@ def _dispatch(args: argparse.Namespace) -> int | None:
             model=args.model, held_set=args.held_set, n=args.n, paths=paths, language=args.language,
             realtime=not args.fast, device=args.device, dtype=args.dtype, concurrency=args.concurrency,
             update_interval_s=args.update_interval, rollback_tokens=args.rollback_tokens,
-            intermediate_commits=not args.no_intermediate_commits, vad_min_silence_ms=args.vad_min_silence_ms))
+            intermediate_commits=not args.no_intermediate_commits, vad_min_silence_ms=args.vad_min_silence_ms,
+            agreement=args.agreement, confidence_prob=args.confidence_prob, min_token_prob=args.min_token_prob))
     if args.command == "bench" and args.bench == "web":
         from harken.bench.web import WebBenchOptions, bench_web_command
 

@@ -34,6 +34,20 @@ def test_policy_rules():
     r = CommitPolicy(rollback_tokens=2, agreement="rollback-only")
     assert r.decide([1, 2, 3, 4, 5], None) == 3
     assert CommitPolicy(intermediate_commits=False).decide([1] * 9, [1] * 9) == 0
+
+
+def test_probability_rules():
+    sure = CommitPolicy(agreement="confidence", confidence_prob=0.9, rollback_tokens=1)
+    probs = [0.99, 0.95, 0.5, 0.99, 0.99]
+    assert sure.decide([1, 2, 3, 4, 5], None, probs) == 2  # one update suffices, up to the first doubt
+    assert sure.decide([1, 2, 3, 4, 5], None, [0.99] * 5) == 4  # never the last rollback_tokens
+    assert sure.decide([1, 2, 3], None, None) == 0  # unknown probabilities (vLLM): nothing
+    floor = CommitPolicy(min_token_prob=0.9, rollback_tokens=1)  # agreement, and no doubtful token
+    assert floor.decide([1, 2, 3, 4, 5], [1, 2, 3, 4, 5], probs) == 2
+    assert floor.decide([1, 2, 3, 4, 5], [1, 2, 3, 4, 5], [0.99] * 5) == 4
+    assert floor.decide([1, 2, 3, 4, 5], None, [0.99] * 5) == 0  # still needs the agreement
+    with pytest.raises(ValueError):
+        CommitPolicy(agreement="majority")
     with pytest.raises(ValueError):
         CommitPolicy(agreement="majority")
     assert CommitPolicy().cut_frames(800) == 2400  # 30 s -> the last 8-s boundary, 24 s

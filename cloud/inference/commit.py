@@ -11,7 +11,10 @@ hypothesis) into text that only ever grows:
 Rules (see `CommitPolicy.decide`):
 - "local-agreement" (default): commit the longest common prefix of this hypothesis and the previous
   one, but never any of the last `rollback_tokens` of this hypothesis;
-- "rollback-only" (what the official streaming does): commit all but the last `rollback_tokens`.
+- "rollback-only" (what the official streaming does): commit all but the last `rollback_tokens`;
+- "confidence": commit the longest prefix whose every token the model gave at least
+  `confidence_prob`, never any of the last `rollback_tokens` (one update suffices: no agreement).
+`min_token_prob` (any rule): never commit past a token the model gave less than this.
 Committed tokens are forced into the prompt afterwards, so they are never retracted; hence an
 intermediate commit never ends inside the language header, nor on one that says silence
 (`ItemText.committable`): the final pass decides those.
@@ -36,7 +39,7 @@ from harken.shared.text import join_texts  # noqa: F401  (the segment/item join 
 
 ASR_TEXT = "<asr_text>"
 HEADER_WORD = "language"
-AGREEMENT_RULES = ("local-agreement", "rollback-only")
+AGREEMENT_RULES = ("local-agreement", "rollback-only", "confidence")
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,8 @@ class CommitPolicy:
     segment_limit_s: float = 30.0
     context_tail_chars: int = 200
     limits: DecodeLimits = DecodeLimits()
+    confidence_prob: float = 0.95  # "confidence": a token commits from one update at this probability
+    min_token_prob: float = 0.0  # no rule commits past a token below this probability
 
     def __post_init__(self):
         if self.agreement not in AGREEMENT_RULES:
@@ -94,13 +99,23 @@ class CommitPolicy:
     def limit_frames(self) -> int:
         return round(self.segment_limit_s * 100)
 
-    def decide(self, hypothesis: Sequence[int], previous: Sequence[int] | None) -> int:
+    def decide(self, hypothesis: Sequence[int], previous: Sequence[int] | None,
+               probs: Sequence[float] | None = None) -> int:
         """How many leading tokens of `hypothesis` (the tokens decoded after the committed ones) to
         commit now. `previous` is the previous update's hypothesis, re-based after the tokens
-        committed since (None for the first update of an item)."""
+        committed since (None for the first update of an item); `probs` the probability the model
+        gave each token of `hypothesis` (None: unknown; the probability rules then commit nothing)."""
         if not self.intermediate_commits:
             return 0
         room = max(len(hypothesis) - self.rollback_tokens, 0)
+        if self.agreement == "confidence" or self.min_token_prob > 0:
+            if probs is None or len(probs) < len(hypothesis):
+                return 0
+            floor = self.confidence_prob if self.agreement == "confidence" else self.min_token_prob
+            sure = next((i for i, p in enumerate(probs[:len(hypothesis)]) if p < floor), len(hypothesis))
+            room = min(room, sure)
+            if self.agreement == "confidence":
+                return room
         if self.agreement == "rollback-only":
             return room
         if previous is None:

@@ -436,7 +436,8 @@ class StreamSession:
             n = len(hyp)
         elif job.commits:
             assert item.text is not None  # set when the item starts
-            n = item.text.committable(hyp, self.policy.decide(hyp, item.previous))
+            n = item.text.committable(hyp, self.policy.decide(hyp, item.previous,
+                                                              probs[:len(hyp)] if probs is not None else None))
         else:
             n = 0
         stab = _stability(hyp, item.previous, n)
