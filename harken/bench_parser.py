@@ -233,7 +233,7 @@ def _bench_wer_parser(bsub: Subparsers) -> None:
     b.add_argument("--rollback-tokens", type=int,
                    help="the stream path's commit policy: last tokens of a hypothesis never committed by "
                         "an update (default: the engine's, 5)")
-    b.add_argument("--agreement", choices=["local-agreement", "rollback-only", "confidence"],
+    b.add_argument("--agreement", choices=["local-agreement", "rollback-only", "confidence", "agreement-or-confidence"],
                    help="the stream paths' commit rule (default: the engine's, local-agreement; confidence: "
                         "tokens the model gave at least --confidence-prob commit from one update)")
     b.add_argument("--confidence-prob", type=float, help="the confidence rule's probability (default 0.95)")

@@ -13,7 +13,8 @@ Rules (see `CommitPolicy.decide`):
   one, but never any of the last `rollback_tokens` of this hypothesis;
 - "rollback-only" (what the official streaming does): commit all but the last `rollback_tokens`;
 - "confidence": commit the longest prefix whose every token the model gave at least
-  `confidence_prob`, never any of the last `rollback_tokens` (one update suffices: no agreement).
+  `confidence_prob`, never any of the last `rollback_tokens` (one update suffices: no agreement);
+- "agreement-or-confidence": the longer of the two.
 `min_token_prob` (any rule): never commit past a token the model gave less than this.
 Committed tokens are forced into the prompt afterwards, so they are never retracted; hence an
 intermediate commit never ends inside the language header, nor on one that says silence
@@ -31,7 +32,7 @@ text already committed), so a degenerate answer with runs of >20 repeats keeps t
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 from harken.cloud.model.decode_limits import DecodeLimits
@@ -39,7 +40,7 @@ from harken.shared.text import join_texts  # noqa: F401  (the segment/item join 
 
 ASR_TEXT = "<asr_text>"
 HEADER_WORD = "language"
-AGREEMENT_RULES = ("local-agreement", "rollback-only", "confidence")
+AGREEMENT_RULES = ("local-agreement", "rollback-only", "confidence", "agreement-or-confidence")
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,11 @@ class CommitPolicy:
         if not self.intermediate_commits:
             return 0
         room = max(len(hypothesis) - self.rollback_tokens, 0)
+        if self.agreement == "agreement-or-confidence":
+            agreed = CommitPolicy.decide(replace(self, agreement="local-agreement"), hypothesis, previous, probs)
+            sure = CommitPolicy.decide(replace(self, agreement="confidence", min_token_prob=0.0), hypothesis, previous,
+                                       probs)
+            return max(agreed, sure)
         if self.agreement == "confidence" or self.min_token_prob > 0:
             if probs is None or len(probs) < len(hypothesis):
                 return 0
