@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: ship demo test typecheck test-gpu bench proto sysdeps venv clean web setup-vllm test-vllm setup-pipecat \
+.PHONY: ship demo test test-fast typecheck test-gpu bench proto sysdeps venv clean web setup-vllm test-vllm setup-pipecat \
 	train train-device device-carry pack-state bench-device
 
 $(STAMP): pyproject.toml Makefile
@@ -65,6 +65,14 @@ test: $(STAMP) sysdeps $(PIPECAT_STAMP)
 
 typecheck: $(STAMP)
 	$(PY) -m mypy
+
+# The unit tier, well under 3 minutes: the sans-IO session cores, the wire, codec and commit rules, the
+# edge's VAD and pipeline, the engine's sessions on tiny models; no server, no subprocess, no network.
+# `make test` runs these and everything else.
+UNIT_TESTS := server_session client_session commit entropy edge_wire wire_limits replay datachannel vad \
+	pipeline decode_limits speculation proto stream_session
+test-fast: $(STAMP)
+	$(PY) -m pytest -q $(patsubst %,tests/test_%.py,$(UNIT_TESTS))
 
 test-gpu: $(STAMP) sysdeps
 	$(PY) -m pytest -q -m gpu || test $$? -eq 5
