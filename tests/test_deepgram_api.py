@@ -73,20 +73,27 @@ def _reference(asr, pcm: np.ndarray, cut: int | None, context: str = "") -> list
     return [(texts[e.segment_id].strip(), e.from_finalize) for e in events if e.is_final]
 
 
+def _environment(port: int):
+    """Deepgram's SDK pointed at harken: v7 reads no base URL from the environment."""
+    from deepgram import DeepgramClientEnvironment
+
+    base = f"127.0.0.1:{port}"
+    return DeepgramClientEnvironment(base=f"http://{base}", production=f"ws://{base}", agent=f"ws://{base}",
+                                     agent_rest=f"http://{base}")
+
+
 async def _serving(asr, keys):
     return await start_server(asr, ServerOptions(host="127.0.0.1", port=0, http_port=0, api_keys=keys))
 
 
 def test_the_deepgram_sdk_streams_live_with_finalize_turns_and_close(words_asr, pcm, keys):
-    from deepgram import AsyncDeepgramClient, DeepgramClientEnvironment
+    from deepgram import AsyncDeepgramClient
     from deepgram.core.events import EventType
 
     async def main():
         server = await _serving(words_asr, keys)
         try:
-            base = f"127.0.0.1:{server.http_port}"
-            env = DeepgramClientEnvironment(base=f"http://{base}", production=f"ws://{base}",
-                                            agent=f"ws://{base}", agent_rest=f"http://{base}")
+            env = _environment(server.http_port)
             client = AsyncDeepgramClient(api_key=KEY, environment=env)
             got: list = []
             finalized = asyncio.Event()
@@ -139,7 +146,7 @@ def test_the_deepgram_sdk_streams_live_with_finalize_turns_and_close(words_asr, 
 
 def test_transcribe_file_is_harken_transcribes_text(words_asr, pcm, keys, tmp_path):
     import soundfile as sf
-    from deepgram import AsyncDeepgramClient, DeepgramClientEnvironment
+    from deepgram import AsyncDeepgramClient
 
     from harken.cloud.inference.offline import transcribe_audio
     from harken.edge.audio import load_audio
@@ -151,9 +158,7 @@ def test_transcribe_file_is_harken_transcribes_text(words_asr, pcm, keys, tmp_pa
     async def main():
         server = await _serving(words_asr, keys)
         try:
-            base = f"127.0.0.1:{server.http_port}"
-            env = DeepgramClientEnvironment(base=f"http://{base}", production=f"ws://{base}",
-                                            agent=f"ws://{base}", agent_rest=f"http://{base}")
+            env = _environment(server.http_port)
             client = AsyncDeepgramClient(api_key=KEY, environment=env)
             good = await client.listen.v1.media.transcribe_file(request=wav.read_bytes(), model="nova-3")
             bad = AsyncDeepgramClient(api_key="not-the-key-at-all", environment=env)
@@ -184,7 +189,7 @@ def _mulaw(x: np.ndarray) -> bytes:
 
 
 def test_mulaw_stereo_multichannel_and_bad_input_over_a_bare_websocket(words_asr, pcm, keys):
-    from harken.cloud.adapters.deepgram_api import G711
+    from harken.cloud.adapters.deepgram_request import G711
 
     import soxr
 
@@ -263,7 +268,7 @@ def test_g711_tables_are_the_standards():
     (the ITU-T G.711 reference, still in 3.11's standard library) for every byte."""
     import warnings
 
-    from harken.cloud.adapters.deepgram_api import G711
+    from harken.cloud.adapters.deepgram_request import G711
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -274,7 +279,7 @@ def test_g711_tables_are_the_standards():
 
 
 def test_listen_parameters():
-    from harken.cloud.adapters.deepgram_api import ListenParams, ParamError
+    from harken.cloud.adapters.deepgram_request import ListenParams, ParamError
     from multidict import MultiDict
 
     p = ListenParams.parse(MultiDict([("encoding", "mulaw"), ("sample_rate", "8000"), ("language", "en-US"),

@@ -84,7 +84,7 @@ class TokenGrants:
         """Deepgram's `POST /v1/auth/grant` (`{"ttl_seconds": N}` optional): an access token."""
         from aiohttp import web
 
-        from harken.cloud.adapters.deepgram_api import deepgram_metadata
+        from harken.cloud.adapters.deepgram_request import deepgram_metadata
 
         request_id = str(uuid.uuid4())
 

@@ -46,7 +46,6 @@ import secrets
 import threading
 import time
 from typing import Callable
-from dataclasses import dataclass, field
 
 import torch
 
@@ -59,6 +58,8 @@ from harken.cloud.model.decoder import decode_step, prefill
 from harken.cloud.model.kv_cache import KVCache
 from harken.cloud.model.static_decode import StaticDecodeStep
 from harken.cloud.inference.priority import MAX_DEFER_TICKS, MAX_HOLD_STEPS, RealTimeLead
+from harken.cloud.inference.decode_pass import Running as _Running
+from harken.cloud.inference.decode_pass import chosen_probabilities, pass_end
 from harken.cloud.inference.speculation import greedy_prefix
 from harken.cloud.inference.stream_session import Job, StreamSession, SessionOptions, EngineEvent
 from harken.shared.errors import Overloaded, SessionNotFound, StreamInputError
@@ -73,27 +74,6 @@ class TickFailed(RuntimeError):
     def __init__(self, events: list):
         super().__init__("engine tick failed")
         self.events = events
-
-
-# tokens the loop guard looks back over: longer than any run it lets through with the default
-# limits (it checks after every token, so a run is cut as soon as it qualifies)
-LOOP_WINDOW = 192
-
-
-def chosen_probabilities(logits: torch.Tensor, picked: torch.Tensor) -> list[float]:
-    """Each row's probability of its picked token (softmax in fp32): the words' confidence."""
-    return torch.softmax(logits.float(), dim=-1).gather(-1, picked.unsqueeze(-1)).squeeze(-1).tolist()
-
-
-@dataclass
-class _Running:
-    sid: str
-    session: StreamSession
-    job: Job
-    slot: int
-    tokens: list[int]
-    held: int = 0  # decode steps it held still for live passes (`Engine._advance`)
-    probs: list[float] = field(default_factory=list)  # each token's probability as the model gave it
 
 
 class Engine:
@@ -415,25 +395,13 @@ class Engine:
         return over
 
     def _done(self, r: _Running) -> bool:
-        """Whether a pass is over: EOS, a hallucination loop (cut back to its first copy: the
-        repeats are never committed), or its budget."""
-        if r.tokens and r.tokens[-1] in self.asr.eos_ids:
-            return True
-        limits = r.session.policy.limits
-        committed = r.job.item.committed
-        tail = committed[-LOOP_WINDOW:] + r.tokens if len(r.tokens) < LOOP_WINDOW else r.tokens[-LOOP_WINDOW:]
-        cut = limits.loop_cut(tail)
-        if cut is not None:
-            keep = max(len(r.tokens) - (len(tail) - cut), 0)
-            self._decoded(r.job, len(r.tokens) - keep)  # generated, then dropped: decode work all the same
-            del r.tokens[keep:], r.probs[keep:]
-            self._truncated("loop")
-            return True
-        if len(r.tokens) >= r.job.budget:
-            if r.job.audio_bound:
-                self._truncated("budget")
-            return True
-        return False
+        """Whether a pass is over (cloud/inference/decode_pass.py), counting the limits that end passes."""
+        end = pass_end(r, self.asr.eos_ids)
+        if end.dropped:
+            self._decoded(r.job, end.dropped)
+        if end.limit is not None:
+            self._truncated(end.limit)
+        return end.over
 
     def _truncated(self, reason: str) -> None:
         """A decode ended by a limit, not by the model (`reason` in decode_limits.TRUNCATION_REASONS)."""

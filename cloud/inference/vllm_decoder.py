@@ -37,7 +37,8 @@ from pathlib import Path
 
 import torch
 
-from harken.cloud.inference.engine import Engine, EngineConfig, EngineObserver, TickFailed, _Running, slot_tokens
+from harken.cloud.inference.decode_pass import Running as _Running
+from harken.cloud.inference.engine import Engine, EngineConfig, EngineObserver, TickFailed, slot_tokens
 from harken.cloud.model.decode_limits import DecodeLimits
 from harken.cloud.inference.stream_session import Job, StreamSession
 from harken.shared.errors import HarkenError
