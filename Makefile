@@ -1,6 +1,7 @@
 # Every target sets up .venv by itself: torch (CPU wheel, pinned) first, then harken with its extras,
-# installed editable as a plain .pth entry for the project root (compat mode; harken/edge, harken/cloud,
-# harken/shared and harken/proto are symlinks), which editors and type checkers follow.
+# installed editable in setuptools' default mode: an import hook for `harken` alone (the folders of the
+# tree reach it through the symlinks in harken/: edge, cloud, shared, proto, and in a checkout the lab's
+# bench and training and synth-en's weights), so no other top-level name is importable.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -13,7 +14,7 @@ TORCH := torch==2.13.0
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[edge,cloud,dev,train,scale]' --config-settings editable_mode=compat
+	$(PY) -m pip install -q -e '.[edge,cloud,dev,train,scale]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -70,7 +71,7 @@ typecheck: $(STAMP)
 # edge's VAD and pipeline, the engine's sessions on tiny models; no server, no subprocess, no network.
 # `make test` runs these and everything else.
 UNIT_TESTS := server_session client_session commit entropy edge_wire wire_limits replay datachannel vad \
-	pipeline decode_limits speculation proto stream_session
+	pipeline decode_limits speculation proto decoder_stream
 test-fast: $(STAMP)
 	$(PY) -m pytest -q $(patsubst %,tests/test_%.py,$(UNIT_TESTS))
 
@@ -118,7 +119,7 @@ bench: $(STAMP) sysdeps
 
 # synth-en across sessions (README "synth-en"): `make train` resumes training here in the background
 # (nice 19, its log in $(TRAIN_DIR)/train.log) from $(TRAIN_DIR)/state.pt, else from the warm-start
-# state committed in cloud/synth/warmstart/; `make pack-state` saves it back there (fp16 + zstd, at
+# state committed in lab/training/warmstart/; `make pack-state` saves it back there (fp16 + zstd, at
 # most 16 MB; commit it once a session).
 TRAIN_DIR ?= ../synth-run
 # --corpus-first: on a fresh machine the corpus (~80 min beside training) is built first with every
@@ -152,7 +153,7 @@ pack-state: $(STAMP)
 	$(VENV)/bin/harken train synth-en $(TRAIN_DIR) --pack
 
 # Ship (issue 25: when `harken eval` on the run's averaged checkpoint reads held-out WER <= 15%):
-# pack TRAIN_DIR/checkpoint into cloud/synth/synth-en.safetensors.zst + synth-en.json (fp16, zstd
+# pack TRAIN_DIR/checkpoint into synth_en/synth-en.safetensors.zst + synth-en.json (fp16, zstd
 # 19), the files `--model synth-en` unpacks.
 ship: $(STAMP)
 	$(VENV)/bin/python -m harken.cloud.model.shipped $(TRAIN_DIR)/checkpoint

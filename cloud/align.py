@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from harken.shared.errors import HarkenError
-from harken.shared.features_spec import SAMPLE_RATE
+from ..shared.errors import HarkenError
+from ..shared.features_spec import SAMPLE_RATE
 
 
 def read_text(text: str | None, text_file: str | None) -> str:
@@ -39,9 +39,9 @@ def align_command(input_path: str, text: str | None = None, text_file: str | Non
                   as_json: bool = False, device: str | None = None, dtype: str | None = None,
                   progress: bool | None = None) -> int:
     """Align `text` to the audio file and print each word's start and end (seconds)."""
-    from harken.cloud.model.aligner import TINY_ALIGNER, Qwen3ForcedAligner, describe_words, split_words
-    from harken.edge.audio import load_audio, peak_normalize
-    from harken.edge.features import log_mel
+    from .model.aligner import TINY_ALIGNER, Qwen3ForcedAligner, describe_words, split_words
+    from ..edge.audio import load_audio, peak_normalize
+    from ..edge.features import log_mel
 
     transcript = read_text(text, text_file)
     words = split_words(transcript, language)  # Japanese / Korean refused before any work

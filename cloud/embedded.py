@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Literal, overload
 
 import numpy as np
 
-from harken.cloud.inference.engine import Engine, EngineConfig
-from harken.cloud.inference.stream_session import SessionOptions, EngineEvent
-from harken.shared.codec import DEFAULT_MODE
-from harken.shared.features_spec import SAMPLE_RATE
-from harken.shared.protocol import Configure, Finalize, model_context
-from harken.shared.transcript import TurnEvent
+from .inference.engine import Engine, EngineConfig
+from .inference.decoder_stream import SessionOptions, EngineEvent
+from ..shared.codec import DEFAULT_MODE
+from ..shared.features_spec import SAMPLE_RATE
+from ..shared.protocol import Configure, Finalize, model_context
+from ..shared.transcript import TurnEvent
 
 if TYPE_CHECKING:
-    from harken.edge.vad import VadOptions
+    from ..edge.vad import VadOptions
 
 PIECE_SECONDS = 0.1
 
@@ -60,8 +60,8 @@ def stream_pieces(pieces: Iterable[np.ndarray | Finalize | Configure], engine: E
     (word timings keep the segments' features with it). `turns`: the VAD's `TurnEvent`s too, each
     as soon as its packet is out (before the engine's events of that packet). `vad_options`: the edge
     VAD's (None: its defaults)."""
-    from harken.edge.pipeline import FeatureStream
-    from harken.edge.vad import VadOptions
+    from ..edge.pipeline import FeatureStream
+    from ..edge.vad import VadOptions
 
     seed = options.resume.running_max_log10 if options.resume is not None else float("-inf")
     edge = FeatureStream(vad_options or VadOptions(), mode=codec_mode, running_max_log10=seed)
@@ -113,11 +113,11 @@ def _drain(engine: Engine, sid: str) -> Iterator[EngineEvent]:
 def stream_file(path: str, model, options: SessionOptions = SessionOptions()) -> Iterator[EngineEvent]:
     """Stream an audio file (any format `load_audio` reads) through an in-process engine.
     `model` is a loaded `Qwen3ASR` or anything `Qwen3ASR.load` takes."""
-    from harken.edge.audio import load_audio, peak_normalize
+    from ..edge.audio import load_audio, peak_normalize
 
     audio = peak_normalize(load_audio(path))
     if isinstance(model, str):
-        from harken.cloud.model.asr import Qwen3ASR
+        from .model.asr import Qwen3ASR
 
         model = Qwen3ASR.load(model)
     engine = Engine(model, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
@@ -126,6 +126,6 @@ def stream_file(path: str, model, options: SessionOptions = SessionOptions()) ->
 
 def transcript_text(events: list[EngineEvent]) -> str:
     """All committed text of a stream, segments in order (joined as `shared.text` says)."""
-    from harken.shared.text import events_text
+    from ..shared.text import events_text
 
     return events_text(events)

@@ -23,23 +23,23 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from harken.cloud.auth import ApiKeys
-from harken.cloud.inference.commit import CommitPolicy
-from harken.cloud.errors import EngineFailed
-from harken.cloud.adapters.grpc_service import GRPC_RECEIVE_CEILING, SERVICE_NAME, TranscriptionService, service_handler
-from harken.cloud.adapters.logs import configure_logging
-from harken.cloud.metrics import MetricsEndpoint, ServerMetrics, serve_metrics
-from harken.cloud.hosting.server_session import SessionLimits
-from harken.cloud.hosting.session_table import SessionTable
-from harken.cloud.hosting.stream_handler import MAX_MESSAGE_BYTES, StreamHandler
-from harken.shared.errors import HarkenError
+from .base.auth import ApiKeys
+from .inference.commit import CommitPolicy
+from .base.errors import EngineFailed
+from .adapters.grpc_service import GRPC_RECEIVE_CEILING, SERVICE_NAME, TranscriptionService, service_handler
+from .adapters.logs import configure_logging
+from .base.metrics import MetricsEndpoint, ServerMetrics, serve_metrics
+from .hosting.server_session import SessionLimits
+from .hosting.session_table import SessionTable
+from .hosting.stream_handler import MAX_MESSAGE_BYTES, StreamHandler
+from ..shared.errors import HarkenError
 
 if TYPE_CHECKING:
     from grpc_health.v1 import health
 
-    from harken.cloud.inference.engine import Engine
-    from harken.cloud.inference.scheduler import Scheduler
-    from harken.cloud.adapters.webrtc import WebRTCEndpoint
+    from .inference.engine import Engine
+    from .inference.scheduler import Scheduler
+    from .adapters.webrtc import WebRTCEndpoint
 
 log = logging.getLogger("harken.server")
 
@@ -183,7 +183,7 @@ async def start_server(model, options: ServerOptions = ServerOptions(),
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
-    from harken.cloud.model.asr import Qwen3ASR
+    from .model.asr import Qwen3ASR
 
     keys = ApiKeys.load(options.api_keys) if options.api_keys else None
     credentials = _tls_credentials(options)
@@ -246,9 +246,9 @@ async def start_server(model, options: ServerOptions = ServerOptions(),
                                                  "idle_timeout_s": options.idle_timeout_s}})
     webrtc = None
     if options.http_port is not None:
-        from harken.cloud.adapters.webrtc import start_webrtc
+        from .adapters.webrtc import start_webrtc
 
-        from harken.cloud.adapters.openai_api import ApiLimits
+        from .adapters.openai_api import ApiLimits
 
         webrtc = await start_webrtc(handler, keys, options.host, options.http_port, options.cors_origins,
                                     ApiLimits(max_upload_bytes=options.max_upload_bytes,
@@ -287,9 +287,9 @@ async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = t
     """The engine (`asr`: a loaded `Qwen3ASR`) with its scheduler started, and an empty session
     table (timing grace periods and idle streams on `clock`), on the running event loop. With an
     aligner (`aligner` loaded, or `options.aligner` by name) the scheduler also times final words."""
-    from harken.cloud.inference.engine import EngineConfig
-    from harken.cloud.inference.scheduler import Scheduler
-    from harken.cloud.inference.vllm_decoder import engine_class
+    from .inference.engine import EngineConfig
+    from .inference.scheduler import Scheduler
+    from .inference.vllm_decoder import engine_class
 
     loop = asyncio.get_running_loop()
     metrics = ServerMetrics()
@@ -321,8 +321,8 @@ async def _segment_aligner(asr, options: ServerOptions, aligner):
     """The scheduler's `SegmentAligner` (word timings), or None when the server has no aligner."""
     if aligner is None and options.aligner is None:
         return None
-    from harken.cloud.inference.word_timings import SegmentAligner
-    from harken.cloud.model.aligner import Qwen3ForcedAligner
+    from .inference.word_timings import SegmentAligner
+    from .model.aligner import Qwen3ForcedAligner
 
     if aligner is None:
         name = options.aligner
@@ -380,13 +380,13 @@ def serve_command(model: str, options: ServerOptions, device: str | None = None,
     """Load the model, serve until SIGINT/SIGTERM, shut down gracefully. Prints the addresses it
     listens on, one line each, once ready."""
     configure_logging()
-    from harken.cloud.model.asr import Qwen3ASR
+    from .model.asr import Qwen3ASR
 
     # bad key or certificate files fail now, not after a model load of minutes
     if options.api_keys:
         ApiKeys.load(options.api_keys)
     _tls_credentials(options)
-    from harken.cloud.inference.vllm_decoder import check_decoder
+    from .inference.vllm_decoder import check_decoder
 
     check_decoder(options.decoder)  # without vLLM: one line saying how to install it, before the load
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)
@@ -394,7 +394,7 @@ def serve_command(model: str, options: ServerOptions, device: str | None = None,
         log.warning("the tiny model has random weights: its transcripts are meaningless", extra={"fields": {}})
     aligner = None
     if options.aligner is not None:
-        from harken.cloud.model.aligner import TINY_ALIGNER, Qwen3ForcedAligner
+        from .model.aligner import TINY_ALIGNER, Qwen3ForcedAligner
 
         aligner = Qwen3ForcedAligner.load(options.aligner, dtype=dtype, device=device)
         if options.aligner == TINY_ALIGNER:

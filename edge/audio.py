@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from harken.shared.errors import AudioError
-from harken.shared.features_spec import SAMPLE_RATE
+from ..shared.errors import AudioError
+from ..shared.features_spec import SAMPLE_RATE
 
 
 def to_mono_16k(samples: np.ndarray, sample_rate: int) -> np.ndarray:

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from harken.shared.errors import AudioError, ModelError
-from harken.shared.features_spec import HOP_LENGTH, N_FFT, N_MELS, SAMPLE_RATE, normalize
+from ..shared.errors import AudioError, ModelError
+from ..shared.features_spec import HOP_LENGTH, N_FFT, N_MELS, SAMPLE_RATE, normalize
 
 DEFAULT_MODEL_PATH = Path(__file__).with_name("models") / "logmel.onnx"
 PAD = N_FFT // 2  # reflect padding at each end of a centred STFT

@@ -37,13 +37,13 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from harken.shared.front_end_checkpoint import FrontEndCheckpoint
-from harken.edge.features import StreamingLogMel, first_frame_from
-from harken.edge.vad import WINDOW_SAMPLES, SegmentEnd, SegmentStart, StreamingVad, VadOptions
-from harken.shared.codec import DEFAULT_MODE, MAX_PACKET_FRAMES, encode_frames
-from harken.shared.features_spec import DYNAMIC_RANGE_LOG10, HOP_LENGTH, N_MELS, SAMPLE_RATE, RunningMaxFloor
-from harken.shared.integrity import payload_crc32c
-from harken.shared.protocol import FeaturePacket as FeaturePacket  # the packet, one type on both sides
+from ..shared.front_end_checkpoint import FrontEndCheckpoint
+from .features import StreamingLogMel, first_frame_from
+from .vad import WINDOW_SAMPLES, SegmentEnd, SegmentStart, StreamingVad, VadOptions
+from ..shared.codec import DEFAULT_MODE, MAX_PACKET_FRAMES, encode_frames
+from ..shared.features_spec import DYNAMIC_RANGE_LOG10, HOP_LENGTH, N_MELS, SAMPLE_RATE, RunningMaxFloor
+from ..shared.integrity import payload_crc32c
+from ..shared.protocol import FeaturePacket as FeaturePacket  # the packet, one type on both sides
 
 VAD_WINDOW_MS = 32
 # Checkpoints lie on multiples of the log-mel hop and the VAD window (160 ms): there the stream's

@@ -40,8 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from harken.shared.errors import AudioError, HarkenError, ModelError
-from harken.shared.features_spec import SAMPLE_RATE
+from ..shared.errors import AudioError, HarkenError, ModelError
+from ..shared.features_spec import SAMPLE_RATE
 
 WINDOW_SAMPLES = 512  # 32 ms: the only window silero-vad accepts at 16 kHz
 CONTEXT_SAMPLES = 64  # the tail of the previous window the model sees before each window

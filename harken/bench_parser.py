@@ -75,7 +75,7 @@ def _bench_ray_parser(bsub: Subparsers) -> None:
     b = bsub.add_parser("ray", help="Ray Serve on this machine: throughput with 2 replicas vs 1, the proxy's latency",
                         description="Start a local Ray cluster; print ray_scaling (aggregate throughput with 2 "
                                     "replicas over 1) and proxy_p50_ms / proxy_p95_ms (update latency through "
-                                    "Serve's proxy minus an in-process server's). Definitions: bench/ray_scaling.py.")
+                                    "Serve's proxy minus an in-process server's). Definitions: lab/bench/ray_scaling.py.")
     b.add_argument("--streams", type=int, default=4, help="concurrent streams N (default 4)")
     b.add_argument("--seconds", type=float, default=10.0, help="audio per stream (default 10)")
     b.add_argument("--model", default="tiny", help="model of every replica (default tiny)")
@@ -89,7 +89,7 @@ def _bench_engine_load_parser(bsub: Subparsers) -> None:
                                     "precomputed packets paced in real time, at N = 1, 8, 16, 64, 128, 256, "
                                     "512 streams (more while the p95 holds): p50/p95 update and first-partial "
                                     "latency, memory per stream, batching gain, GPU-seconds per stream-hour, "
-                                    "the largest N with p95 update <= 300 ms (definitions: bench/engine_load.py).")
+                                    "the largest N with p95 update <= 300 ms (definitions: lab/bench/engine_load.py).")
     b.add_argument("--streams", default="1,8,16,64,128,256,512", help="levels N, comma-separated")
     b.add_argument("--no-more", action="store_true", help="only the listed levels (default: grow past them while "
                                                           "the p95 holds and the KV cache has room)")
@@ -120,7 +120,7 @@ def _bench_load_parser(bsub: Subparsers) -> None:
                         description="N concurrent SDK clients each stream S seconds of the bundled sample "
                                     "(tiled) in real time, 100 ms pieces; p50/p95 latency of updates, first "
                                     "partials and finals as the clients see them, errors by gRPC code, "
-                                    "realtime_ok (definitions: bench/load.py).")
+                                    "realtime_ok (definitions: lab/bench/load.py).")
     b.add_argument("--server", help="HOST:PORT of a harken server")
     b.add_argument("--self-serve", action="store_true",
                    help="start an in-process server (--model) on a free port (the default without --server)")
@@ -143,7 +143,7 @@ def _bench_load_parser(bsub: Subparsers) -> None:
 
 def _bench_fuzz_parser(bsub: Subparsers) -> None:
     b = bsub.add_parser("fuzz", help="fuzz the wire decoders and the served session: inputs tried, crashes",
-                        description="A seeded fuzzing run (bench/fuzz.py): codec payloads, wire "
+                        description="A seeded fuzzing run (lab/bench/fuzz.py): codec payloads, wire "
                                     "messages, data-channel frames (both sides) and whole streams through "
                                     "the served session (tiny model), beside a reference session whose "
                                     "transcript must not change. Prints tried, crashes, rejections_by_code, "
@@ -155,7 +155,7 @@ def _bench_fuzz_parser(bsub: Subparsers) -> None:
     b.add_argument("--concurrency", type=int, default=16, help="fuzzed streams in flight at once (default 16)")
     b.add_argument("--http-examples", type=int, default=0,
                    help="also this many requests and Realtime sessions against a served HTTP port's OpenAI "
-                        "endpoints (bench/fuzz_http.py; default 0)")
+                        "endpoints (lab/bench/fuzz_http.py; default 0)")
     b.add_argument("--model", default="tiny", help="model of the served session (default tiny)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
 
@@ -167,7 +167,7 @@ def _bench_soak_parser(bsub: Subparsers) -> None:
                                     "for --minutes; every --sample-s the process's RSS and the p50/p95 update "
                                     "latency of that minute. Prints samples, rss_growth_mb, "
                                     "rss_slope_mb_per_hour, p95_update_ms_first/last (definitions: "
-                                    "bench/soak.py).")
+                                    "lab/bench/soak.py).")
     b.add_argument("--minutes", type=float, default=30.0, help="wall minutes of streaming (default 30)")
     b.add_argument("--speed", type=float, default=1.0,
                    help="audio seconds handed over per wall second (default 1: real time)")
@@ -182,7 +182,7 @@ def _bench_soak_parser(bsub: Subparsers) -> None:
 
 def _bench_overload_parser(bsub: Subparsers) -> None:
     b = bsub.add_parser("overload", help="2x the admitted sessions, and clients trying to push others out",
-                        description="Three runs on fresh in-process servers (bench/overload.py): M users "
+                        description="Three runs on fresh in-process servers (lab/bench/overload.py): M users "
                                     "alone; M users while M more try to open streams again and again "
                                     "(RESOURCE_EXHAUSTED, and how fast); the same with an attacker key "
                                     "over-claiming frames, flooding 8 frames per byte and holding an idle "
@@ -213,7 +213,7 @@ def _bench_wer_parser(bsub: Subparsers) -> None:
                                     "in-process server + the SDK), served_audio (thin client), "
                                     "opus_{16,24,32} (Opus round trip, server-side features), webrtc (data "
                                     "channel). Prints wer_<path>, kbps_<path>, partial/commit_latency_p50/"
-                                    "p95_s, partial_churn, n_words (definitions: bench/wer.py).")
+                                    "p95_s, partial_churn, n_words (definitions: lab/bench/wer.py).")
     b.add_argument("--model", required=True,
                    help="checkpoint dir, Hugging Face id, 'tiny' or 'synth-en'")
     b.add_argument("--set", dest="held_set", default="held-out",
@@ -255,7 +255,7 @@ def _bench_web_parser(bsub: Subparsers) -> None:
                         description="An in-process server and the page in headless chromium (fake microphone "
                                     "playing the sample, then 10 s of quiet noise), features mode and Opus mode: "
                                     "features_kbps_speech/_silence, opus_kbps_speech/_silence, "
-                                    "features_max_abs_vs_python (definitions: bench/web.py).")
+                                    "features_max_abs_vs_python (definitions: lab/bench/web.py).")
     b.add_argument("--model", default="tiny", help="the server's model (default tiny)")
     b.add_argument("--input", help="speech WAV (default: the bundled sample)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from harken.bench_parser import _bench_parser
+from .bench_parser import _bench_parser
 
 DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
 DEFAULT_ALIGNER = "Qwen/Qwen3-ForcedAligner-0.6B"
@@ -198,11 +198,11 @@ def _train_parser(sub: Subparsers) -> None:
                         "100); a resumed run whose --lr or --lr-hold changed warms up to the new schedule")
     s.add_argument("--warmstart", default="repo", metavar="DIR",
                    help="where a run with no OUTDIR/state.pt starts: 'repo' (default: the state committed in "
-                        "cloud/synth/warmstart/, so training goes on across machines), a warm-start directory, "
+                        "lab/training/warmstart/, so training goes on across machines), a warm-start directory, "
                         "or 'none' (from scratch); with --pack, where to write")
     s.add_argument("--pack", action="store_true",
                    help="pack OUTDIR/state.pt and its evaluations into the warm-start files (bf16, zstd, at "
-                        "most 16 MB; cloud/synth/warmstart/ unless --warmstart DIR) and stop")
+                        "most 16 MB; lab/training/warmstart/ unless --warmstart DIR) and stop")
     s.add_argument("--time-limit", type=float, metavar="S",
                    help="stop after S seconds of training: evaluate, save the state (a lent GPU's call ends)")
     s.add_argument("--save-every", type=float, default=300.0, metavar="S",
@@ -261,7 +261,7 @@ def _eval_parser(sub: Subparsers) -> None:
     s.add_argument("--model", default="synth-en", help="checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' "
                                                         "(default synth-en)")
     s.add_argument("--set", dest="held_set", default="held-out",
-                   help="held-out (default) or a JSONL file of recipes: lines like cloud/synth/heldout.jsonl's, "
+                   help="held-out (default) or a JSONL file of recipes: lines like lab/training/heldout.jsonl's, "
                         "or a corpus shard's .jsonl (its training utterances, rendered again from their recipes)")
     s.add_argument("-n", type=int, help="only the first N utterances")
     s.add_argument("--language", help="force the language (a name or code: English, en, en-US)")

@@ -26,7 +26,7 @@ def generate(out_dir: Path) -> list[Path]:
     paths = [out_dir / name for name in OUTPUTS]
     grpc_stub = out_dir / "harken_pb2_grpc.py"
     # protoc writes an absolute-style import; the stubs live inside the harken.proto package
-    text = re.sub(r"^import harken_pb2 as", "from harken.proto import harken_pb2 as",
+    text = re.sub(r"^import harken_pb2 as", "from . import harken_pb2 as",
                   grpc_stub.read_text(), flags=re.M)
     grpc_stub.write_text(text)
     return paths

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from harken.proto import harken_pb2 as harken__pb2
+from . import harken_pb2 as harken__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

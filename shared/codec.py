@@ -49,10 +49,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from harken.shared.entropy import (N_CLASSES, BitReader, class_bit_costs, decode_symbols,
+from .entropy import (N_CLASSES, BitReader, class_bit_costs, decode_symbols,
                                     encode_symbols, min_body_bits)
-from harken.shared.errors import CodecError
-from harken.shared.features_spec import DYNAMIC_RANGE_LOG10, N_FFT, N_MELS, SAMPLE_RATE, slaney_mel_filters
+from .errors import CodecError
+from .features_spec import DYNAMIC_RANGE_LOG10, N_FFT, N_MELS, SAMPLE_RATE, slaney_mel_filters
 
 MODES = ("hifi", "balanced", "low")
 CODEC_NAME = "harken-mel/1"  # proto `Start.codec` for payloads of this module, wire format v1

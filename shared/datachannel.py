@@ -1,5 +1,5 @@
 """Writing to a WebRTC data channel (aiortc) with back-pressure: one copy for both sides
-(edge/webrtc_transport.py, cloud/adapters/webrtc.py).
+(edge/client/webrtc_client.py, cloud/adapters/webrtc.py).
 
 A data channel queues whatever is sent at once, however slow the network; a writer that waits
 while more than a high-water mark is queued backs a slow network up to itself instead of into

@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from harken.shared.errors import CodecError
+from .errors import CodecError
 
 N_CLASSES = 28
 CLASS_ZERO = 16  # the class whose levels have mean |level| 1

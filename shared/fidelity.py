@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harken.shared.features_spec import DYNAMIC_RANGE_LOG10
+from .features_spec import DYNAMIC_RANGE_LOG10
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harken.shared.integrity import payload_crc32c
+from .integrity import payload_crc32c
 
 MAGIC = b"HKFE"
 VERSION = 1

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harken.shared.features_spec import FRAMES_PER_SECOND
-from harken.shared.transcript import SPEECH_STARTED, UTTERANCE_END, SegmentTimings, TranscriptEvent, TurnEvent
+from .features_spec import FRAMES_PER_SECOND
+from .transcript import SPEECH_STARTED, UTTERANCE_END, SegmentTimings, TranscriptEvent, TurnEvent
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ import math
 import textwrap
 from dataclasses import dataclass
 
-from harken.shared.text import TranscriptText
-from harken.shared.transcript import SegmentTimings
+from .text import TranscriptText
+from .transcript import SegmentTimings
 
 LINE_CHARS = 42  # the usual broadcast limit per subtitle line
 

@@ -24,19 +24,19 @@ from collections.abc import Callable
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from harken.proto import harken_pb2 as pb
-from harken.shared.codec import (CODEC_NAME, MAX_FRAMES, MAX_FRAMES_PER_PAYLOAD_BYTE, decode_frames,
+from ..proto import harken_pb2 as pb
+from .codec import (CODEC_NAME, MAX_FRAMES, MAX_FRAMES_PER_PAYLOAD_BYTE, decode_frames,
                                  max_frames_for_payload)
-from harken.shared.errors import MalformedMessage, MessageTooLarge, OutOfOrder
-from harken.shared.features_spec import N_MELS
-from harken.shared.front_end_checkpoint import SIZE as FRONT_END_STATE_BYTES
-from harken.shared.front_end_checkpoint import FrontEndCheckpoint
-from harken.shared.integrity import payload_crc32c
-from harken.shared.protocol import (Ack, Audio, ClientMessage, Configure, End, FeaturePacket, Features, Finalize,
+from .errors import MalformedMessage, MessageTooLarge, OutOfOrder
+from .features_spec import N_MELS
+from .front_end_checkpoint import SIZE as FRONT_END_STATE_BYTES
+from .front_end_checkpoint import FrontEndCheckpoint
+from .integrity import payload_crc32c
+from .protocol import (Ack, Audio, ClientMessage, Configure, End, FeaturePacket, Features, Finalize,
                                     KeepAlive,
                                     Ready, ServerError, ServerMessage, SessionSeed, Start, Transcript, Turn,
                                     WordTimings)
-from harken.shared.transcript import SPEECH_STARTED, UTTERANCE_END, SegmentTimings, TimedWord, TranscriptEvent, TurnEvent
+from .transcript import SPEECH_STARTED, UTTERANCE_END, SegmentTimings, TimedWord, TranscriptEvent, TurnEvent
 
 # Checks a thin client's seeded front-end state against the server's own front end (ValueError if not)
 FrontEndCheck = Callable[[FrontEndCheckpoint], None]

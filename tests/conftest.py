@@ -39,7 +39,7 @@ def reference(asr, audio):
 
     from harken.cloud.embedded import stream_audio
     from harken.cloud.inference.engine import Engine, EngineConfig
-    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.inference.decoder_stream import SessionOptions
     from harken.shared.transcript import TranscriptEvent
 
     engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1))

@@ -49,7 +49,7 @@ def reference(asr, audio):
     """The in-process engine's events for `audio` (cloud/embedded.py)."""
     from harken.cloud.embedded import stream_audio
     from harken.cloud.inference.engine import Engine, EngineConfig
-    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.inference.decoder_stream import SessionOptions
 
     engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=POLICY))
     events = [_domain(e) for e in stream_audio(audio, engine, SessionOptions(language=LANGUAGE, policy=POLICY))]

@@ -117,7 +117,7 @@ def workloads(n: int, seed: int, english=lambda i: i % 3 == 2):
     """n sessions with different segment layouts, packet sizes, languages (`english(i)`: forced
     English, else detected) and contexts: (options, segments, packet sizes) each."""
     from harken.cloud.inference.commit import CommitPolicy
-    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.inference.decoder_stream import SessionOptions
 
     policy = CommitPolicy(max_item_tokens=10, max_new_tokens_per_update=4, rollback_tokens=2)
     out = []

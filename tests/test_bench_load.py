@@ -1,4 +1,4 @@
-"""`harken bench load` (bench/load.py): its timing bookkeeping and output contract.
+"""`harken bench load` (lab/bench/load.py): its timing bookkeeping and output contract.
 No timing thresholds: the figures are the benchmark's business, not the tests'."""
 
 from __future__ import annotations

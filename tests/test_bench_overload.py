@@ -1,4 +1,4 @@
-"""`harken bench overload` (bench/overload.py): its bookkeeping and output contract at a tiny
+"""`harken bench overload` (lab/bench/overload.py): its bookkeeping and output contract at a tiny
 scale (2 users, 3 s). No timing thresholds: the figures are the benchmark's business, not the tests'."""
 
 from __future__ import annotations

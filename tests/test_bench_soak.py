@@ -1,4 +1,4 @@
-"""`harken bench soak` (bench/soak.py): its bookkeeping and output contract at a tiny scale.
+"""`harken bench soak` (lab/bench/soak.py): its bookkeeping and output contract at a tiny scale.
 No timing or memory thresholds: the figures are the benchmark's business, not the tests'."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`harken bench stream` (bench/stream.py): its input, bookkeeping and output contract.
+"""`harken bench stream` (lab/bench/stream.py): its input, bookkeeping and output contract.
 No timing thresholds: the figures are the benchmark's business, not the tests'."""
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ import pytest
 
 from harken.bench.wer import (PATHS, AudioClock, WerBenchOptions, bench_wer, load_utterances, paced_pieces, run_served,
                               stream_timed)
-from harken.cloud.synth import speech
-from harken.cloud.synth.word_timing import WordTime, synthesize, word_ends, word_ends_dry
+from harken.training import speech
+from harken.training.espeak_word_ends import WordTime, synthesize, word_ends, word_ends_dry
 from harken.bench.word_latency import TimedEvent, final_latencies, finalize_latency, partial_churn, word_latencies
 from harken.shared.errors import HarkenError
 from harken.shared.transcript import TranscriptEvent
@@ -154,7 +154,7 @@ def test_final_and_finalize_latency_on_scripted_events():
 
 
 def test_a_finalize_request_goes_in_right_after_the_audio_up_to_its_time():
-    from harken.edge.front_end import FINALIZE
+    from harken.edge.client.front_end import FINALIZE
 
     clock, requested = AudioClock(), []
     audio = np.zeros(16000, np.float32)
@@ -179,7 +179,7 @@ def test_fake_clock_hands_pieces_over_at_their_capture_time():
 def test_bench_wer_runs_every_path(tmp_path):
     """Two short held-out utterances (a Piper one, an espeak-ng one) down every path with the tiny
     random model (its words mean nothing, so only the shape of the result is checked here)."""
-    from harken.cloud.synth import corpus
+    from harken.training import corpus
 
     lines = corpus.HELD_OUT_FILE.read_text(encoding="utf-8").splitlines()
     recipes = tmp_path / "two.jsonl"
@@ -208,7 +208,7 @@ def test_served_paths_read_the_same_at_any_concurrency(tmp_path, asr):
     must be what it is one at a time."""
     import asyncio
 
-    from harken.cloud.synth import corpus
+    from harken.training import corpus
 
     lines = corpus.HELD_OUT_FILE.read_text(encoding="utf-8").splitlines()
     recipes = tmp_path / "three.jsonl"
@@ -238,7 +238,7 @@ def test_the_stream_path_updates_on_the_policy_s_boundaries(tmp_path, asr):
     # every non-final event covers audio up to an update boundary of its item: whole multiples of
     # the interval from the segment's start (its items are shorter than the 30-s segment limit here)
     from harken.cloud.inference.commit import CommitPolicy
-    from harken.cloud.synth import corpus
+    from harken.training import corpus
 
     lines = corpus.HELD_OUT_FILE.read_text(encoding="utf-8").splitlines()
     recipes = tmp_path / "one.jsonl"
@@ -260,6 +260,6 @@ def _engine(asr, policy):
 
 
 def _options(policy):
-    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.inference.decoder_stream import SessionOptions
 
     return SessionOptions(language="English", policy=policy)

@@ -16,9 +16,9 @@ import random
 import numpy as np
 import pytest
 
-from harken.edge.client_session import (ClientOptions, ClientSession, Disconnect, InputState, ClientLifecycle, Retry,
+from harken.edge.client.session import (ClientOptions, ClientSession, Disconnect, InputState, ClientLifecycle, Retry,
                                         StreamProgress)
-from harken.edge.errors import (BufferOverflowError, ServerRejectedError, ServerUnavailableError,
+from harken.edge.client.errors import (BufferOverflowError, ServerRejectedError, ServerUnavailableError,
                                 TransportSecurityError)
 from harken.shared.codec import CODEC_NAME
 from harken.shared.protocol import (Ack, Audio, End, FeaturePacket, Features, Finalize, KeepAlive, Ready, ServerError,

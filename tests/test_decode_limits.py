@@ -13,7 +13,7 @@ from harken.cloud.model.asr import Qwen3ASR
 from harken.cloud.model.decode_limits import DecodeLimits, loop_cut
 from harken.cloud.model.tiny import make_tiny_model
 from harken.cloud.inference.engine import Engine, EngineConfig
-from harken.cloud.inference.stream_session import SessionOptions
+from harken.cloud.inference.decoder_stream import SessionOptions
 from streaming import item_tokens, make_segments, run_alone
 
 LIMITS = DecodeLimits()

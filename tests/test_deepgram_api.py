@@ -58,8 +58,8 @@ def _reference(asr, pcm: np.ndarray, cut: int | None, context: str = "") -> list
     """The in-process engine's final events for the same 16-bit samples (a finalize after `cut`)."""
     from harken.cloud.embedded import stream_pieces
     from harken.cloud.inference.engine import Engine, EngineConfig
-    from harken.cloud.inference.stream_session import SessionOptions
-    from harken.edge.front_end import FINALIZE
+    from harken.cloud.inference.decoder_stream import SessionOptions
+    from harken.edge.client.front_end import FINALIZE
 
     audio = pcm.astype(np.float32) / 32768.0
     pieces: list = [audio[i:i + 1600] for i in range(0, cut or audio.size, 1600)]

@@ -13,7 +13,7 @@ import zlib
 from pathlib import Path
 
 from harken.bench.engine_load_plot import _raster_plot
-from harken.cloud.synth import state as warm
+from harken.training import state as warm
 
 ROOT = Path(__file__).resolve().parents[1]
 CARRY_LIMIT = 60 * 2**20  # the device takes 64 MiB of working tree; keep a margin
@@ -90,7 +90,7 @@ def test_sample_features_without_soundfile(monkeypatch):
 
 def _fake_python(tmp_path: Path) -> Path:
     """A `PY` for bench.sh whose steps are stand-ins (no model runs): the tests and the model bench
-    pass at once; engine-load writes its JSON (indented, as bench/engine_load.py does after each
+    pass at once; engine-load writes its JSON (indented, as lab/bench/engine_load.py does after each
     level) and a plot into --out, then hangs until the step's cap kills it. Anything else is the
     real Python."""
     level = {"streams": 1, "ok": True, "p50_update_ms": 10.0, "p95_update_ms": 20.0, "p95_first_partial_ms": 5.0,

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harken.cloud.synth import corpus, speech
-from harken.cloud.synth import state as warm
+from harken.training import corpus, speech
+from harken.training import state as warm
 
 ROOT = Path(__file__).resolve().parents[1]
 CARRY = ROOT / ".device-carry"

@@ -14,7 +14,7 @@ from harken.cloud.inference.commit import CommitPolicy
 from harken.cloud.embedded import stream_audio, transcript_text
 from harken.cloud.inference.engine import Engine, EngineConfig, TickFailed
 from harken.cloud.inference.scheduler import Scheduler
-from harken.cloud.inference.stream_session import SessionOptions
+from harken.cloud.inference.decoder_stream import SessionOptions
 from harken.shared.errors import Overloaded
 from harken.shared.text import transcript_text as transcript_of
 from signals import concat, silence, speech, write_wav

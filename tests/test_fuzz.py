@@ -1,8 +1,8 @@
-"""bench/fuzz_targets.py and `harken bench fuzz`: hypothesis over the wire decoders and the served session.
+"""lab/bench/fuzz_targets.py and `harken bench fuzz`: hypothesis over the wire decoders and the served session.
 
-Hypothesis drives the random source of bench/fuzz_targets.py's generators (so failures shrink and replay);
+Hypothesis drives the random source of lab/bench/fuzz_targets.py's generators (so failures shrink and replay);
 plain binary and text come straight from hypothesis too. Every target raises `Crash` when a
-property breaks (see bench/fuzz_targets.py): a decoder's rejection that is not a HarkenError mapped to
+property breaks (see lab/bench/fuzz_targets.py): a decoder's rejection that is not a HarkenError mapped to
 INVALID_ARGUMENT, a stream that ends INTERNAL or hangs, a reference session beside the fuzzed ones
 whose transcript changes. The `slow` variants (run by `make bench`, beside `harken bench fuzz`)
 try many more examples.
@@ -92,7 +92,7 @@ def test_a_deeply_nested_text_frame_is_ignored_by_the_server_and_malformed_for_t
     assert fuzz.check_datachannel_server(text) == "OK"
     assert asyncio.run(fuzz.check_datachannel_client(text)) == "OK"  # the call ends INTERNAL, see below
 
-    from harken.edge.webrtc_transport import DataChannelCall
+    from harken.edge.client.webrtc_client import DataChannelCall
 
     call = DataChannelCall(fuzz._FakeDataChannel())
     call._on_message(text)
@@ -102,8 +102,8 @@ def test_a_deeply_nested_text_frame_is_ignored_by_the_server_and_malformed_for_t
 def test_a_message_the_client_cannot_parse_fails_the_call_with_internal():
     """DataChannelCall.read raised protobuf's DecodeError at the SDK's user; grpc.aio handed over
     None (and the SDK raised AttributeError). Both now fail the call with INTERNAL."""
-    from harken.edge.call import CallFailed, status_error
-    from harken.edge.grpc_faults import call_message
+    from harken.edge.client.call import CallFailed, status_error
+    from harken.edge.client.grpc_call import call_message
     from harken.shared.protocol import ServerError
 
     assert asyncio.run(fuzz.check_datachannel_client(b"\xff\xff")) == "INTERNAL"
@@ -251,7 +251,7 @@ def test_the_last_uint32_segment_id_is_invalid_argument_not_internal(served):
     assert lt.run(harness.leaked_sessions()) == 0
 
 
-# ---- the HTTP port's OpenAI endpoints (bench/fuzz_http.py) ---------------------------------------
+# ---- the HTTP port's OpenAI endpoints (lab/bench/fuzz_http.py) ---------------------------------------
 
 FEW_HTTP, MANY_HTTP = 40, 600
 

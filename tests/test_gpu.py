@@ -31,7 +31,7 @@ from harken.cloud.model.decoder import Qwen3Decoder, decode_step, prefill
 from harken.cloud.model.encoder import AudioEncoder, IncrementalEncoder
 from harken.cloud.model.kv_cache import KVCache
 from harken.cloud.model.static_decode import StaticDecodeStep
-from harken.cloud.inference.stream_session import SessionOptions
+from harken.cloud.inference.decoder_stream import SessionOptions
 from streaming import make_segments, run_alone, run_batched, talkative_tiny
 from streaming import workloads as _workloads
 

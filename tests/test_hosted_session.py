@@ -10,7 +10,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from harken.cloud.errors import IdleTimeout, Overloaded, SessionNotFound
+from harken.cloud.base.errors import IdleTimeout, Overloaded, SessionNotFound
 from harken.cloud.hosting.hosted_session import woken
 from harken.cloud.server import ServerOptions, start_core
 from harken.cloud.hosting.server_session import CLOSED_OK, ServerLifecycle
@@ -84,9 +84,9 @@ def test_a_session_failing_in_the_engine_fails_alone_and_frees_its_slot(asr, pac
     """The failed-session contract: the engine's exception reaches the session's stream as the
     session's end (the server sends it as INTERNAL), later streams get it too, its KV slot is
     freed, and a session beside it finishes with the full transcript."""
-    from harken.cloud.inference.stream_session import StreamSession
+    from harken.cloud.inference.decoder_stream import DecoderStream
 
-    finish_job = StreamSession.finish_job
+    finish_job = DecoderStream.finish_job
     fault = RuntimeError("simulated fault in one session's processing")
 
     def fragile(self, job, tokens, *probs):
@@ -94,7 +94,7 @@ def test_a_session_failing_in_the_engine_fails_alone_and_frees_its_slot(asr, pac
             raise fault
         return finish_job(self, job, tokens, *probs)
 
-    monkeypatch.setattr(StreamSession, "finish_job", fragile)
+    monkeypatch.setattr(DecoderStream, "finish_job", fragile)
 
     async def main():
         core = await start_core(asr, ServerOptions(max_sessions=2))

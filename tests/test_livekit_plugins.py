@@ -36,7 +36,7 @@ def test_livekits_deepgram_and_openai_plugins_transcribe_with_harken(words_asr, 
     from harken.cloud.embedded import stream_audio
     from harken.cloud.inference.engine import Engine, EngineConfig
     from harken.cloud.inference.offline import transcribe_audio
-    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.inference.decoder_stream import SessionOptions
 
     spec = importlib.util.spec_from_file_location("livekit_agent_stt", EXAMPLE)
     example = importlib.util.module_from_spec(spec)

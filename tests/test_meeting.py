@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from harken.cloud.server import ServerOptions, start_server
-from harken.edge import Meeting, MeetingLine  # the SDK names, as users import them
-from harken.edge.transport import ClientOptions, TranscriptionClient, audio_pieces
+from harken.edge.client import Meeting, MeetingLine  # the SDK names, as users import them
+from harken.edge.client.grpc_client import ClientOptions, TranscriptionClient, audio_pieces
 from signals import concat, silence, speech
 
 LANGUAGE = "English"  # forced: the random tiny model then writes text

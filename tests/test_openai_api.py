@@ -65,7 +65,7 @@ def reference():
     from harken.cloud.embedded import stream_audio
     from harken.cloud.inference.engine import Engine, EngineConfig
     from harken.cloud.model.asr import Qwen3ASR
-    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.inference.decoder_stream import SessionOptions
     from harken.edge.audio import load_audio, peak_normalize
 
     asr = Qwen3ASR.load(MODEL)
@@ -158,7 +158,7 @@ def test_realtime_transcription_session_is_harkens_stream(server):
     from harken.cloud.embedded import stream_audio
     from harken.cloud.inference.engine import Engine, EngineConfig
     from harken.cloud.model.asr import Qwen3ASR
-    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.inference.decoder_stream import SessionOptions
     from harken.edge.audio import load_audio, peak_normalize
 
     pcm = (np.clip(peak_normalize(load_audio(str(SAMPLE))), -1, 1) * 32767).astype("<i2")
@@ -278,7 +278,7 @@ def test_a_client_written_for_vllms_realtime_endpoint_works_unchanged(server):
     from harken.cloud.embedded import stream_audio
     from harken.cloud.inference.engine import Engine, EngineConfig
     from harken.cloud.model.asr import Qwen3ASR
-    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.inference.decoder_stream import SessionOptions
 
     asr = Qwen3ASR.load(MODEL)
     engine = Engine(asr, EngineConfig(max_sessions=1, max_batch=1))
@@ -297,7 +297,7 @@ def test_file_requests_past_the_lane_and_its_queue_get_429_with_retry_after(serv
     from harken.cloud.inference.engine import Engine, EngineConfig
     from harken.cloud.model.asr import Qwen3ASR
     from harken.cloud.adapters.openai_api import ApiLimits
-    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.inference.decoder_stream import SessionOptions
     from harken.edge.audio import load_audio, peak_normalize
 
     clip = tmp_path / "clip.wav"

@@ -38,8 +38,8 @@ def test_pipecats_deepgram_service_gets_a_finalized_transcript_from_harken(words
 
     from harken.cloud.embedded import stream_pieces
     from harken.cloud.inference.engine import Engine, EngineConfig
-    from harken.cloud.inference.stream_session import SessionOptions
-    from harken.edge.front_end import FINALIZE
+    from harken.cloud.inference.decoder_stream import SessionOptions
+    from harken.edge.client.front_end import FINALIZE
 
     if not PIPECAT_PY.exists():
         pytest.fail("no .venv-pipecat: run `make setup-pipecat` (make test does)")

@@ -1,5 +1,5 @@
 """cloud/ray_app: harken on Ray Serve — two replicas of the tiny model behind Serve's gRPC proxy,
-driven by the SDK (edge/transport.py) as any `harken serve` would be.
+driven by the SDK (edge/client/grpc_client.py) as any `harken serve` would be.
 
 What is checked: streams spread over both replicas, each transcript identical to the in-process
 engine's; a resume after a cut connection reaches the replica that holds its session (it is
@@ -22,9 +22,9 @@ import pytest
 import ray  # the scale extra (make installs it)
 
 from harken.cloud.server import ServerOptions  # noqa: E402
-from harken.edge import ClientOptions, TranscriptionClient  # noqa: E402
+from harken.edge.client import ClientOptions, TranscriptionClient  # noqa: E402
 from harken.edge.audio import peak_normalize  # noqa: E402
-from harken.edge.front_end import audio_pieces  # noqa: E402
+from harken.edge.client.front_end import audio_pieces  # noqa: E402
 from harken.shared.transcript import TranscriptEvent  # noqa: E402
 from faults import CuttingProxy  # noqa: E402
 from signals import concat, silence, speech  # noqa: E402

@@ -1,4 +1,4 @@
-"""The Phase-1 baseline (bench/reencode_baseline.py): what it decodes is checked against the model's own
+"""The Phase-1 baseline (lab/bench/reencode_baseline.py): what it decodes is checked against the model's own
 one-pass transcription and against a cache-free full recompute; its rollback against the rule.
 
 The model is a tiny random one built in memory (seeded torch init, the tiny checkpoint's

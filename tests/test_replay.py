@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harken.edge.replay import THIN_REPLAY_ALIGN, THIN_REPLAY_MAX_S, AudioBuffer, FeatureBuffer, align_down
+from harken.edge.client.replay import THIN_REPLAY_ALIGN, THIN_REPLAY_MAX_S, AudioBuffer, FeatureBuffer, align_down
 from harken.shared.protocol import Audio, FeaturePacket, Features, SessionSeed
 
 

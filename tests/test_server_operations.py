@@ -266,16 +266,16 @@ def test_a_session_failing_in_the_engine_gets_internal_while_the_others_carry_on
     """The fault (injected): one session's own processing raises inside the engine. Its stream
     ends INTERNAL (never hangs, whether attached then or later), its KV slot is freed, and a
     session beside it on the same server gets its full, correct transcript."""
-    from harken.cloud.inference.stream_session import StreamSession
+    from harken.cloud.inference.decoder_stream import DecoderStream
 
-    finish_job = StreamSession.finish_job
+    finish_job = DecoderStream.finish_job
 
     def fragile(self, job, tokens, *probs):
         if self.state.options.context == "fail here" and self.state.events >= 2:
             raise RuntimeError("simulated fault in one session's processing")
         return finish_job(self, job, tokens, *probs)
 
-    monkeypatch.setattr(StreamSession, "finish_job", fragile)
+    monkeypatch.setattr(DecoderStream, "finish_job", fragile)
 
     async def main():
         async with serving(asr) as server:

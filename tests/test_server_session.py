@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from harken.cloud.errors import MalformedMessage, OutOfOrder, SessionNotFound, ShuttingDown, Superseded
+from harken.cloud.base.errors import MalformedMessage, OutOfOrder, SessionNotFound, ShuttingDown, Superseded
 from harken.cloud.hosting.server_session import (ACK_EVERY, CLOSED_OK, ServerLifecycle, ServerSession, SessionLimits)
 from harken.shared.protocol import Audio, End, FeaturePacket, Features, Finalize, KeepAlive, SessionSeed, Start
 from harken.shared.transcript import TranscriptEvent

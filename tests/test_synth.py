@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from harken.cloud.synth import alignment, corpus, evaluation, speech, text
+from harken.training import alignment, corpus, evaluation, speech, text
 
 
 @pytest.fixture(scope="module")
@@ -172,9 +172,9 @@ def test_wordnet_texts_and_utterances_are_training_examples(split, tmp_path, mon
 def test_corpus_only_builds_every_kind_and_then_counts_as_complete(tmp_path):
     """`harken train synth-en OUT --corpus-only`: utterance, phrase and jumble shards, texts, jumble
     and prose texts without audio, prose utterances; the trainer's check then finds nothing left to build."""
-    from harken.cloud.synth import commands
-    from harken.cloud.synth.examples import corpus_shards
-    from harken.cloud.synth.options import TrainOptions
+    from harken.training import commands
+    from harken.training.examples import corpus_shards
+    from harken.training.options import TrainOptions
 
     sizes = {"utterances": 2, "phrases": 2, "texts": 2, "jumbles": 3, "jumble_texts": 2, "prose_texts": 2,
              "prose_utterances": 2, "wordnet_texts": 2, "wordnet_utterances": 2}
@@ -209,7 +209,7 @@ def test_corpus_plan_starts_every_kind_then_interleaves_them_in_proportion():
     """The builder's order: every file of every kind once, the first file of each kind first (the
     trainer starts on them), then each kind in proportion to its size all along (so a pool of
     workers always has every kind in hand and a trainer sees every kind grow)."""
-    from harken.cloud.synth import commands
+    from harken.training import commands
 
     sizes = {"utterances": 16000, "phrases": 8000, "jumbles": 8000, "texts": 20000, "jumble_texts": 20000,
              "prose_texts": 40500, "prose_utterances": 8000, "wordnet_texts": 40000, "wordnet_utterances": 4000}
@@ -283,7 +283,7 @@ def test_subset_vocabulary_loss_is_the_full_vocabulary_loss(tmp_path):
     from harken.cloud.model.prompt import build_prompt
     from harken.cloud.model.tiny import write_tokenizer_files
     from harken.cloud.model.tokenizer import Tokenizer
-    from harken.cloud.synth import train as T
+    from harken.training import train as T
 
     write_tokenizer_files(tmp_path / "ckpt", "real")
     tok = Tokenizer.from_dir(tmp_path / "ckpt")
@@ -319,7 +319,7 @@ def test_probed_attention_is_the_heads_real_attention():
     """The weights the guided-attention loss steers are the ones the head uses: weights @ values
     equals the layer's SDPA output for that head."""
     from harken.cloud.model.decoder import precompute_rope, rope_inv_freq
-    from harken.cloud.synth import train as T
+    from harken.training import train as T
 
     cfg = T.synth_en_config()
     model = T.Trainee(cfg, T.Vocab(list(range(100)), 151936), 10, seed=1).eval()
@@ -344,7 +344,7 @@ def test_guided_attention_loss_prefers_the_diagonal():
     """On the speech rows, attention on the diagonal scores lower than uniform attention, which
     scores lower than attention on the wrong end."""
     from harken.cloud.model.encoder import AudioEncoder
-    from harken.cloud.synth import train as T
+    from harken.training import train as T
 
     enc = AudioEncoder(T.tiny_train_config().audio)
     feats = torch.full((128, 400), -1.0)
@@ -390,7 +390,7 @@ def test_pseudo_rows_spell_the_phonemes_in_order():
     """Rows from text: two CTC slots a row, each phoneme one spike, blanks around; a row is the sum
     of its slots' embeddings, exactly as the match term builds the encoder's target."""
 
-    from harken.cloud.synth import train as T
+    from harken.training import train as T
 
     model = T.Trainee(T.tiny_train_config(), T.Vocab(list(range(50)), 151936), 12, seed=0)
     phones, words = [3, 5, 5, 7, 1, 12], [0, 3]
@@ -414,7 +414,7 @@ def test_pseudo_rows_spell_the_phonemes_in_order():
 def test_learning_rate_schedule_and_cooldown(tmp_path):
     """Warm-up, hold, 1/sqrt decay; a re-warm-up after a resume; `--cooldown N`: linear to 0 over
     the last N steps before --steps, the schedule untouched before them."""
-    from harken.cloud.synth.options import TrainOptions, learning_rate
+    from harken.training.options import TrainOptions, learning_rate
 
     plain = TrainOptions(corpus=Path("."), out=Path("."), steps=80_000, lr=1e-3, hold_steps=5000)
     cool = TrainOptions(corpus=Path("."), out=Path("."), steps=80_000, lr=1e-3, hold_steps=5000, cooldown=1000)
@@ -439,7 +439,7 @@ def test_text_batches_are_length_bucketed_uniform_draws():
     """Texts without audio come 16 a step, padded to the longest: bucketing within a draw of 8
     batches must fill the padded length far better than 16 texts at random, while each text is
     still drawn uniformly and texts added later are drawn too."""
-    from harken.cloud.synth.examples import TextExample, text_batches
+    from harken.training.examples import TextExample, text_batches
 
     rng = random.Random(0)
     lengths = [int(rng.paretovariate(1.5) * 20) for _ in range(400)]  # a long tail, as fortunes give
@@ -492,7 +492,7 @@ def test_train_smoke_resumes_and_writes_a_loadable_checkpoint(tmp_path):
     rows = [json.loads(line) for line in (out / "heldout-hyps.jsonl").read_text().splitlines()]
     held = corpus.read_held_out()[:3]
     assert [(d["step"], d["ref"], d["source"]) for d in rows] == [(3, u.recipe.text, u.source) for u in held]
-    from harken.cloud.synth.evaluation import wer
+    from harken.training.evaluation import wer
 
     assert round(wer([d["ref"] for d in rows], [d["hyp"] for d in rows]), 4) == log[-1]["heldout_wer"]
     assert (out / "curve.png").stat().st_size > 1000
@@ -533,7 +533,7 @@ def test_pieces_spell_every_training_text_exactly_with_few_tokens(tmp_path, spli
     tokenizer reads the model's output unchanged)."""
     from harken.cloud.model.tiny import write_tokenizer_files
     from harken.cloud.model.tokenizer import Tokenizer
-    from harken.cloud.synth.pieces import Pieces, choose
+    from harken.training.pieces import Pieces, choose
 
     write_tokenizer_files(tmp_path, "real")
     tok = Tokenizer.from_dir(tmp_path)
@@ -591,7 +591,7 @@ def test_losses_under_bf16_autocast_are_fp32_and_match_an_fp32_recompute():
     """Under bf16 autocast (the default on a CPU with bf16 units, and on CUDA) the matrix products
     run in bf16 but every softmax / log-sum-exp of the losses runs in fp32: each loss comes out
     fp32 and within bf16 rounding of the same losses computed wholly in fp32."""
-    from harken.cloud.synth import train as T
+    from harken.training import train as T
 
     model = T.Trainee(T.tiny_train_config(), T.Vocab(list(range(300)), 151936), 10, seed=5).eval()
     g = torch.Generator().manual_seed(1)
@@ -612,7 +612,7 @@ def test_losses_under_bf16_autocast_are_fp32_and_match_an_fp32_recompute():
 def test_batches_cover_each_utterance_once_in_shuffled_length_buckets():
     """`batches`: every utterance short enough once a pass (the Piper voice's `piper_repeat` times),
     each batch within its frame budget, and the batches of a chunk not in length order."""
-    from harken.cloud.synth.examples import Example, batches
+    from harken.training.examples import Example, batches
 
     rng = random.Random(0)
     lens = [rng.randint(100, 1500) for _ in range(1024)]
@@ -641,7 +641,7 @@ def test_spec_augment_masks_bands_and_stretches_with_the_utterance_mean():
     """`spec_augment`: every changed entry lies in one of at most two mel bands of <= F bins or
     one time stretch of <= T frames per 200 frames, takes the utterance's mean, and the rest is
     untouched; the same RNG state gives the same masks; F = T = 0 changes nothing."""
-    from harken.cloud.synth.examples import spec_augment
+    from harken.training.examples import spec_augment
 
     x = np.random.default_rng(0).normal(size=(128, 1000)).astype(np.float32)
     for seed in range(20):
@@ -670,7 +670,7 @@ def test_time_warp_changes_the_pace_monotonically_within_its_bounds():
     source frame to the last, as long as the drawn rates allow; with no local change, the steps
     are even and equal the drawn tempo; every value interpolates two neighbouring source frames;
     the same RNG state gives the same output; 0, 0 returns the frames unchanged."""
-    from harken.cloud.synth.examples import time_warp
+    from harken.training.examples import time_warp
 
     T = 1000
     ramp = np.tile(np.arange(T, dtype=np.float32), (128, 1))
@@ -699,7 +699,7 @@ def test_vocal_tract_warp_moves_a_formant_by_its_factor():
     """`warp_vocal_tract`: a formant (a peak across the mel bins) at frequency f comes out at
     f x the factor drawn from 1 +- warp, to within the spacing of the bins around it; every frame
     alike; 0 returns the frames unchanged."""
-    from harken.cloud.synth.examples import warp_vocal_tract
+    from harken.training.examples import warp_vocal_tract
     from harken.shared.features_spec import mel_centres_hz
 
     centres = mel_centres_hz()
@@ -721,8 +721,8 @@ def test_examples_know_the_piper_voice_from_their_shard(tmp_path):
     `batches` takes `piper_repeat` times a pass; espeak-ng voices are not marked."""
     from harken.cloud.model.tiny import write_tokenizer_files
     from harken.cloud.model.tokenizer import Tokenizer
-    from harken.cloud.synth.examples import load_examples, phone_table
-    from harken.cloud.synth.pieces import Pieces
+    from harken.training.examples import load_examples, phone_table
+    from harken.training.pieces import Pieces
 
     write_tokenizer_files(tmp_path / "tok", "real")
     tok = Tokenizer.from_dir(tmp_path / "tok")
@@ -757,7 +757,7 @@ def test_phoneme_error_decodes_the_phoneme_head_greedily():
     """`evaluation.phoneme_error`: a head that says blank everywhere deletes every phoneme (PER 1); one that
     says phoneme 4 in every slot writes a single 4 (repeats merge), so against [4, 4, 4] two of
     three are missing and against [4] nothing is."""
-    from harken.cloud.synth import train as T
+    from harken.training import train as T
 
     model = T.Trainee(T.tiny_train_config(), T.Vocab(list(range(50)), 151936), 10, seed=2).eval()
     feats = [np.random.default_rng(0).standard_normal((128, 300)).astype(np.float16)]

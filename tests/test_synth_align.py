@@ -1,4 +1,4 @@
-"""`harken train synth-align` (cloud/synth/align_train.py, align_targets.py): espeak-ng word spans as targets,
+"""`harken train synth-align` (lab/training/align_train.py, align_targets.py): espeak-ng word spans as targets,
 a toy-size run end to end (corpus, training, export in the official aligner layout, evaluation, resume)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from harken.cloud.model.aligner import Qwen3ForcedAligner, split_words
-from harken.cloud.synth import corpus
-from harken.cloud.synth.align_targets import word_spans
-from harken.cloud.synth.align_train import AlignTrainOptions, soft_targets, train_aligner
-from harken.cloud.synth.word_timing import word_ends
+from harken.training import corpus
+from harken.training.align_targets import word_spans
+from harken.training.align_train import AlignTrainOptions, soft_targets, train_aligner
+from harken.training.espeak_word_ends import word_ends
 
 
 def test_word_spans_start_before_they_end_and_end_where_word_timing_says():

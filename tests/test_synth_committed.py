@@ -1,7 +1,7 @@
 """synth-en's committed weights against the official qwen-asr package, on held-out speech.
 
-The weights are the ones this checkout carries: the shipped model (cloud/synth/synth-en.*) where it
-has it, else the training run's warm-start state (cloud/synth/warmstart/) exported as an
+The weights are the ones this checkout carries: the shipped model (lab/training/synth-en.*) where it
+has it, else the training run's warm-start state (lab/training/warmstart/) exported as an
 official-layout checkpoint, the way every evaluation of the run exports it. Unlike the tiny random
 checkpoints of test_asr.py, this model stops on its own and says real words, so the comparison runs
 over real transcripts of real length: harken's greedy decode gives the official package's tokens,
@@ -20,12 +20,12 @@ from official import official_generate, use_windowed_attention
 from harken.cloud.model.asr import Qwen3ASR
 from harken.cloud.model.decode_limits import DecodeLimits
 from harken.cloud.model.shipped import META_FILE, SHIPPED_DIR, ensure_synth_en
-from harken.cloud.synth import corpus, speech
-from harken.cloud.synth import state as warm
-from harken.cloud.synth.evaluation import export_state, wer
+from harken.training import corpus, speech
+from harken.training import state as warm
+from harken.training.evaluation import export_state, wer
 from harken.edge.features import log_mel
 
-# held-out utterances (cloud/synth/heldout.jsonl rows): meeting talk in Piper's voice and in three
+# held-out utterances (lab/training/heldout.jsonl rows): meeting talk in Piper's voice and in three
 # espeak-ng voices, and a Bible verse in Piper's voice, harder (where the model gets words wrong,
 # they must be the official package's wrong words too)
 MEETING = [1, 2, 5, 6]

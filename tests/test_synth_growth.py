@@ -1,4 +1,4 @@
-"""Growing synth-en's decoder (cloud/synth/growth.py): the grown model computes exactly what the
+"""Growing synth-en's decoder (lab/training/growth.py): the grown model computes exactly what the
 shallower one did, where the copies go, and what cannot be grown."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harken.cloud.synth import growth
-from harken.cloud.synth import train as T
+from harken.training import growth
+from harken.training import train as T
 from harken.shared.errors import HarkenError
 
 

@@ -1,6 +1,6 @@
 """The shipped synth-en model down the paths users take, on held-out speech: a broken path fails here.
 
-`harken bench wer` (bench/wer.py) on three held-out utterances, meeting talk in two espeak-ng
+`harken bench wer` (lab/bench/wer.py) on three held-out utterances, meeting talk in two espeak-ng
 accents and Piper's voice, with the model that `--model synth-en` loads: offline (the exact log-mel,
 one pass), stream (the in-process engine, 100 ms pieces; on the bench's audio clock, so no timing
 enters the test), stream_finalize (the same with a finalize request 0.2 s after the last word) and
@@ -17,9 +17,9 @@ import pytest
 
 from harken.bench.wer import WerBenchOptions, bench_wer
 from harken.cloud.model.shipped import META_FILE, SHIPPED_DIR
-from harken.cloud.synth import corpus
+from harken.training import corpus
 
-ROWS = [6, 21, 46]  # cloud/synth/heldout.jsonl: en-gb +m1, en-gb-x-rp +m5, piper-joe
+ROWS = [6, 21, 46]  # lab/training/heldout.jsonl: en-gb +m1, en-gb-x-rp +m5, piper-joe
 PATHS = ("offline", "stream", "stream_finalize", "served_features_balanced")
 MAX_WER = 0.15
 
@@ -27,7 +27,7 @@ MAX_WER = 0.15
 @pytest.fixture(scope="module")
 def result(tmp_path_factory, monkeypatch_module):
     if not (SHIPPED_DIR / META_FILE).exists():
-        pytest.fail("this checkout does not carry synth-en's shipped weights (cloud/synth/synth-en.*)")
+        pytest.fail("this checkout does not carry synth-en's shipped weights (lab/training/synth-en.*)")
     root = tmp_path_factory.mktemp("synth_paths")
     monkeypatch_module.setenv("HARKEN_CACHE", str(root / "cache"))  # unpacked afresh, as on a new machine
     lines = corpus.HELD_OUT_FILE.read_text(encoding="utf-8").splitlines()
@@ -68,7 +68,7 @@ def test_self_speculation_on_synth_en_decodes_the_same_with_fewer_steps(result, 
     # of each update's tokens are the previous update's uncommitted ones, which the prefill confirms
     from harken.bench.wer import AudioClock, load_utterances, stream_timed
     from harken.cloud.inference.engine import Engine, EngineConfig
-    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.inference.decoder_stream import SessionOptions
     from harken.cloud.model.asr import Qwen3ASR
 
     asr = Qwen3ASR.load("synth-en")
@@ -100,7 +100,7 @@ def test_a_one_window_segment_commits_its_own_offline_pass(result, tmp_path):
     from harken.bench.edge import run_stream
     from harken.cloud.inference.commit import CommitPolicy
     from harken.cloud.inference.engine import Engine, EngineConfig
-    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.inference.decoder_stream import SessionOptions
     from harken.cloud.model.asr import Qwen3ASR
     from harken.cloud.model.decode_limits import DecodeLimits
     from harken.bench.wer import load_utterances
@@ -141,10 +141,10 @@ def test_a_finalized_item_commits_its_own_offline_pass(result, tmp_path):
     from harken.cloud.embedded import stream_pieces
     from harken.cloud.inference.commit import CommitPolicy
     from harken.cloud.inference.engine import Engine, EngineConfig
-    from harken.cloud.inference.stream_session import SessionOptions
+    from harken.cloud.inference.decoder_stream import SessionOptions
     from harken.cloud.model.asr import Qwen3ASR
     from harken.cloud.model.decode_limits import DecodeLimits
-    from harken.edge.front_end import FINALIZE
+    from harken.edge.client.front_end import FINALIZE
     from harken.shared.codec import decode_frames
 
     asr = Qwen3ASR.load("synth-en")

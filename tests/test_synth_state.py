@@ -1,4 +1,4 @@
-"""synth-en's warm-start state (cloud/synth/state.py): the packed tensors are the bf16 values exactly
+"""synth-en's warm-start state (lab/training/state.py): the packed tensors are the bf16 values exactly
 (the fp16 of format 1 still reads),
 a damaged or oversized state is refused, and a tiny run resumed from a packed state carries its step,
 weights, audio seen and learning curve over; the average of a run's weights follows its recurrence."""
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harken.cloud.synth import commands
-from harken.cloud.synth import state as warm
+from harken.training import commands
+from harken.training import state as warm
 
 
 def _state(tensors: dict[str, torch.Tensor], step: int = 7) -> dict:
@@ -37,7 +37,7 @@ def test_pack_load_gives_the_16_bit_values_exactly(tmp_path, fmt, dtype):
         assert got["model"][name].dtype == torch.float32 and got["model"][name].shape == t.shape
         assert torch.equal(got["model"][name], t.to(dtype).float()), name
     # the byte planes compress better than the interleaved bytes do
-    from harken.cloud import zstd
+    from harken.cloud.base import zstd
 
     half = tensors["big"].to(dtype)
     raw = half.view(torch.uint8).numpy().tobytes()
@@ -76,7 +76,7 @@ def test_the_committed_state_fits_and_reads(tmp_path):
     """What the repo carries (if a session committed it): at most 16 MiB, and it loads."""
     meta = warm.read_meta()
     if meta is None:
-        pytest.fail("no warm-start state committed in cloud/synth/warmstart/ (make pack-state, then commit it)")
+        pytest.fail("no warm-start state committed in lab/training/warmstart/ (make pack-state, then commit it)")
     size = sum(p.stat().st_size for p in warm.WARMSTART_DIR.iterdir())
     assert size <= warm.MAX_BYTES
     got = warm.load()
@@ -169,8 +169,8 @@ def test_a_run_resumes_from_a_packed_state_with_its_step_weights_and_curve(tmp_p
 
 
 def test_a_tiny_run_refuses_a_synth_en_state(tmp_path):
-    from harken.cloud.synth.examples import Vocab
-    from harken.cloud.synth.train import Trainee, synth_en_config
+    from harken.training.examples import Vocab
+    from harken.training.train import Trainee, synth_en_config
 
     model = Trainee(synth_en_config(), Vocab(list(range(20)), 151936), 4, seed=0)
     warm.pack({"model": model.state_dict(), "step": 9, "vocab": list(range(20)), "phones": [("a", 1)]},
@@ -183,7 +183,7 @@ def test_a_tiny_run_refuses_a_synth_en_state(tmp_path):
 def test_the_weight_average_follows_its_recurrence_and_gives_the_weights_back():
     from torch import nn
 
-    from harken.cloud.synth.averaging import WeightAverage
+    from harken.training.averaging import WeightAverage
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4))

@@ -85,7 +85,7 @@ def rounded(root, original):
 
 @pytest.fixture(scope="module")
 def shipped(root, original):
-    """The directory `pack` wrote: what the repo carries in cloud/synth."""
+    """The directory `pack` wrote: what the repo carries in lab/training."""
     out = root / "shipped"
     pack(original, out, level=LEVEL)
     return out
@@ -180,7 +180,7 @@ def test_missing_shipped_files_are_one_clear_error(tmp_path, shipped, present):
     src.mkdir()
     for f in present:
         shutil.copy(shipped / f, src / f)
-    with pytest.raises(ModelError, match="synth-en weights are not in this checkout") as e:
+    with pytest.raises(ModelError, match="synth-en weights are not installed") as e:
         ensure_synth_en(source_dir=src, cache_root=tmp_path / "cache")
     assert "\n" not in str(e.value)
 
@@ -198,7 +198,7 @@ def test_model_synth_en_resolves_to_the_unpacked_cache(root, monkeypatch, shippe
 def test_model_synth_en_without_shipped_files_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(shipped_weights, "SHIPPED_DIR", tmp_path / "empty")
     monkeypatch.setenv("HARKEN_CACHE", str(tmp_path / "cache"))
-    with pytest.raises(ModelError, match="not in this checkout"):
+    with pytest.raises(ModelError, match="weights are not installed"):
         Checkpoint.open(SYNTH_EN)
 
 

@@ -1,4 +1,4 @@
-"""Short-lived, browser-safe tokens (cloud/auth.py `ApiKeys.grant`, cloud/adapters/tokens.py): granted
+"""Short-lived, browser-safe tokens (cloud/base/auth.py `ApiKeys.grant`, cloud/adapters/tokens.py): granted
 for an API key in OpenAI's shape (`POST /v1/realtime/transcription_sessions`: a client secret the
 `openai` package's realtime client connects with) and Deepgram's (`POST /v1/auth/grant`: an access
 token Deepgram's SDK sends as `bearer`, or a browser as the `token` subprotocol). A token works
@@ -13,8 +13,8 @@ import time
 import aiohttp
 import pytest
 
-from harken.cloud.auth import ApiKeys
-from harken.cloud.errors import Unauthenticated
+from harken.cloud.base.auth import ApiKeys
+from harken.cloud.base.errors import Unauthenticated
 
 KEY = "tk-harken-test-key-0123"
 
@@ -25,7 +25,7 @@ def bearer(token: str):
 
 def test_a_token_stands_for_its_key_until_it_expires(monkeypatch):
     now = [1000.0]
-    monkeypatch.setattr("harken.cloud.auth.time.time", lambda: now[0])
+    monkeypatch.setattr("harken.cloud.base.auth.time.time", lambda: now[0])
     keys = ApiKeys.parse(f"{KEY} alice\nother-key-456 bob\n")
     caller = keys.authenticate_key(bearer(KEY))
     token, expires = keys.grant(caller, 30.0, "ek_")

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from harken.edge.transport import (BufferOverflowError, ClientOptions, ServerRejectedError, ServerUnavailableError,
+from harken.edge.client.grpc_client import (BufferOverflowError, ClientOptions, ServerRejectedError, ServerUnavailableError,
                                    TranscriptionClient, TransportSecurityError, audio_pieces)
 from harken.shared.text import events_text
 from signals import silence, write_wav
@@ -90,7 +90,7 @@ def test_cli_stream_through_a_server(asr, audio, reference, tls_server_files, tm
     the embedded path's output, as JSON and as text."""
     import io
 
-    from harken.edge.commands import LiveView as EmbeddedView
+    from harken.commands.stream import LiveView as EmbeddedView
 
     cert, key, keys = tls_server_files
     wav = write_wav(tmp_path / "in.wav", audio, subtype="FLOAT")

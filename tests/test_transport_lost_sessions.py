@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from faults import CuttingProxy
-from harken.edge.replay import ReplayFilter
-from harken.edge.transport import ClientOptions, TranscriptionClient, audio_pieces
+from harken.edge.client.replay import ReplayFilter
+from harken.edge.client.grpc_client import ClientOptions, TranscriptionClient, audio_pieces
 from harken.shared.text import events_text
 from streaming import segment_texts
 from transport_helpers import LANGUAGE, _finals, collect, serving

@@ -15,7 +15,7 @@ import asyncio
 import pytest
 
 from faults import CuttingProxy
-from harken.edge.transport import ClientOptions, ServerUnavailableError, TranscriptionClient, audio_pieces
+from harken.edge.client.grpc_client import ClientOptions, ServerUnavailableError, TranscriptionClient, audio_pieces
 from harken.shared.text import events_text
 from streaming import segment_texts
 from transport_helpers import LANGUAGE, THIN, _finals, _frames_applied, applied, collect, live, serving

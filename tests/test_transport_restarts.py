@@ -20,7 +20,7 @@ import pytest
 
 from harken.cloud.server import ServerOptions, start_server
 from harken.edge.audio import peak_normalize
-from harken.edge.transport import ClientOptions, TranscriptionClient, audio_pieces
+from harken.edge.client.grpc_client import ClientOptions, TranscriptionClient, audio_pieces
 from harken.shared.text import events_text
 from signals import concat, noisy, silence, speech
 from streaming import segment_texts

@@ -15,8 +15,8 @@ import asyncio
 
 import pytest
 
-from harken.edge.front_end import FINALIZE
-from harken.edge.transport import ClientOptions, TranscriptEvent, TranscriptionClient, TurnEvent, audio_pieces
+from harken.edge.client.front_end import FINALIZE
+from harken.edge.client.grpc_client import ClientOptions, TranscriptEvent, TranscriptionClient, TurnEvent, audio_pieces
 from transport_helpers import LANGUAGE, THIN, serving
 from transport_helpers import audio  # module fixture: pytest finds it here
 
@@ -62,7 +62,7 @@ def test_the_sdk_finalizes_on_request_and_yields_turn_events(asr, audio, options
 
 
 def test_the_webrtc_client_gets_them_over_the_data_channel(asr, audio):
-    from harken.edge.webrtc_transport import WebRTCTranscriptionClient
+    from harken.edge.client.webrtc_client import WebRTCTranscriptionClient
 
     async def main():
         async with serving(asr, http_port=0) as server:

@@ -17,7 +17,7 @@ import pytest
 import webvtt
 
 from harken.cloud.model.aligner import split_words
-from harken.edge.transport import ClientOptions, SegmentTimings, TranscriptEvent, TranscriptionClient, audio_pieces
+from harken.edge.client.grpc_client import ClientOptions, SegmentTimings, TranscriptEvent, TranscriptionClient, audio_pieces
 from signals import write_wav
 from transport_helpers import LANGUAGE, REPO, THIN, serving
 from transport_helpers import audio  # module fixture: pytest finds it here
@@ -59,7 +59,7 @@ def test_the_sdk_yields_each_final_segments_timings_after_it(asr, audio, options
 
 
 def test_the_webrtc_client_gets_them_over_the_data_channel(asr, audio):
-    from harken.edge.webrtc_transport import WebRTCTranscriptionClient
+    from harken.edge.client.webrtc_client import WebRTCTranscriptionClient
 
     async def main():
         async with serving(asr, aligner="tiny", http_port=0) as server:

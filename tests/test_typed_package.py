@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 APP = """\
 from harken.cloud.inference.engine import Engine
-from harken.edge import ClientOptions, Meeting, TranscriptionClient
+from harken.edge.client import ClientOptions, Meeting, TranscriptionClient
 
 reveal_type(TranscriptionClient("localhost:50051"))
 reveal_type(ClientOptions())
@@ -103,9 +103,9 @@ def test_wheel_is_typed_for_an_application(tmp_path: Path) -> None:
     out = _mypy(app, python, tmp_path / "cache")
     revealed = re.findall(r'^app\.py:(\d+): note: Revealed type is "(.*)"$', out, re.M)
     assert revealed == [
-        ("4", "harken.edge.transport.TranscriptionClient"),
-        ("5", "harken.edge.client_session.ClientOptions"),
-        ("6", "harken.edge.meeting.Meeting"),
+        ("4", "harken.edge.client.grpc_client.TranscriptionClient"),
+        ("5", "harken.edge.client.session.ClientOptions"),
+        ("6", "harken.edge.client.meeting.Meeting"),
         ("10", "harken.cloud.inference.engine.Engine"),
     ], out
     errors = re.findall(r"^app\.py:(\d+): error: (.*)$", out, re.M)
@@ -134,7 +134,7 @@ def test_checkout_resolves_for_editors(tmp_path: Path) -> None:
     assert made.returncode == 0, made.stdout + made.stderr
     environment = jedi.create_environment(str(bare / "bin" / "python"), safe=False)
     code = ("from harken.cloud.inference.engine import Engine\n"
-            "from harken.edge import ClientOptions, Meeting, TranscriptionClient\n")
+            "from harken.edge.client import ClientOptions, Meeting, TranscriptionClient\n")
     script = jedi.Script(code, path=ROOT / "app.py", project=jedi.Project(ROOT),
                          environment=environment)
     found = {}
@@ -146,7 +146,7 @@ def test_checkout_resolves_for_editors(tmp_path: Path) -> None:
         found[definition.full_name] = Path(definition.module_path).resolve().relative_to(ROOT)
     assert found == {
         "harken.cloud.inference.engine.Engine": Path("cloud/inference/engine.py"),
-        "harken.edge.client_session.ClientOptions": Path("edge/client_session.py"),
-        "harken.edge.meeting.Meeting": Path("edge/meeting.py"),
-        "harken.edge.transport.TranscriptionClient": Path("edge/transport.py"),
+        "harken.edge.client.session.ClientOptions": Path("edge/client/session.py"),
+        "harken.edge.client.meeting.Meeting": Path("edge/client/meeting.py"),
+        "harken.edge.client.grpc_client.TranscriptionClient": Path("edge/client/grpc_client.py"),
     }

@@ -23,7 +23,7 @@ from streaming import EOS_ROW_NORM, IM_END_ID, floored_frames, item_tokens, make
 from harken.cli import main
 from harken.cloud.inference.engine import Engine, EngineConfig
 from harken.cloud.model.decode_limits import DecodeLimits
-from harken.cloud.inference.stream_session import SessionOptions
+from harken.cloud.inference.decoder_stream import SessionOptions
 
 vllm = pytest.mark.vllm
 
@@ -144,7 +144,7 @@ def test_served_stream_decoder_vllm_gives_the_own_transcript(asr32):
     and to the own engine; every segment's committed text and final are the same."""
     from harken.cloud.server import ServerOptions, start_server
     from harken.bench.load import sample_audio
-    from harken.edge.transport import ClientOptions, TranscriptionClient
+    from harken.edge.client.grpc_client import ClientOptions, TranscriptionClient
 
     audio = sample_audio()
 

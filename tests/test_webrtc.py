@@ -17,8 +17,8 @@ import pytest
 from harken.cloud.server import ServerOptions, start_server
 from harken.shared.errors import HarkenError
 from harken.edge.audio import peak_normalize
-from harken.edge.transport import ClientOptions, ServerRejectedError, TranscriptionClient
-from harken.edge.webrtc_transport import WebRTCTranscriptionClient
+from harken.edge.client.grpc_client import ClientOptions, ServerRejectedError, TranscriptionClient
+from harken.edge.client.webrtc_client import WebRTCTranscriptionClient
 from signals import concat, silence, speech
 from streaming import segment_texts
 
@@ -92,7 +92,7 @@ def test_opus_track_is_transcribed_by_the_servers_vad_and_features(asr, audio, k
     """Audio as a browser sends it: an Opus track (48 kHz), control over the data channel. The
     server decodes, resamples to 16 kHz and runs the thin-client front end: the same segments as
     the gRPC thin client finds in the PCM, within the codec's blur, and text from the model."""
-    from harken.edge.webrtc_transport import stream_opus
+    from harken.edge.client.webrtc_client import stream_opus
 
     async def main():
         server = await start_server(asr, ServerOptions(port=0, http_port=0, api_keys=keys_file))
@@ -156,7 +156,7 @@ def test_dropped_data_channels_resume_without_losing_frames(asr, audio):
     (so messages are in flight): each time the client resumes the same session on a new peer
     connection and resends what the server had not applied. The transcript is the one without
     faults; every message is applied exactly once; no frame is lost."""
-    from harken.edge.webrtc_transport import PeerConnectionChannel
+    from harken.edge.client.webrtc_client import PeerConnectionChannel
     from harken.shared.protocol import Start
 
     drops_at = [3, 5, 2, 4]  # the write after which each attempt's channel is dropped
@@ -307,8 +307,8 @@ def test_an_idle_data_channel_stream_is_reaped_like_a_grpc_one(asr):
     """A data channel that sends Start and then nothing, on a server of one session with a short
     idle timeout: the stream ends DEADLINE_EXCEEDED with its reason in the status message (the
     data channel runs the stream handler gRPC runs), and its slot is free for the next stream."""
-    from harken.edge.call import EOF, CallFailed
-    from harken.edge.webrtc_transport import PeerConnectionChannel
+    from harken.edge.client.call import EOF, CallFailed
+    from harken.edge.client.webrtc_client import PeerConnectionChannel
     from harken.shared.codec import CODEC_NAME
     from harken.shared.protocol import Ack, Ready, ServerError, Start
 

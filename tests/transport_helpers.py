@@ -19,7 +19,7 @@ import pytest
 
 from harken.cloud.server import ServerOptions, start_server
 from harken.edge.audio import peak_normalize
-from harken.edge.transport import ClientOptions, TranscriptEvent, TranscriptionClient, audio_pieces
+from harken.edge.client.grpc_client import ClientOptions, TranscriptEvent, TranscriptionClient, audio_pieces
 from signals import concat, silence, speech
 
 

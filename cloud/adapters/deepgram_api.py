@@ -48,17 +48,17 @@ from typing import Any
 
 import numpy as np
 
-from harken.cloud.adapters.deepgram_request import (AudioDecoder, ListenParams, ParamError, decode_file,
+from .deepgram_request import (AudioDecoder, ListenParams, ParamError, decode_file,
                                                    deepgram_metadata)
-from harken.cloud.auth import ApiKeys
-from harken.cloud.errors import Unauthenticated
-from harken.cloud.hosting.stream_handler import RequestQueue, StreamFailed, StreamHandler
-from harken.shared import wire
-from harken.shared.errors import HarkenError
-from harken.shared.features_spec import SAMPLE_RATE
-from harken.shared.protocol import (Ack, Audio, ClientMessage, Configure, End, Finalize, ServerError, Start,
+from ..base.auth import ApiKeys
+from ..base.errors import Unauthenticated
+from ..hosting.stream_handler import RequestQueue, StreamFailed, StreamHandler
+from ...shared import wire
+from ...shared.errors import HarkenError
+from ...shared.features_spec import SAMPLE_RATE
+from ...shared.protocol import (Ack, Audio, ClientMessage, Configure, End, Finalize, ServerError, Start,
                                     Transcript, Turn)
-from harken.shared.transcript import SPEECH_STARTED
+from ...shared.transcript import SPEECH_STARTED
 
 log = logging.getLogger("harken.deepgram")
 
@@ -191,7 +191,7 @@ class DeepgramListen:
             if max(c.size for c in channels) / SAMPLE_RATE > files.limits.max_audio_s:
                 raise _Refused(400, f"the audio is longer than this server takes ({files.limits.max_audio_s:.0f} s)",
                                "Bad Request")
-            from harken.cloud.inference.offline import transcribe_audio
+            from ..inference.offline import transcribe_audio
 
             asr = files.asr
             try:
@@ -244,7 +244,7 @@ class _Refused(Exception):
 
 
 def _language_code(name: str) -> str:
-    from harken.cloud.model.prompt import LANGUAGE_CODES
+    from ..model.prompt import LANGUAGE_CODES
 
     return next((code for code, n in LANGUAGE_CODES.items() if n == name), name.lower())
 
@@ -369,7 +369,7 @@ class _Live:
 
     async def _configure(self, message: dict, text: str) -> None:
         """Deepgram's Configure: its keyterms (a list of strings) from the next segment on."""
-        from harken.shared.wire import MAX_KEYTERM_CHARS, MAX_KEYTERMS
+        from ...shared.wire import MAX_KEYTERM_CHARS, MAX_KEYTERMS
 
         keyterms = message.get("keyterms", [])
         if not isinstance(keyterms, list) or not all(isinstance(k, str) for k in keyterms) \

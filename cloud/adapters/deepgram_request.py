@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harken.shared.errors import HarkenError
-from harken.shared.features_spec import SAMPLE_RATE
-from harken.shared.protocol import model_context
+from ...shared.errors import HarkenError
+from ...shared.features_spec import SAMPLE_RATE
+from ...shared.protocol import model_context
 
 ENCODINGS = ("linear16", "mulaw", "alaw")
 MAX_CHANNELS = 8
@@ -68,7 +68,7 @@ class ListenParams:
     @classmethod
     def parse(cls, query) -> ListenParams:
         """`query`: the request's (multi)dict. Unknown parameters are accepted and ignored."""
-        from harken.cloud.model.prompt import forced_language
+        from ..model.prompt import forced_language
 
         encoding = (query.get("encoding") or "").strip().lower() or None
         if encoding is not None and encoding not in ENCODINGS:
@@ -211,7 +211,7 @@ def decode_file(body: bytes, params: ListenParams) -> list[np.ndarray]:
     files are)."""
     import tempfile
 
-    from harken.edge.audio import load_audio, peak_normalize
+    from ...edge.audio import load_audio, peak_normalize
 
     if params.encoding is not None:
         decoder = AudioDecoder(params)

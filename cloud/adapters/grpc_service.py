@@ -15,8 +15,8 @@ from contextlib import aclosing
 
 import grpc
 
-from harken.cloud.hosting.stream_handler import MAX_MESSAGE_BYTES, StreamFailed, StreamHandler, status_name
-from harken.proto import harken_pb2, harken_pb2_grpc
+from ..hosting.stream_handler import MAX_MESSAGE_BYTES, StreamFailed, StreamHandler, status_name
+from ...proto import harken_pb2, harken_pb2_grpc
 
 SERVICE_NAME = harken_pb2.DESCRIPTOR.services_by_name["Transcription"].full_name
 

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from harken.shared.errors import HarkenError
+from ...shared.errors import HarkenError
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 DEFAULT_SERVICE = "harken.v1.Transcription"

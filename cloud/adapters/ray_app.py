@@ -34,12 +34,12 @@ from typing import Any
 
 import grpc
 
-from harken.cloud.auth import ApiKeys
-from harken.cloud.adapters.logs import configure_logging
-from harken.cloud.adapters.grpc_service import service_handler
-from harken.cloud.server import ServerOptions, ServingCore, start_core
-from harken.cloud.hosting.stream_handler import StreamFailed, StreamHandler
-from harken.shared.errors import HarkenError
+from ..base.auth import ApiKeys
+from .logs import configure_logging
+from .grpc_service import service_handler
+from ..server import ServerOptions, ServingCore, start_core
+from ..hosting.stream_handler import StreamFailed, StreamHandler
+from ...shared.errors import HarkenError
 
 APP_NAME = "harken"
 DEPLOYMENT_NAME = "TranscriptionReplica"
@@ -116,7 +116,7 @@ class TranscriptionReplica:
                        keys: ApiKeys | None = None, device: str | None = None, dtype: str | None = None):
         from ray import serve
 
-        from harken.cloud.model.asr import Qwen3ASR
+        from ..model.asr import Qwen3ASR
 
         configure_logging()
         if options.decode_threads < 1:

@@ -43,13 +43,13 @@ import uuid
 from contextlib import aclosing
 from typing import Any
 
-from harken.cloud.auth import ApiKeys, check_http
-from harken.cloud.errors import Unauthenticated
-from harken.cloud.hosting.stream_handler import RequestQueue, StreamFailed, StreamHandler
-from harken.shared import wire
-from harken.shared.codec import CODEC_NAME
-from harken.shared.protocol import Audio, ClientMessage, Configure, End, Finalize, ServerError, Start, Transcript, Turn
-from harken.shared.transcript import SPEECH_STARTED
+from ..base.auth import ApiKeys, check_http
+from ..base.errors import Unauthenticated
+from ..hosting.stream_handler import RequestQueue, StreamFailed, StreamHandler
+from ...shared import wire
+from ...shared.codec import CODEC_NAME
+from ...shared.protocol import Audio, ClientMessage, Configure, End, Finalize, ServerError, Start, Transcript, Turn
+from ...shared.transcript import SPEECH_STARTED
 
 REALTIME_PATH = "/v1/realtime"
 SERVER_CODES = ("INTERNAL", "UNAVAILABLE", "UNKNOWN", "DATA_LOSS")  # the server's fault; the others are the client's
@@ -306,7 +306,7 @@ class _Session:
                              "usage": {"type": "duration", "seconds": round(max(0.0, e.end_s - e.start_s), 3)}})
 
     async def _vllm_transcript(self, t: Transcript) -> None:
-        from harken.shared.text import transcript_text
+        from ...shared.text import transcript_text
 
         e = t.event
         if e.committed_delta:  # as a delta of the whole text: segments joined as transcript_text joins them
@@ -318,7 +318,7 @@ class _Session:
 
     async def vllm_done(self) -> None:
         """vLLM's end of a session: the whole text once the stream has ended after `final`."""
-        from harken.shared.text import transcript_text
+        from ...shared.text import transcript_text
 
         await self.send({"type": "transcription.done", "text": transcript_text(self.texts),
                          "usage": {"type": "duration", "seconds": 0}})

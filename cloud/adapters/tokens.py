@@ -6,7 +6,7 @@
 A server (or the app's backend) asks with its API key and hands the token to a browser page, which
 connects with it as with the key (`Authorization: Bearer TOKEN`, or Deepgram's `token` subprotocol)
 until it expires; then 401. A token is the key's for limits and sessions, says nothing about the key,
-and cannot grant tokens (cloud/auth.py `ApiKeys.grant`). On an open server (no `--api-keys`) a
+and cannot grant tokens (cloud/base/auth.py `ApiKeys.grant`). On an open server (no `--api-keys`) a
 token is granted too, and like any credential there, accepted.
 """
 
@@ -17,8 +17,8 @@ import secrets
 import time
 import uuid
 
-from harken.cloud.auth import OPEN_ACCESS, ApiKeys, Caller, http_metadata
-from harken.cloud.errors import Unauthenticated
+from ..base.auth import OPEN_ACCESS, ApiKeys, Caller, http_metadata
+from ..base.errors import Unauthenticated
 
 REALTIME_SESSIONS_PATH = "/v1/realtime/transcription_sessions"
 GRANT_PATH = "/v1/auth/grant"
@@ -84,7 +84,7 @@ class TokenGrants:
         """Deepgram's `POST /v1/auth/grant` (`{"ttl_seconds": N}` optional): an access token."""
         from aiohttp import web
 
-        from harken.cloud.adapters.deepgram_request import deepgram_metadata
+        from .deepgram_request import deepgram_metadata
 
         request_id = str(uuid.uuid4())
 

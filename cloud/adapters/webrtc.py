@@ -42,17 +42,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from harken.cloud.auth import ApiKeys, check_http
-from harken.cloud.errors import Unauthenticated
-from harken.cloud.hosting.stream_handler import RequestQueue, StreamFailed, StreamHandler
-from harken.shared import wire
-from harken.shared.datachannel import send_when_drained
-from harken.shared.protocol import Audio
+from ..base.auth import ApiKeys, check_http
+from ..base.errors import Unauthenticated
+from ..hosting.stream_handler import RequestQueue, StreamFailed, StreamHandler
+from ...shared import wire
+from ...shared.datachannel import send_when_drained
+from ...shared.protocol import Audio
 
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from harken.cloud.adapters.openai_api import ApiLimits, TranscriptionAPI
+    from .openai_api import ApiLimits, TranscriptionAPI
 
 log = logging.getLogger("harken.webrtc")
 
@@ -161,10 +161,10 @@ class WebRTCEndpoint:
         app.router.add_get("/", self._page)
         app.router.add_get(CONFIG_PATH, self._config)
         if self.api is not None:
-            from harken.cloud.adapters.realtime_api import RealtimeTranscription
+            from .realtime_api import RealtimeTranscription
 
-            from harken.cloud.adapters.deepgram_api import DeepgramListen
-            from harken.cloud.adapters.tokens import TokenGrants
+            from .deepgram_api import DeepgramListen
+            from .tokens import TokenGrants
 
             self.api.add_routes(app)
             RealtimeTranscription(self.handler, self.keys, self.api.model_id).add_routes(app)
@@ -367,7 +367,7 @@ async def start_webrtc(handler: StreamHandler, keys: ApiKeys | None, host: str, 
     (cloud/adapters/realtime_api.py) and Deepgram's /v1/listen (cloud/adapters/deepgram_api.py)."""
     api = None
     if api_limits is not None:
-        from harken.cloud.adapters.openai_api import api_for
+        from .openai_api import api_for
 
         api = api_for(handler, keys, api_limits)
     endpoint = WebRTCEndpoint(handler, keys, cors_origins=cors_origins, api=api)
@@ -381,7 +381,7 @@ __all__ = ["WebRTCEndpoint", "start_webrtc", "page_config", "OFFER_PATH", "CONFI
 def page_config(handler) -> dict:
     """`GET /v1/config`: the served model (`Qwen3ASR.describe()` of the engine's model) and the
     languages a stream can be forced to, by name and ISO 639 code."""
-    from harken.cloud.model.prompt import LANGUAGE_CODES, SUPPORTED_LANGUAGES
+    from ..model.prompt import LANGUAGE_CODES, SUPPORTED_LANGUAGES
 
     asr = getattr(getattr(getattr(getattr(handler, "table", None), "scheduler", None), "engine", None), "asr", None)
     describe = getattr(asr, "describe", None)

@@ -39,18 +39,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
-from harken.cloud.errors import MalformedMessage, OutOfOrder, SessionNotFound, ShuttingDown, Superseded
-from harken.shared.wire import MAX_SEGMENT_ID
-from harken.shared.front_end_checkpoint import FrontEndCheckpoint
-from harken.shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
-from harken.shared.protocol import (Audio, ClientMessage, Configure, End, FeaturePacket, Features, Finalize, KeepAlive,
+from ..base.errors import MalformedMessage, OutOfOrder, SessionNotFound, ShuttingDown, Superseded
+from ...shared.wire import MAX_SEGMENT_ID
+from ...shared.front_end_checkpoint import FrontEndCheckpoint
+from ...shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
+from ...shared.protocol import (Audio, ClientMessage, Configure, End, FeaturePacket, Features, Finalize, KeepAlive,
                                     LoggedEvent, SessionSeed, Start, Transcript, Turn, WordTimings)
-from harken.shared.transcript import UTTERANCE_END, SegmentTimings, TranscriptEvent, TurnEvent
+from ...shared.transcript import UTTERANCE_END, SegmentTimings, TranscriptEvent, TurnEvent
 
 if TYPE_CHECKING:
     import asyncio
 
-    from harken.cloud.inference.commit import CommitPolicy
+    from ..inference.commit import CommitPolicy
 
 SHUTDOWN_MESSAGE = "the server is shutting down: open segments were finalised"
 ACK_EVERY = 5  # messages between Acks (plus one on every segment end and every final event)

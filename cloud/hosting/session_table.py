@@ -10,11 +10,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 
-from harken.cloud.errors import IdleTimeout, NotYourSession, Overloaded, SessionNotFound, ShuttingDown
-from harken.cloud.metrics import ServerMetrics
-from harken.cloud.hosting.hosted_session import HostedSession, short_id
-from harken.cloud.hosting.server_session import SessionLimits
-from harken.shared.protocol import Start
+from ..base.errors import IdleTimeout, NotYourSession, Overloaded, SessionNotFound, ShuttingDown
+from ..base.metrics import ServerMetrics
+from .hosted_session import HostedSession, short_id
+from .server_session import SessionLimits
+from ...shared.protocol import Start
 
 log = logging.getLogger("harken.server")
 

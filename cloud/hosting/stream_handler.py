@@ -11,7 +11,7 @@ proto/harken.proto).
 `StreamHandler.run` is the one implementation; every transport is an adapter around it: gRPC
 (cloud/adapters/grpc_service.py: a StreamFailed becomes `context.abort`), the Ray replica (cloud/adapters/ray_app.py:
 the status goes on Serve's context), the WebRTC data channel (cloud/adapters/webrtc.py: a status frame),
-the Realtime WebSocket (cloud/adapters/realtime_api.py) and the fuzzer (bench/fuzz_targets.py). Those that
+the Realtime WebSocket (cloud/adapters/realtime_api.py) and the fuzzer (lab/bench/fuzz_targets.py). Those that
 carry serialized messages use `run_proto`: bytes in (parsed by `ClientMessages`), proto messages
 out (shared/wire.py); the ones that are no gRPC call queue what they receive in a `RequestQueue`.
 
@@ -29,18 +29,18 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from harken.cloud.hosting.audio_front_end import check_seeded_front_end
-from harken.cloud.auth import OPEN_ACCESS, ApiKeys, Caller
-from harken.cloud.errors import IdleTimeout, MessageTooLarge, NotYourSession, ShuttingDown, Superseded, Unauthenticated
-from harken.cloud.hosting.hosted_session import HostedSession, woken
-from harken.cloud.metrics import ServerMetrics
-from harken.cloud.hosting.server_session import CLOSED_OK, Attachment
-from harken.cloud.hosting.session_table import SessionTable
-from harken.proto import harken_pb2 as pb
-from harken.shared import wire
-from harken.shared.errors import (CodecError, HarkenError, MalformedMessage, OutOfOrder, Overloaded, SessionNotFound,
+from .audio_front_end import check_seeded_front_end
+from ..base.auth import OPEN_ACCESS, ApiKeys, Caller
+from ..base.errors import IdleTimeout, MessageTooLarge, NotYourSession, ShuttingDown, Superseded, Unauthenticated
+from .hosted_session import HostedSession, woken
+from ..base.metrics import ServerMetrics
+from .server_session import CLOSED_OK, Attachment
+from .session_table import SessionTable
+from ...proto import harken_pb2 as pb
+from ...shared import wire
+from ...shared.errors import (CodecError, HarkenError, MalformedMessage, OutOfOrder, Overloaded, SessionNotFound,
                                   StreamInputError)
-from harken.shared.protocol import (Ack, Audio, ClientMessage, End, Features, KeepAlive, Ready, ServerError,
+from ...shared.protocol import (Ack, Audio, ClientMessage, End, Features, KeepAlive, Ready, ServerError,
                                     ServerMessage, Start)
 
 MAX_MESSAGE_BYTES = 1 << 20  # a longer request: RESOURCE_EXHAUSTED (`harken serve --max-message-bytes`)

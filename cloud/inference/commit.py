@@ -35,8 +35,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from harken.cloud.model.decode_limits import DecodeLimits
-from harken.shared.text import join_texts  # noqa: F401  (the segment/item join rule, shared with the edge)
+from ..model.decode_limits import DecodeLimits
+from ...shared.text import join_texts  # noqa: F401  (the segment/item join rule, shared with the edge)
 
 ASR_TEXT = "<asr_text>"
 HEADER_WORD = "language"
@@ -180,7 +180,7 @@ def split_header(raw: str, forced_language: str | None, final: bool) -> tuple[st
 def header_language(meta: str) -> str:
     """'language English' -> 'English'; 'language None' (silence) or anything unreadable -> '',
     exactly as the offline parser reads a header."""
-    from harken.cloud.model.prompt import parse_transcript
+    from ..model.prompt import parse_transcript
 
     return parse_transcript(meta + ASR_TEXT).language
 

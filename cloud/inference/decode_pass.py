@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harken.cloud.inference.stream_session import Job, StreamSession
+from .decoder_stream import Job, DecoderStream
 
 # tokens the loop guard looks back over: longer than any run it lets through with the default
 # limits (it checks after every token, so a run is cut as soon as it qualifies)
@@ -18,7 +18,7 @@ LOOP_WINDOW = 192
 @dataclass
 class Running:
     sid: str
-    session: StreamSession
+    session: DecoderStream
     job: Job
     slot: int
     tokens: list[int]

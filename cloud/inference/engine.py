@@ -49,21 +49,21 @@ from typing import Callable
 
 import torch
 
-from harken.cloud.inference.engine_config import DECODE_STEPS as DECODE_STEPS
-from harken.cloud.inference.engine_config import TEMPLATE_TOKENS as TEMPLATE_TOKENS
-from harken.cloud.inference.engine_config import EngineConfig as EngineConfig
-from harken.cloud.inference.engine_config import EngineObserver as EngineObserver
-from harken.cloud.inference.engine_config import slot_tokens as slot_tokens
-from harken.cloud.model.decoder import decode_step, prefill
-from harken.cloud.model.kv_cache import KVCache
-from harken.cloud.model.static_decode import StaticDecodeStep
-from harken.cloud.inference.priority import MAX_DEFER_TICKS, MAX_HOLD_STEPS, RealTimeLead
-from harken.cloud.inference.decode_pass import Running as _Running
-from harken.cloud.inference.decode_pass import chosen_probabilities, pass_end
-from harken.cloud.inference.speculation import greedy_prefix
-from harken.cloud.inference.stream_session import Job, StreamSession, SessionOptions, EngineEvent
-from harken.shared.errors import Overloaded, SessionNotFound, StreamInputError
-from harken.shared.features_spec import FRAMES_PER_SECOND
+from .engine_config import DECODE_STEPS as DECODE_STEPS
+from .engine_config import TEMPLATE_TOKENS as TEMPLATE_TOKENS
+from .engine_config import EngineConfig as EngineConfig
+from .engine_config import EngineObserver as EngineObserver
+from .engine_config import slot_tokens as slot_tokens
+from ..model.decoder import decode_step, prefill
+from ..model.kv_cache import KVCache
+from ..model.static_decode import StaticDecodeStep
+from .priority import MAX_DEFER_TICKS, MAX_HOLD_STEPS, RealTimeLead
+from .decode_pass import Running as _Running
+from .decode_pass import chosen_probabilities, pass_end
+from .speculation import greedy_prefix
+from .decoder_stream import Job, DecoderStream, SessionOptions, EngineEvent
+from ...shared.errors import Overloaded, SessionNotFound, StreamInputError
+from ...shared.features_spec import FRAMES_PER_SECOND
 
 
 class TickFailed(RuntimeError):
@@ -98,7 +98,7 @@ class Engine:
             self._static = StaticDecodeStep(self.asr.decoder, self.cache,
                                             max_batch=min(config.max_batch, config.max_sessions),
                                             cuda_graphs=config.decode_step == "graphs")
-        self.sessions: dict[str, StreamSession] = {}
+        self.sessions: dict[str, DecoderStream] = {}
         self._lock = threading.Lock()
         self._rotor = 0  # where the next tick starts looking for ready sessions
         self._busy: set[str] = set()  # sessions with a pass in flight
@@ -150,7 +150,7 @@ class Engine:
                 raise Overloaded(f"{queued / 100:.0f} s of audio are waiting to be processed")
             slot = self.cache.allocate()
             try:
-                session = StreamSession(self.asr, options, slot)
+                session = DecoderStream(self.asr, options, slot)
             except BaseException:
                 self.cache.free(slot)
                 raise
@@ -175,11 +175,11 @@ class Engine:
             else:
                 self.cache.free(session.state.slot)
 
-    def session(self, sid: str) -> StreamSession:
+    def session(self, sid: str) -> DecoderStream:
         with self._lock:
             return self._get(sid)
 
-    def _get(self, sid: str) -> StreamSession:
+    def _get(self, sid: str) -> DecoderStream:
         try:
             return self.sessions[sid]
         except KeyError:
@@ -189,7 +189,7 @@ class Engine:
 
     def ingest(self, sid: str, segment_id: int, first_frame: int, frames, segment_start: bool = False,
                segment_end: bool = False, running_max_log10: float | None = None) -> int:
-        """Apply frames to a session (see `StreamSession.ingest`). Thread-safe."""
+        """Apply frames to a session (see `DecoderStream.ingest`). Thread-safe."""
         with self._lock:
             n = self._get(sid).ingest(segment_id, first_frame, frames, segment_start, segment_end,
                                       running_max_log10)
@@ -198,7 +198,7 @@ class Engine:
 
     def ingest_packet(self, sid: str, packet) -> int:
         """Apply an edge `FeaturePacket` (its payload decoded here, as the server does)."""
-        from harken.shared.codec import decode_frames
+        from ...shared.codec import decode_frames
 
         frames = decode_frames(packet.payload)
         if frames.shape[1] != packet.frame_count:
@@ -212,7 +212,7 @@ class Engine:
             self._get(sid).finalize_open()
 
     def configure(self, sid: str, context: str) -> None:
-        """The session's user context from its next audio item on (`StreamSession.configure`)."""
+        """The session's user context from its next audio item on (`DecoderStream.configure`)."""
         with self._lock:
             self._get(sid).configure(context)
 
@@ -246,7 +246,7 @@ class Engine:
         with self._lock:
             return self._failed.get(sid)
 
-    def _fail(self, sid: str, session: StreamSession, error: BaseException) -> None:
+    def _fail(self, sid: str, session: DecoderStream, error: BaseException) -> None:
         """Take a session whose own code raised out of service (its state may be half-updated)."""
         with self._lock:
             self._busy.discard(sid)
@@ -259,7 +259,7 @@ class Engine:
     # -- one tick --------------------------------------------------------------------------------
 
     def _plan(self, exclude: set[str], room: int, again: set[str] = frozenset()  # type: ignore[assignment]
-              ) -> list[tuple[str, StreamSession, Job]]:
+              ) -> list[tuple[str, DecoderStream, Job]]:
         """Next passes of up to `room` ready sessions not in `exclude`, rotating the start; sessions
         ahead of real time only in a tick without live ones (or once deferred `MAX_DEFER_TICKS`).
         Sessions in `again` may go even though `exclude` has them, live ones only."""
@@ -284,8 +284,8 @@ class Engine:
                         if self.observer is not None:
                             self.observer.deferred()
                 order = [sid for sid in order if sid not in waiting]
-            planned: list[tuple[str, StreamSession, Job]] = []
-            failed: list[tuple[str, StreamSession, Exception]] = []
+            planned: list[tuple[str, DecoderStream, Job]] = []
+            failed: list[tuple[str, DecoderStream, Exception]] = []
             for sid in order:
                 if len(planned) >= room:
                     break
@@ -306,7 +306,7 @@ class Engine:
             self._fail(sid, s, err)
         return planned
 
-    def _encode(self, planned: list[tuple[str, StreamSession, Job]]) -> set[str]:
+    def _encode(self, planned: list[tuple[str, DecoderStream, Job]]) -> set[str]:
         """Run the encoder windows of planned passes as one batch and commit them to their sessions'
         window caches; returns the sessions that failed doing so (failed here: `_fail`)."""
         requests = [(sid, s, j, r) for sid, s, j in planned for r in j.requests]
@@ -327,7 +327,7 @@ class Engine:
                 self._fail(sid, s, e)
         return broken
 
-    def _prompts(self, planned: list[tuple[str, StreamSession, Job]]) -> tuple[list[tuple[str, StreamSession, Job, torch.Tensor]], list]:
+    def _prompts(self, planned: list[tuple[str, DecoderStream, Job]]) -> tuple[list[tuple[str, DecoderStream, Job, torch.Tensor]], list]:
         """Encode planned passes (one batch) and build each one's prefill embeddings. Returns the
         passes to prefill with their embeddings, and the events of passes that needed no model."""
         events, ready = [], []
@@ -345,7 +345,7 @@ class Engine:
                 self._fail(sid, s, err)
         return ready, events
 
-    def _start(self, planned: list[tuple[str, StreamSession, Job]]) -> tuple[dict[str, _Running], list]:
+    def _start(self, planned: list[tuple[str, DecoderStream, Job]]) -> tuple[dict[str, _Running], list]:
         """Encode (one batch) and prefill (one batch) planned passes. Returns the passes that decode
         (by session id), and the events of passes that needed no model."""
         run: list[_Running] = []
@@ -413,7 +413,7 @@ class Engine:
         self.decoded_tokens += n
         self.decoded_by_pass["final" if job.final else "update"] += n
 
-    def _finish(self, sid: str, session: StreamSession, job: Job, tokens: list[int],
+    def _finish(self, sid: str, session: DecoderStream, job: Job, tokens: list[int],
                 probs: list[float] | None = None) -> list:
         """`probs`: each token's probability (None: not known, e.g. from vLLM)."""
         self._decoded(job, len(tokens))
@@ -482,14 +482,14 @@ class Engine:
         ones): its next update goes beside that pass rather than after the tick. The tick ends when
         its first passes and every joiner's have."""
         served: dict[str, int] = {}  # passes each session got this tick
-        tick: dict[str, StreamSession] = {}  # sessions planned this tick
+        tick: dict[str, DecoderStream] = {}  # sessions planned this tick
         self._ticks += 1
         self._tick_live = False
         self._tick_deferred = set()
         events: list = []
         flight: dict[str, _Running] = {}  # the passes decoding, in batch order (keyed by the decoder)
 
-        def launch(planned: list[tuple[str, StreamSession, Job]]) -> None:
+        def launch(planned: list[tuple[str, DecoderStream, Job]]) -> None:
             for sid, _, _ in planned:
                 served[sid] = served.get(sid, 0) + 1
             tick.update((sid, s) for sid, s, _ in planned)
@@ -565,7 +565,7 @@ class Engine:
     def _abandon(self, flight: dict[str, _Running]) -> None:
         """A failed tick's passes in flight are dropped (the own decoder keeps nothing of them)."""
 
-    def _release(self, tick: dict[str, StreamSession]) -> None:
+    def _release(self, tick: dict[str, DecoderStream]) -> None:
         """After a failed tick: its passes in flight never reached finish_job, so their sessions stay
         as they were before them (a closed one's slot is freed now)."""
         with self._lock:

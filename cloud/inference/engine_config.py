@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from harken.cloud.inference.commit import CommitPolicy
-from harken.cloud.inference.stream_session import MAX_CONTEXT_TOKENS
-from harken.cloud.model.encoder import num_audio_tokens
+from .commit import CommitPolicy
+from .decoder_stream import MAX_CONTEXT_TOKENS
+from ..model.encoder import num_audio_tokens
 
 TEMPLATE_TOKENS = 32  # chat-template tokens around the context and audio, forced language included
 

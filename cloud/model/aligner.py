@@ -33,21 +33,19 @@ import numpy as np
 import torch
 from torch import nn
 
-from harken.cloud.model.checkpoint import Checkpoint, resolve_device, resolve_dtype
-from harken.cloud.model.config import Qwen3ASRConfig
-from harken.cloud.model.decoder import Qwen3Decoder
-from harken.cloud.model.encoder import AudioEncoder, as_features
-from harken.cloud.model.kv_cache import KVCache, plan_batch
-from harken.cloud.model.tokenizer import AUDIO_END, AUDIO_PAD, AUDIO_START, Tokenizer
-from harken.shared.errors import ModelError
+from .checkpoint import Checkpoint, resolve_device, resolve_dtype
+from .config import Qwen3ASRConfig
+from .decoder import Qwen3Decoder
+from .encoder import AudioEncoder, as_features
+from .kv_cache import KVCache, plan_batch
+from .aligner_format import ALIGNER_MODEL_TYPE, TIMESTAMP, TIMESTAMP_SEGMENT_MS, TIMESTAMP_TOKEN_ID
+from .tiny_aligner import ensure_tiny_aligner
+from .tokenizer import AUDIO_END, AUDIO_PAD, AUDIO_START, Tokenizer
+from ...shared.errors import ModelError
 
 DEFAULT_ALIGNER = "Qwen/Qwen3-ForcedAligner-0.6B"
 TINY_ALIGNER = "tiny"  # `--model tiny` for `harken align`: a cached tiny random aligner (tests)
-TIMESTAMP = "<timestamp>"
-TIMESTAMP_TOKEN_ID = 151705
-TIMESTAMP_SEGMENT_MS = 80.0
 CLASSIFY_NUM = 5000
-ALIGNER_MODEL_TYPE = "qwen3_forced_aligner"
 MAX_ALIGN_SECONDS = 180.0  # the official package's longest aligned chunk (MAX_FORCE_ALIGN_INPUT_SECONDS)
 # languages whose words the official package finds with extra tokenizers (nagisa, soynlp)
 _DICTIONARY_LANGUAGES = ("japanese", "korean")
@@ -264,8 +262,6 @@ class Qwen3ForcedAligner:
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         if model == TINY_ALIGNER:
-            from harken.cloud.model.tiny_aligner import ensure_tiny_aligner
-
             model_dir = str(ensure_tiny_aligner())
         else:
             model_dir = model

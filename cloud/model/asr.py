@@ -15,17 +15,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harken.cloud.model.checkpoint import (DEFAULT_MODEL, SYNTH_EN, TINY, TINY_UNTIED, Checkpoint,
+from .checkpoint import (DEFAULT_MODEL, SYNTH_EN, TINY, TINY_UNTIED, Checkpoint,
                                            resolve_device, resolve_dtype)
-from harken.cloud.model.config import Qwen3ASRConfig
-from harken.cloud.model.decode_limits import DecodeLimits
-from harken.cloud.model.decoder import Qwen3Decoder, greedy_decode, prefill
-from harken.cloud.model.encoder import AudioEncoder, as_features
-from harken.cloud.model.kv_cache import KVCache
-from harken.cloud.model.prompt import Prompt, build_prompt, forced_language, parse_transcript
-from harken.cloud.model.tokenizer import ENDOFTEXT, IM_END, Tokenizer
-from harken.shared.errors import ModelError
-from harken.shared.features_spec import FRAMES_PER_SECOND
+from .config import Qwen3ASRConfig
+from .decode_limits import DecodeLimits
+from .decoder import Qwen3Decoder, greedy_decode, prefill
+from .encoder import AudioEncoder, as_features
+from .kv_cache import KVCache
+from .prompt import Prompt, build_prompt, forced_language, parse_transcript
+from .tokenizer import ENDOFTEXT, IM_END, Tokenizer
+from ...shared.errors import ModelError
+from ...shared.features_spec import FRAMES_PER_SECOND
 
 MAX_NEW_TOKENS = 512  # the official package's default
 

@@ -3,7 +3,7 @@
 `--model` is a local directory, a Hugging Face id (default `Qwen/Qwen3-ASR-0.6B`, fetched with
 huggingface_hub: the local cache first, then the network), `tiny` (a cached tiny random
 checkpoint built on first use) or `synth-en` (harken's own small English model, shipped compressed
-in cloud/synth and unpacked to the cache on first use). Weights come from `model.safetensors` or a
+in lab/training and unpacked to the cache on first use). Weights come from `model.safetensors` or a
 sharded `model.safetensors.index.json`, read with safetensors and split by prefix:
 
     thinker.audio_tower.*              -> encoder (prefix stripped)
@@ -22,8 +22,10 @@ from pathlib import Path
 
 import torch
 
-from harken.cloud.model.config import Qwen3ASRConfig
-from harken.shared.errors import ModelError
+from .config import Qwen3ASRConfig
+from .shipped import ensure_synth_en
+from .tiny import ensure_tiny_model
+from ...shared.errors import ModelError
 
 DEFAULT_MODEL = "Qwen/Qwen3-ASR-0.6B"
 TINY = "tiny"
@@ -78,16 +80,10 @@ def resolve_model_dir(model: str) -> Path:
     """`--model` -> a local directory holding the checkpoint (downloading or unpacking it if need be).
     Accepts a checkpoint directory, a Hugging Face id, 'tiny' or 'synth-en'."""
     if model == TINY:
-        from harken.cloud.model.tiny import ensure_tiny_model
-
         return ensure_tiny_model()
     if model == TINY_UNTIED:
-        from harken.cloud.model.tiny import ensure_tiny_model
-
         return ensure_tiny_model(head="untied")
     if model == SYNTH_EN:
-        from harken.cloud.model.shipped import ensure_synth_en
-
         return ensure_synth_en()
     path = Path(os.path.expanduser(model))
     if path.is_dir():

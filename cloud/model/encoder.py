@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from harken.cloud.model.config import AudioEncoderConfig
-from harken.shared.errors import ModelError
+from .config import AudioEncoderConfig
+from ...shared.errors import ModelError
 
 def as_features(features: np.ndarray | Tensor, mel: int, device: torch.device, dtype: torch.dtype) -> Tensor:
     """[mel, T] normalised log-mel (numpy or torch) -> a tensor on `device` in `dtype`; anything

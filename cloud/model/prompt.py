@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harken.cloud.model.tokenizer import (ASR_TEXT, AUDIO_END, AUDIO_PAD, AUDIO_START, IM_END,
+from .tokenizer import (ASR_TEXT, AUDIO_END, AUDIO_PAD, AUDIO_START, IM_END,
                                           IM_START, Tokenizer)
-from harken.shared.errors import ModelError
+from ...shared.errors import ModelError
 
 SUPPORTED_LANGUAGES = (
     "Chinese", "English", "Cantonese", "Arabic", "German", "French", "Spanish", "Portuguese",

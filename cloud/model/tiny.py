@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from harken.cloud.model.config import AudioEncoderConfig, Qwen3ASRConfig, TextDecoderConfig
-from harken.cloud.model.tokenizer import AddedToken, bytes_to_unicode, tokenizer_json
-from harken.shared.errors import ModelError
+from .config import AudioEncoderConfig, Qwen3ASRConfig, TextDecoderConfig
+from .tokenizer import AddedToken, bytes_to_unicode, tokenizer_json
+from ...shared.errors import ModelError
 
 TINY_VERSION = "tiny-v1"
 FIRST_SPECIAL_ID = 151643

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from harken.cloud.model.aligner import ALIGNER_MODEL_TYPE, TIMESTAMP, TIMESTAMP_SEGMENT_MS, TIMESTAMP_TOKEN_ID
-from harken.cloud.model.config import Qwen3ASRConfig
-from harken.cloud.model.tiny import (GENERATION_CONFIG, TINY_VERSION, build_once, cache_root, config_json,
+from .aligner_format import ALIGNER_MODEL_TYPE, TIMESTAMP, TIMESTAMP_SEGMENT_MS, TIMESTAMP_TOKEN_ID
+from .config import Qwen3ASRConfig
+from .tiny import (GENERATION_CONFIG, TINY_VERSION, build_once, cache_root, config_json,
                                      random_weights, tiny_config, write_tokenizer_files, _has_qwen_tokenizer,
                                      _write_json)
 

@@ -13,7 +13,7 @@
 #                  WordNet's usage examples (wordnet.txt, one a line, from Debian wordnet-base)
 #   heldout-N.npz  the Piper-voiced among the first N held-out utterances, as features (fp16): the
 #                  device has no Piper voice (61 MB, over the carry limit), so those travel rendered;
-#                  it renders the espeak-ng ones itself (cloud/synth/evaluation.held_out_set)
+#                  it renders the espeak-ng ones itself (lab/training/evaluation.held_out_set)
 #
 # The device takes 64 MiB of working tree and carry together; tests/test_device_train.py keeps the
 # sum under 60 (the warm-start state counted at its 16 MiB cap).
@@ -80,7 +80,7 @@ if [ ! -f "$DIR/texts.tar.xz" ] || ! tar -tJf "$DIR/texts.tar.xz" | grep -x word
   mkdir -p "$tmp/fortunes"
   find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' -exec cp {} "$tmp/fortunes/" \;
   bible -f gen1:1-rev22:21 > "$tmp/kjv.txt"
-  "$PY" -c 'from harken.cloud.synth.text import wordnet_examples; print("\n".join(wordnet_examples()))' \
+  "$PY" -c 'from harken.training.text import wordnet_examples; print("\n".join(wordnet_examples()))' \
     > "$tmp/wordnet.txt"
   tar -C "$tmp" -cJf "$DIR/texts.tar.xz.tmp" fortunes kjv.txt wordnet.txt
   mv "$DIR/texts.tar.xz.tmp" "$DIR/texts.tar.xz"

@@ -44,11 +44,11 @@ def trim_wheel(wheel: Path, member: str) -> int:
 
 def heldout(path: Path, n: int) -> None:
     """FILE: f{i} for each Piper-voiced utterance i < n, and `piper` (their indices), which marks the
-    file as partial (cloud/synth/evaluation.held_out_set renders the others where it runs). Kept
+    file as partial (lab/training/evaluation.held_out_set renders the others where it runs). Kept
     where it is already that."""
     import numpy as np
 
-    from harken.cloud.synth import corpus, speech
+    from harken.training import corpus, speech
 
     held = corpus.read_held_out()[:n]
     want = [i for i, u in enumerate(held) if u.recipe.voice == speech.PIPER]

@@ -9,7 +9,7 @@
 #     warmstart/state.safetensors.zst, warmstart/state.json   the new warm-start state (packed every
 #                                                             minute, so a cut-short call still has one)
 #     train.log  log.jsonl  device.txt
-# Commit what comes back with `cp $FILES_AT/warmstart/* cloud/synth/warmstart/`.
+# Commit what comes back with `cp $FILES_AT/warmstart/* lab/training/warmstart/`.
 #
 # TOY=1 runs the same path at toy size on any machine (the tiny model, a few utterances, a few
 # steps; WARMSTART=DIR a toy state to resume): tests/test_device_train.py runs it on the CPU.

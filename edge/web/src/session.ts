@@ -1,5 +1,5 @@
 // `ClientSession`: one stream's whole state and lifecycle, sans-IO — a port of
-// edge/client_session.py and the feature half of edge/replay.py. No network, no timers inside:
+// edge/client/session.py and the feature half of edge/client/replay.py. No network, no timers inside:
 // a driver (client.ts over a WebRTC data channel) moves messages, and the clock is an argument.
 //
 //   session.onPackets(packets, boundS)                   from the edge pipeline (its finalize's too)

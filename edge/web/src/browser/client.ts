@@ -225,7 +225,7 @@ export class TrackStream extends Emitter {
     this.channel = this.pc = null;
   }
 
-  /** Calls until the stream is done (edge/transport.py's connect loop over data channels). */
+  /** Calls until the stream is done (edge/client/grpc_client.py's connect loop over data channels). */
   private async run(): Promise<void> {
     for (;;) {
       let failure: Disconnect;
