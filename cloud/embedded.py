@@ -12,19 +12,22 @@ by an engine that keeps up, only without waiting for the clock.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Iterable, Iterator, Literal, overload
+from typing import Iterable, Iterator, Literal, overload
 
 import numpy as np
 
 from .inference.engine import Engine, EngineConfig
+from .inference.word_timings import SegmentAligner, SegmentTap, segment_language
 from .inference.decoder_stream import SessionOptions, EngineEvent
 from ..shared.codec import DEFAULT_MODE
 from ..shared.features_spec import SAMPLE_RATE
 from ..shared.protocol import Configure, Finalize, model_context
 from ..shared.transcript import TurnEvent
+from ..edge.pipeline import FeatureStream
+from ..edge.vad import VadOptions
+from ..edge.audio import load_audio, peak_normalize
+from ..shared.text import events_text
 
-if TYPE_CHECKING:
-    from ..edge.vad import VadOptions
 
 PIECE_SECONDS = 0.1
 
@@ -60,8 +63,6 @@ def stream_pieces(pieces: Iterable[np.ndarray | Finalize | Configure], engine: E
     (word timings keep the segments' features with it). `turns`: the VAD's `TurnEvent`s too, each
     as soon as its packet is out (before the engine's events of that packet). `vad_options`: the edge
     VAD's (None: its defaults)."""
-    from ..edge.pipeline import FeatureStream
-    from ..edge.vad import VadOptions
 
     seed = options.resume.running_max_log10 if options.resume is not None else float("-inf")
     edge = FeatureStream(vad_options or VadOptions(), mode=codec_mode, running_max_log10=seed)
@@ -113,7 +114,6 @@ def _drain(engine: Engine, sid: str) -> Iterator[EngineEvent]:
 def stream_file(path: str, model, options: SessionOptions = SessionOptions()) -> Iterator[EngineEvent]:
     """Stream an audio file (any format `load_audio` reads) through an in-process engine.
     `model` is a loaded `Qwen3ASR` or anything `Qwen3ASR.load` takes."""
-    from ..edge.audio import load_audio, peak_normalize
 
     audio = peak_normalize(load_audio(path))
     if isinstance(model, str):
@@ -126,6 +126,26 @@ def stream_file(path: str, model, options: SessionOptions = SessionOptions()) ->
 
 def transcript_text(events: list[EngineEvent]) -> str:
     """All committed text of a stream, segments in order (joined as `shared.text` says)."""
-    from ..shared.text import events_text
 
     return events_text(events)
+
+
+def stream_with_word_timings(pieces, engine, options, timings: SegmentAligner, codec_mode: str | None = None,
+                             turns: bool = False):
+    """`stream_pieces` that also yields a `SegmentWords` after each final event: the words of
+    that segment's committed text (never changed) with their times on the stream's timeline."""
+    tap = SegmentTap()
+    key = "embedded"
+    for event in stream_pieces(pieces, engine, options, codec_mode or DEFAULT_MODE, on_packet=tap.add, turns=turns):
+        if isinstance(event, TurnEvent):
+            yield event
+            continue
+        final = tap.on_event(event)
+        yield event
+        if final is not None:
+            feats, text = final
+            timings.submit(key, event.segment_id, feats, text, event.start_s,
+                           segment_language(event.language, options.language))
+            while timings.pending():
+                for _, words in timings.step():
+                    yield words

@@ -33,12 +33,18 @@ from .hosting.server_session import SessionLimits
 from .hosting.session_table import SessionTable
 from .hosting.stream_handler import MAX_MESSAGE_BYTES, StreamHandler
 from ..shared.errors import HarkenError
+from .model.asr import Qwen3ASR
+from .inference.engine import EngineConfig
+from .inference.scheduler import Scheduler
+from .inference.vllm_decoder import engine_class
+from .inference.word_timings import SegmentAligner
+from .model.aligner import Qwen3ForcedAligner
+from .inference.vllm_decoder import check_decoder
 
 if TYPE_CHECKING:
     from grpc_health.v1 import health
 
     from .inference.engine import Engine
-    from .inference.scheduler import Scheduler
     from .adapters.webrtc import WebRTCEndpoint
 
 log = logging.getLogger("harken.server")
@@ -183,7 +189,6 @@ async def start_server(model, options: ServerOptions = ServerOptions(),
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
-    from .model.asr import Qwen3ASR
 
     keys = ApiKeys.load(options.api_keys) if options.api_keys else None
     credentials = _tls_credentials(options)
@@ -262,7 +267,7 @@ async def start_server(model, options: ServerOptions = ServerOptions(),
 @dataclass
 class ServingCore:
     """One engine and the sessions it serves: what a `harken serve` process holds, and what each
-    replica of the Ray Serve application holds (cloud/adapters/ray_app.py)."""
+    replica of the Ray Serve application holds (cloud/ray_app.py)."""
 
     metrics: ServerMetrics
     scheduler: Scheduler
@@ -287,9 +292,6 @@ async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = t
     """The engine (`asr`: a loaded `Qwen3ASR`) with its scheduler started, and an empty session
     table (timing grace periods and idle streams on `clock`), on the running event loop. With an
     aligner (`aligner` loaded, or `options.aligner` by name) the scheduler also times final words."""
-    from .inference.engine import EngineConfig
-    from .inference.scheduler import Scheduler
-    from .inference.vllm_decoder import engine_class
 
     loop = asyncio.get_running_loop()
     metrics = ServerMetrics()
@@ -321,8 +323,6 @@ async def _segment_aligner(asr, options: ServerOptions, aligner):
     """The scheduler's `SegmentAligner` (word timings), or None when the server has no aligner."""
     if aligner is None and options.aligner is None:
         return None
-    from .inference.word_timings import SegmentAligner
-    from .model.aligner import Qwen3ForcedAligner
 
     if aligner is None:
         name = options.aligner
@@ -380,13 +380,11 @@ def serve_command(model: str, options: ServerOptions, device: str | None = None,
     """Load the model, serve until SIGINT/SIGTERM, shut down gracefully. Prints the addresses it
     listens on, one line each, once ready."""
     configure_logging()
-    from .model.asr import Qwen3ASR
 
     # bad key or certificate files fail now, not after a model load of minutes
     if options.api_keys:
         ApiKeys.load(options.api_keys)
     _tls_credentials(options)
-    from .inference.vllm_decoder import check_decoder
 
     check_decoder(options.decoder)  # without vLLM: one line saying how to install it, before the load
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)

@@ -1,4 +1,4 @@
-"""Qwen3-ForcedAligner in harken's torch code (cloud/model/aligner.py, tiny_aligner.py, cloud/align.py)
+"""Qwen3-ForcedAligner in harken's torch code (cloud/model/aligner.py, tiny_aligner.py, harken/commands/align.py)
 against the official qwen-asr 0.0.6 `Qwen3ForcedAligner`.
 
 One tiny random aligner checkpoint in the released layout (`make_tiny_aligner`: thinker_config.model_type

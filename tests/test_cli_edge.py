@@ -87,7 +87,7 @@ def test_demo_serves_and_streams_the_sample_through_the_sdk():
     """`harken demo`: in-process server + edge agent; one line per final segment, the wire summary."""
     from harken.edge.vad import get_speech_timestamps
     from harken.edge.audio import load_audio
-    from harken.cli import _sample_path
+    from harken.commands.options import sample_path as _sample_path
 
     r = run("demo", "--fast", "--model", "tiny")
     lines = r.stdout.splitlines()

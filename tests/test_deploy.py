@@ -205,7 +205,7 @@ def test_ray_serve_config_is_a_valid_serve_config_and_the_rayservice_embeds_it()
     schema.ServeDeploySchema.model_validate(config)
     service = next(d for d in _rayservice() if d["kind"] == "RayService")
     assert yaml.safe_load(service["spec"]["serveConfigV2"]) == config
-    from harken.cloud.adapters.ray_app import SERVICER_FUNCTIONS
+    from harken.cloud.ray_app import SERVICER_FUNCTIONS
 
     assert config["grpc_options"]["grpc_servicer_functions"] == SERVICER_FUNCTIONS
 
@@ -215,10 +215,10 @@ def test_ray_serve_config_builds_the_application_it_describes():
     request per session slot, autoscaling on harken's policy between the bounds given."""
     pytest = __import__("pytest")
     pytest.importorskip("ray.serve")
-    from harken.cloud.adapters.ray_app import ROUTER, app_builder, autoscaling_policy
+    from harken.cloud.ray_app import ROUTER, app_builder, autoscaling_policy
 
     app = yaml.safe_load((DEPLOY / "ray-serve.yaml").read_text())["applications"][0]
-    assert app["import_path"] == "harken.cloud.adapters.ray_app:app_builder"
+    assert app["import_path"] == "harken.cloud.ray_app:app_builder"
     d = app_builder(app["args"])._bound_deployment
     config = d._deployment_config
     assert config.max_ongoing_requests == int(app["args"]["max_sessions"])
@@ -226,7 +226,7 @@ def test_ray_serve_config_builds_the_application_it_describes():
     lo, hi = map(int, app["args"]["autoscale"].split(":"))
     assert (config.autoscaling_config.min_replicas, config.autoscaling_config.max_replicas) == (lo, hi)
     policy = config.autoscaling_config.policy.policy_function
-    assert policy in (autoscaling_policy, "harken.cloud.adapters.ray_app.autoscaling_policy"), policy
+    assert policy in (autoscaling_policy, "harken.cloud.ray_app.autoscaling_policy"), policy
     assert d.ray_actor_options["num_gpus"] == 1
 
 

@@ -50,7 +50,7 @@ def audio() -> np.ndarray:
 @pytest.fixture(scope="module")
 def serving():
     """Two replicas of the tiny model on a local Ray cluster; Serve and Ray shut down after."""
-    from harken.cloud.adapters.ray_app import Scaling, start_ray
+    from harken.cloud.ray_app import Scaling, start_ray
 
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 << 20, logging_level=logging.WARNING,
              log_to_driver=False)
@@ -101,7 +101,7 @@ def wait_for_running_replicas(n: int) -> None:
 
     from ray import serve
 
-    from harken.cloud.adapters.ray_app import APP_NAME, DEPLOYMENT_NAME
+    from harken.cloud.ray_app import APP_NAME, DEPLOYMENT_NAME
 
     for _ in range(600):  # a hang guard, not a timing
         dep = serve.status().applications[APP_NAME].deployments[DEPLOYMENT_NAME]
@@ -274,7 +274,7 @@ def _context(reports: list[tuple[float, float, float]], current: int, lo: int = 
 def test_autoscaling_policy_follows_sessions_held_over_slots():
     """Sessions / (slots x 0.75), within the bounds; one more while every replica has sessions
     waiting for the model; none reported yet: unchanged."""
-    from harken.cloud.adapters.ray_app import autoscaling_policy
+    from harken.cloud.ray_app import autoscaling_policy
 
     assert autoscaling_policy(_context([(14, 16, 0), (14, 16, 0)], current=2))[0] == 3  # 28 / 12
     assert autoscaling_policy(_context([(2, 16, 0), (1, 16, 0)], current=2))[0] == 1
@@ -288,7 +288,7 @@ def test_the_drain_watch_keeps_the_controller_load_linear_in_the_fleet():
     """Each replica's poll reads the whole deployment's details (O(replicas)); every replica polls.
     The interval grows with the fleet so the polls a second stay at DRAIN_POLLS_PER_S in all, and
     stays within half of Serve's margin, so a leaving replica still notices in time to drain."""
-    from harken.cloud.adapters.ray_app import DRAIN_MARGIN_S, DRAIN_POLL_S, DRAIN_POLLS_PER_S, drain_poll_interval
+    from harken.cloud.ray_app import DRAIN_MARGIN_S, DRAIN_POLL_S, DRAIN_POLLS_PER_S, drain_poll_interval
 
     assert drain_poll_interval(1) == drain_poll_interval(4) == DRAIN_POLL_S
     for n in (10, 20, 40):

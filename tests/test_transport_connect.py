@@ -90,7 +90,7 @@ def test_cli_stream_through_a_server(asr, audio, reference, tls_server_files, tm
     the embedded path's output, as JSON and as text."""
     import io
 
-    from harken.commands.stream import LiveView as EmbeddedView
+    from harken.commands.terminal import LiveView as EmbeddedView
 
     cert, key, keys = tls_server_files
     wav = write_wav(tmp_path / "in.wav", audio, subtype="FLOAT")

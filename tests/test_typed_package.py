@@ -81,7 +81,12 @@ def test_wheel_is_typed_for_an_application(tmp_path: Path) -> None:
     (wheel,) = wheels.glob("harken-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "harken/py.typed" in names
-    assert "harken/edge/transport.py" in names and "harken/cloud/inference/engine.py" in names
+    assert "harken/edge/client/grpc_client.py" in names and "harken/cloud/inference/engine.py" in names
+    # one import name; the product without its lab (bench, training) or synth-en's weights (a wheel of
+    # their own), small enough for an edge agent's install
+    assert {n.split("/")[0] for n in names} == {"harken", wheel.name.split("-py")[0] + ".dist-info"}, names
+    assert not [n for n in names if n.startswith(("harken/bench/", "harken/training/", "harken/synth_en/"))]
+    assert wheel.stat().st_size <= 8 * 2**20, wheel.stat().st_size
 
     venv_dir = tmp_path / "app-venv"
     made = _run([sys.executable, "-m", "venv", "--without-pip", str(venv_dir)], cwd=tmp_path)
@@ -150,3 +155,15 @@ def test_checkout_resolves_for_editors(tmp_path: Path) -> None:
         "harken.edge.client.meeting.Meeting": Path("edge/client/meeting.py"),
         "harken.edge.client.grpc_client.TranscriptionClient": Path("edge/client/grpc_client.py"),
     }
+
+
+def test_the_install_exposes_only_harken(tmp_path: Path) -> None:
+    """`make`'s editable install (setuptools' default mode) puts no folder of the tree on sys.path:
+    from anywhere but the checkout's root, the design card's folders import only under `harken`, so
+    there is one class per name (an `except` of `harken.shared.errors.HarkenError` catches them all)."""
+    for name in ("shared", "cloud", "edge", "bench", "training", "lab", "synth_en"):
+        proc = _run([sys.executable, "-c", f"import {name}"], cwd=tmp_path)
+        assert proc.returncode == 1 and "ModuleNotFoundError" in proc.stderr, (name, proc.stdout, proc.stderr)
+    proc = _run([sys.executable, "-c", "import harken, harken.edge.client, harken.cloud.base.errors as e; "
+                 "print(harken.__version__, issubclass(harken.TransportError, harken.HarkenError))"], cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.split() == ["0.1.0", "True"], proc.stdout + proc.stderr

@@ -74,7 +74,8 @@ def test_embedded_stream_gets_word_timings_after_each_final_segment_and_the_same
     from harken.cloud.model.aligner import split_words
     from harken.cloud.model.asr import Qwen3ASR
     from harken.cloud.inference.decoder_stream import SessionOptions
-    from harken.cloud.inference.word_timings import SegmentWords, stream_with_word_timings
+    from harken.cloud.embedded import stream_with_word_timings
+    from harken.cloud.inference.word_timings import SegmentWords
 
     audio = concat(silence(0.5), speech("hello there, this is a test"), silence(1.0), speech("and a second one"),
                    silence(0.8))

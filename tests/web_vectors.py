@@ -183,7 +183,7 @@ def packet_records(audio: np.ndarray, finalize_at: int | None = None) -> list[di
 
 def stream_floor_recorder(floors: list[float | None]):
     """Wraps the pipeline's codec call so the floor each packet was encoded with is recorded."""
-    from harken.edge.client import pipeline
+    from harken.edge import pipeline
 
     def run(stream, step):
         original = pipeline.encode_frames

@@ -59,6 +59,8 @@ from ...shared.features_spec import SAMPLE_RATE
 from ...shared.protocol import (Ack, Audio, ClientMessage, Configure, End, Finalize, ServerError, Start,
                                     Transcript, Turn)
 from ...shared.transcript import SPEECH_STARTED
+from ..model.prompt import LANGUAGE_CODES
+from ...shared.wire import MAX_KEYTERM_CHARS, MAX_KEYTERMS
 
 log = logging.getLogger("harken.deepgram")
 
@@ -244,8 +246,6 @@ class _Refused(Exception):
 
 
 def _language_code(name: str) -> str:
-    from ..model.prompt import LANGUAGE_CODES
-
     return next((code for code, n in LANGUAGE_CODES.items() if n == name), name.lower())
 
 
@@ -369,7 +369,6 @@ class _Live:
 
     async def _configure(self, message: dict, text: str) -> None:
         """Deepgram's Configure: its keyterms (a list of strings) from the next segment on."""
-        from ...shared.wire import MAX_KEYTERM_CHARS, MAX_KEYTERMS
 
         keyterms = message.get("keyterms", [])
         if not isinstance(keyterms, list) or not all(isinstance(k, str) for k in keyterms) \

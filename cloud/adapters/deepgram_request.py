@@ -15,6 +15,8 @@ import numpy as np
 from ...shared.errors import HarkenError
 from ...shared.features_spec import SAMPLE_RATE
 from ...shared.protocol import model_context
+from ...edge.audio import load_audio, peak_normalize
+from ..model.prompt import forced_language
 
 ENCODINGS = ("linear16", "mulaw", "alaw")
 MAX_CHANNELS = 8
@@ -68,7 +70,6 @@ class ListenParams:
     @classmethod
     def parse(cls, query) -> ListenParams:
         """`query`: the request's (multi)dict. Unknown parameters are accepted and ignored."""
-        from ..model.prompt import forced_language
 
         encoding = (query.get("encoding") or "").strip().lower() or None
         if encoding is not None and encoding not in ENCODINGS:
@@ -211,7 +212,6 @@ def decode_file(body: bytes, params: ListenParams) -> list[np.ndarray]:
     files are)."""
     import tempfile
 
-    from ...edge.audio import load_audio, peak_normalize
 
     if params.encoding is not None:
         decoder = AudioDecoder(params)

@@ -37,6 +37,13 @@ from ..base.errors import Unauthenticated
 from ...shared.errors import HarkenError
 from ...shared.subtitles import cues_of, srt, vtt
 from ...shared.text import TranscriptText
+from ...shared.features_spec import SAMPLE_RATE
+from ..inference.decoder_stream import check_context
+from ..model.prompt import forced_language
+from ...edge.audio import load_audio, peak_normalize
+from ..embedded import stream_audio
+from ..inference.engine import Engine, EngineConfig
+from ..inference.decoder_stream import SessionOptions
 
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 MODELS_PATH = "/v1/models"
@@ -142,10 +149,6 @@ class TranscriptionAPI:
         from aiohttp import ClientPayloadError
         from aiohttp.http_exceptions import HttpProcessingError
 
-        from ..inference.decoder_stream import check_context
-        from ..model.prompt import forced_language
-        from ...edge.audio import load_audio, peak_normalize
-        from ...shared.features_spec import SAMPLE_RATE
 
         if request.content_length is not None and request.content_length > self.limits.max_upload_bytes + (1 << 16):
             raise ApiError(413, f"the upload is larger than this server's limit of "
@@ -241,9 +244,6 @@ class TranscriptionAPI:
 
     def _events(self, req: Request) -> Iterator:
         """The file through the edge pipeline and a one-session engine on the served weights (in the lane)."""
-        from ..embedded import stream_audio
-        from ..inference.engine import Engine, EngineConfig
-        from ..inference.decoder_stream import SessionOptions
 
         options = SessionOptions(language=req.language, context=req.prompt)
         engine = Engine(self.asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
@@ -314,7 +314,6 @@ async def _sse(response, data: dict) -> None:
 def _response(req: Request, events: list):
     from aiohttp import web
 
-    from ...shared.features_spec import SAMPLE_RATE
 
     text = TranscriptText()
     for e in events:

@@ -50,6 +50,7 @@ from ...shared import wire
 from ...shared.codec import CODEC_NAME
 from ...shared.protocol import Audio, ClientMessage, Configure, End, Finalize, ServerError, Start, Transcript, Turn
 from ...shared.transcript import SPEECH_STARTED
+from ...shared.text import transcript_text
 
 REALTIME_PATH = "/v1/realtime"
 SERVER_CODES = ("INTERNAL", "UNAVAILABLE", "UNKNOWN", "DATA_LOSS")  # the server's fault; the others are the client's
@@ -306,8 +307,6 @@ class _Session:
                              "usage": {"type": "duration", "seconds": round(max(0.0, e.end_s - e.start_s), 3)}})
 
     async def _vllm_transcript(self, t: Transcript) -> None:
-        from ...shared.text import transcript_text
-
         e = t.event
         if e.committed_delta:  # as a delta of the whole text: segments joined as transcript_text joins them
             before = transcript_text(self.texts)
@@ -318,7 +317,6 @@ class _Session:
 
     async def vllm_done(self) -> None:
         """vLLM's end of a session: the whole text once the stream has ended after `final`."""
-        from ...shared.text import transcript_text
 
         await self.send({"type": "transcription.done", "text": transcript_text(self.texts),
                          "usage": {"type": "duration", "seconds": 0}})

@@ -19,6 +19,7 @@ import uuid
 
 from ..base.auth import OPEN_ACCESS, ApiKeys, Caller, http_metadata
 from ..base.errors import Unauthenticated
+from .deepgram_request import deepgram_metadata
 
 REALTIME_SESSIONS_PATH = "/v1/realtime/transcription_sessions"
 GRANT_PATH = "/v1/auth/grant"
@@ -84,7 +85,6 @@ class TokenGrants:
         """Deepgram's `POST /v1/auth/grant` (`{"ttl_seconds": N}` optional): an access token."""
         from aiohttp import web
 
-        from .deepgram_request import deepgram_metadata
 
         request_id = str(uuid.uuid4())
 

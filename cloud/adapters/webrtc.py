@@ -48,6 +48,7 @@ from ..hosting.stream_handler import RequestQueue, StreamFailed, StreamHandler
 from ...shared import wire
 from ...shared.datachannel import send_when_drained
 from ...shared.protocol import Audio
+from ..model.prompt import LANGUAGE_CODES, SUPPORTED_LANGUAGES
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -381,7 +382,6 @@ __all__ = ["WebRTCEndpoint", "start_webrtc", "page_config", "OFFER_PATH", "CONFI
 def page_config(handler) -> dict:
     """`GET /v1/config`: the served model (`Qwen3ASR.describe()` of the engine's model) and the
     languages a stream can be forced to, by name and ISO 639 code."""
-    from ..model.prompt import LANGUAGE_CODES, SUPPORTED_LANGUAGES
 
     asr = getattr(getattr(getattr(getattr(handler, "table", None), "scheduler", None), "engine", None), "asr", None)
     describe = getattr(asr, "describe", None)

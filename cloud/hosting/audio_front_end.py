@@ -11,6 +11,8 @@ import numpy as np
 from ...shared.front_end_checkpoint import FrontEndCheckpoint
 from ...shared.features_spec import SAMPLE_RATE
 from ...shared.protocol import FeaturePacket
+from ...edge.pipeline import check_resumable
+from ...edge.pipeline import CHECKPOINT_SAMPLES, FeatureStream
 
 
 class ThinClientFrontEnd:
@@ -25,7 +27,6 @@ class ThinClientFrontEnd:
 
     def __init__(self, sample_rate: int, running_max_log10: float, first_segment_id: int,
                  resume: FrontEndCheckpoint | None = None):
-        from ...edge.pipeline import CHECKPOINT_SAMPLES, FeatureStream
 
         self.sample_rate = sample_rate
         self.grid = CHECKPOINT_SAMPLES
@@ -81,6 +82,5 @@ def check_seeded_front_end(checkpoint: FrontEndCheckpoint) -> None:
     """ValueError unless this server's front end can resume `checkpoint` (a thin client's seeded
     `front_end_state`: made by a front end with the same VAD options, codec mode and packet size, at
     a point of the checkpoint grid). The server's wire parsing calls it (`shared/wire.py`)."""
-    from ...edge.pipeline import check_resumable
 
     check_resumable(checkpoint)

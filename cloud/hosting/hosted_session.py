@@ -55,6 +55,9 @@ from ..base.metrics import ServerMetrics
 from .server_session import Attachment, AudioPace, ServerLifecycle, ServerSession, SessionLimits
 from ...shared.protocol import (Audio, ClientMessage, Configure, End, FeaturePacket, Features, Finalize,
                                     KeepAlive, LoggedEvent, Start, model_context)
+from ..inference.decoder_stream import SessionOptions
+from ..inference.word_timings import SegmentTap
+from ..inference.word_timings import SegmentWords, segment_language
 
 if TYPE_CHECKING:
     from ..inference.scheduler import Scheduler
@@ -68,8 +71,6 @@ class HostedSession:
                  on_ended: Callable[["HostedSession"], None], clock: Callable[[], float] = time.monotonic):
         """Opens the engine's session (Overloaded / StreamInputError when it cannot).
         `clock` times the grace period and idleness (the table's; tests pass a fake one)."""
-        from ..inference.decoder_stream import SessionOptions
-        from ..inference.word_timings import SegmentTap
 
         timings = start.word_timings and scheduler.aligner is not None
         self.core = ServerSession(session_id, key_id, start, limits, clock(), word_timings=timings)
@@ -284,7 +285,6 @@ class HostedSession:
         raised; the other sessions go on), and the session fails with it: the attached stream,
         and any stream that attaches later, gets it; the engine slot is freed. With word timings,
         a final event sends its segment to the aligner, whose `SegmentWords` come on the same queue."""
-        from ..inference.word_timings import SegmentWords, segment_language
 
         while not self.core.lifecycle.done:
             item = await self._engine_events.get()

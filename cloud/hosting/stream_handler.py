@@ -9,7 +9,7 @@ proto/harken.proto).
            returns) or `StreamFailed(code, message)`, after an Error message carrying the same
 
 `StreamHandler.run` is the one implementation; every transport is an adapter around it: gRPC
-(cloud/adapters/grpc_service.py: a StreamFailed becomes `context.abort`), the Ray replica (cloud/adapters/ray_app.py:
+(cloud/adapters/grpc_service.py: a StreamFailed becomes `context.abort`), the Ray replica (cloud/ray_app.py:
 the status goes on Serve's context), the WebRTC data channel (cloud/adapters/webrtc.py: a status frame),
 the Realtime WebSocket (cloud/adapters/realtime_api.py) and the fuzzer (lab/bench/fuzz_targets.py). Those that
 carry serialized messages use `run_proto`: bytes in (parsed by `ClientMessages`), proto messages

@@ -37,6 +37,7 @@ from typing import Callable, Sequence
 
 from ..model.decode_limits import DecodeLimits
 from ...shared.text import join_texts  # noqa: F401  (the segment/item join rule, shared with the edge)
+from ..model.prompt import parse_transcript
 
 ASR_TEXT = "<asr_text>"
 HEADER_WORD = "language"
@@ -180,7 +181,6 @@ def split_header(raw: str, forced_language: str | None, final: bool) -> tuple[st
 def header_language(meta: str) -> str:
     """'language English' -> 'English'; 'language None' (silence) or anything unreadable -> '',
     exactly as the offline parser reads a header."""
-    from ..model.prompt import parse_transcript
 
     return parse_transcript(meta + ASR_TEXT).language
 

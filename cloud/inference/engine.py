@@ -64,6 +64,7 @@ from .speculation import greedy_prefix
 from .decoder_stream import Job, DecoderStream, SessionOptions, EngineEvent
 from ...shared.errors import Overloaded, SessionNotFound, StreamInputError
 from ...shared.features_spec import FRAMES_PER_SECOND
+from ...shared.codec import decode_frames
 
 
 class TickFailed(RuntimeError):
@@ -198,7 +199,6 @@ class Engine:
 
     def ingest_packet(self, sid: str, packet) -> int:
         """Apply an edge `FeaturePacket` (its payload decoded here, as the server does)."""
-        from ...shared.codec import decode_frames
 
         frames = decode_frames(packet.payload)
         if frames.shape[1] != packet.frame_count:

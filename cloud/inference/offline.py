@@ -15,6 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...shared.features_spec import SAMPLE_RATE
+from ..model.decode_limits import DecodeLimits
+from ...edge.audio import MAX_PASS_SECONDS, split_at_quiet_points
+from ...edge.features import log_mel
+from ...shared.text import transcript_text
 
 MIN_PIECE_SAMPLES = SAMPLE_RATE // 2  # the official package pads shorter pieces of a split file
 
@@ -41,10 +45,6 @@ def transcribe_audio(asr, audio: np.ndarray, language: str | None = None, contex
     """16 kHz mono float32 `audio` (peak-normalised as files are) -> the offline transcript.
     `transcribe`: the pass (default `asr.transcribe`; the vLLM decoder's for `--decoder vllm`);
     `progress(i, n, end_s)` after each of n > 1 passes."""
-    from ..model.decode_limits import DecodeLimits
-    from ...edge.audio import MAX_PASS_SECONDS, split_at_quiet_points
-    from ...edge.features import log_mel
-    from ...shared.text import transcript_text
 
     spans = split_at_quiet_points(audio, MAX_PASS_SECONDS if max_pass_s is None else max_pass_s)
     transcribe = transcribe or asr.transcribe

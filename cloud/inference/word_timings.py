@@ -28,6 +28,8 @@ import numpy as np
 
 from ..model.aligner import AlignedWord, AlignRequest, Qwen3ForcedAligner
 from ...shared.transcript import SegmentTimings, TimedWord
+from ..model.prompt import forced_language
+from ...shared.codec import decode_frames
 
 log = logging.getLogger("harken.server")
 _UNSPLIT_LANGUAGES = ("japanese", "korean")  # their word splitting needs dictionaries harken does not ship
@@ -150,7 +152,6 @@ class SegmentTap:
 
     def add(self, packet) -> None:
         """An edge packet (its payload decoded here)."""
-        from ...shared.codec import decode_frames
 
         self.add_frames(packet.segment_id, decode_frames(packet.payload))
 
@@ -172,34 +173,8 @@ class SegmentTap:
         return self.take(event.segment_id), "".join(self._text.pop(event.segment_id, []))
 
 
-def stream_with_word_timings(pieces, engine, options, timings: SegmentAligner, codec_mode: str | None = None,
-                             turns: bool = False):
-    """`embedded.stream_pieces` that also yields a `SegmentWords` after each final event: the words of
-    that segment's committed text (never changed) with their times on the stream's timeline."""
-    from ..embedded import stream_pieces
-    from ...shared.codec import DEFAULT_MODE
-    from ...shared.transcript import TurnEvent
-
-    tap = SegmentTap()
-    key = "embedded"
-    for event in stream_pieces(pieces, engine, options, codec_mode or DEFAULT_MODE, on_packet=tap.add, turns=turns):
-        if isinstance(event, TurnEvent):
-            yield event
-            continue
-        final = tap.on_event(event)
-        yield event
-        if final is not None:
-            feats, text = final
-            timings.submit(key, event.segment_id, feats, text, event.start_s,
-                           segment_language(event.language, options.language))
-            while timings.pending():
-                for _, words in timings.step():
-                    yield words
-
-
 def segment_language(detected: str, requested: str | None) -> str:
     """The language to split a segment's words in: the one its final event names, else the one the
     session forced (canonical name), else English."""
-    from ..model.prompt import forced_language
 
     return detected or forced_language(requested or None) or "English"

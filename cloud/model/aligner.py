@@ -38,7 +38,7 @@ from .config import Qwen3ASRConfig
 from .decoder import Qwen3Decoder
 from .encoder import AudioEncoder, as_features
 from .kv_cache import KVCache, plan_batch
-from .aligner_format import ALIGNER_MODEL_TYPE, TIMESTAMP, TIMESTAMP_SEGMENT_MS, TIMESTAMP_TOKEN_ID
+from .aligner_format import TIMESTAMP, TIMESTAMP_SEGMENT_MS, TIMESTAMP_TOKEN_ID
 from .tiny_aligner import ensure_tiny_aligner
 from .tokenizer import AUDIO_END, AUDIO_PAD, AUDIO_START, Tokenizer
 from ...shared.errors import ModelError

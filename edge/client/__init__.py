@@ -1,6 +1,6 @@
 """The client SDK: stream a file, a microphone or any audio to a harken server and read its transcript.
 
-    from . import TranscriptionClient, ClientOptions, TranscriptEvent, Meeting, MeetingLine
+    from harken.edge.client import TranscriptionClient, ClientOptions, TranscriptEvent, Meeting, MeetingLine
 
 `harken` re-exports the same names. The protocol rules live in `session` (ClientSession, sans-IO);
 `grpc_client` and `webrtc_client` drive it over their transports; `meeting` mixes per-participant

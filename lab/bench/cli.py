@@ -1,15 +1,14 @@
-"""`harken bench ...`'s argument parsers: one small function per benchmark, in the order `harken
-bench --help` lists them (the `harken` parser, `harken/parser.py`, adds them under `bench`). No
-imports beyond argparse."""
+"""`harken bench ...`: one parser and one run function per benchmark, in the order `harken bench --help`
+lists them (registered by `harken.cli` where the lab is, i.e. in a checkout)."""
 
 from __future__ import annotations
 
 import argparse
 
-Subparsers = argparse._SubParsersAction  # what add_subparsers returns
+from harken.commands.options import Subparsers, sample_path
 
 
-def _bench_parser(sub: Subparsers) -> None:
+def register(sub: Subparsers) -> None:
     s = sub.add_parser("bench", help="benchmarks; print JSON",
                        description="Benchmarks. Each prints one JSON object; ratios are measured side "
                                    "by side in one run.")
@@ -18,7 +17,7 @@ def _bench_parser(sub: Subparsers) -> None:
         add(bsub)
 
 
-def _bench_edge_parser(bsub: Subparsers) -> None:
+def _register_edge(bsub: Subparsers) -> None:
     b = bsub.add_parser("edge", help="edge CPU cost and wire bitrate vs PCM16 and Opus",
                         description="One thread: real-time factors of VAD, log-mel and codec; for each "
                                     "codec mode kbps during speech and log-mel error; PCM16 and Opus "
@@ -26,9 +25,16 @@ def _bench_edge_parser(bsub: Subparsers) -> None:
     b.add_argument("input", nargs="?", help="audio file (default: the bundled sample)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--repeats", type=int, default=3, help="timing repeats; the fastest counts (default 3)")
+    b.set_defaults(run=run_edge)
 
 
-def _bench_model_parser(bsub: Subparsers) -> None:
+def run_edge(args: argparse.Namespace) -> int | None:
+    from harken.bench.edge import bench_edge_command
+
+    return bench_edge_command(args.input or sample_path(), repeats=args.repeats)
+
+
+def _register_model(bsub: Subparsers) -> None:
     b = bsub.add_parser("model", help="Qwen3-ASR encoder/prefill/decode throughput (tiny and 0.6B dims)",
                         description="Random-weight models: encoder ms per audio second (full vs "
                                     "incremental), prefill tokens/s, decode tokens/s at batch 1/8/32.")
@@ -41,9 +47,18 @@ def _bench_model_parser(bsub: Subparsers) -> None:
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
     b.add_argument("--out", metavar="FILE", help="also write the JSON to FILE, rewritten after each part (a "
                    "model's encoder, its decoder) with part_seconds, so a run cut short keeps what it measured")
+    b.set_defaults(run=run_model)
 
 
-def _bench_stream_parser(bsub: Subparsers) -> None:
+def run_model(args: argparse.Namespace) -> int | None:
+    from harken.bench.model import bench_model_command
+
+    return bench_model_command(real_dims=args.real_dims, tiny_only=args.tiny_only,
+                               device=args.device, dtype=args.dtype, threads=args.threads, quick=args.quick,
+                               out=args.out)
+
+
+def _register_stream(bsub: Subparsers) -> None:
     b = bsub.add_parser("stream", help="streaming engine vs the re-encode-everything baseline (Phase 1)",
                         description="Tiled sample speech on audio time through harken's engine (N "
                                     "sessions batched, and one at a time) and through Phase 1 (every "
@@ -69,9 +84,19 @@ def _bench_stream_parser(bsub: Subparsers) -> None:
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    b.set_defaults(run=run_stream)
 
 
-def _bench_ray_parser(bsub: Subparsers) -> None:
+def run_stream(args: argparse.Namespace) -> int | None:
+    from harken.bench.stream import StreamBenchOptions, bench_stream_command
+
+    return bench_stream_command(StreamBenchOptions(
+        model=args.model, real_dims=args.real_dims, seconds=args.seconds, streams=args.streams,
+        update_interval_s=args.update_interval, phase1_max_seconds=args.phase1_max_seconds,
+        repeats=args.repeats, language=args.language, device=args.device, dtype=args.dtype))
+
+
+def _register_ray(bsub: Subparsers) -> None:
     b = bsub.add_parser("ray", help="Ray Serve on this machine: throughput with 2 replicas vs 1, the proxy's latency",
                         description="Start a local Ray cluster; print ray_scaling (aggregate throughput with 2 "
                                     "replicas over 1) and proxy_p50_ms / proxy_p95_ms (update latency through "
@@ -81,9 +106,17 @@ def _bench_ray_parser(bsub: Subparsers) -> None:
     b.add_argument("--model", default="tiny", help="model of every replica (default tiny)")
     b.add_argument("--cpus", type=int, default=2, help="CPUs of the local Ray cluster (default 2)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b.set_defaults(run=run_ray)
 
 
-def _bench_engine_load_parser(bsub: Subparsers) -> None:
+def run_ray(args: argparse.Namespace) -> int | None:
+    from harken.bench.ray_scaling import RayBenchOptions, bench_ray_command
+
+    return bench_ray_command(RayBenchOptions(streams=args.streams, seconds=args.seconds, model=args.model,
+                                             cpus=args.cpus))
+
+
+def _register_engine_load(bsub: Subparsers) -> None:
     b = bsub.add_parser("engine-load", help="live streams one engine serves in real time (GPU serving figures)",
                         description="The engine driven directly (no gRPC, no clients) with the sample's "
                                     "precomputed packets paced in real time, at N = 1, 8, 16, 64, 128, 256, "
@@ -113,9 +146,21 @@ def _bench_engine_load_parser(bsub: Subparsers) -> None:
     b.add_argument("--threads", type=int, help="torch CPU threads (CPU only)")
     b.add_argument("--out", help="also write engine-load.json and engine-load.png into this folder")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b.set_defaults(run=run_engine_load)
 
 
-def _bench_load_parser(bsub: Subparsers) -> None:
+def run_engine_load(args: argparse.Namespace) -> int | None:
+    from harken.bench.engine_load import EngineLoadOptions, bench_engine_load_command
+
+    return bench_engine_load_command(EngineLoadOptions(
+        levels=tuple(int(n) for n in args.streams.split(",") if n.strip()), more=not args.no_more,
+        keep_going=args.keep_going,
+        seconds=args.seconds, model=args.model, device=args.device, dtype=args.dtype,
+        decode_step=args.decode_step, max_batch=args.max_batch, drain_s=args.drain_s,
+        time_budget_s=args.time_budget_s, max_streams=args.max_streams, profile_s=args.profile_s, threads=args.threads, out_dir=args.out))
+
+
+def _register_load(bsub: Subparsers) -> None:
     b = bsub.add_parser("load", help="N live clients against a server: update, first-partial, final latency",
                         description="N concurrent SDK clients each stream S seconds of the bundled sample "
                                     "(tiled) in real time, 100 ms pieces; p50/p95 latency of updates, first "
@@ -139,9 +184,23 @@ def _bench_load_parser(bsub: Subparsers) -> None:
                    help="--self-serve's text decoder: own (default), vllm, or a comma list (own,vllm) run one "
                         "after the other and printed side by side as {\"runs\": [...]}")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b.set_defaults(run=run_load)
 
 
-def _bench_fuzz_parser(bsub: Subparsers) -> None:
+def run_load(args: argparse.Namespace) -> int | None:
+    from harken.bench.load import LoadBenchOptions, bench_load_command, parse_levels
+
+    self_serve = args.self_serve or args.server is None
+    language = args.language if args.language is not None else (
+        "English" if self_serve and args.model == "tiny" else "")
+    levels = parse_levels(args.streams)
+    return bench_load_command(LoadBenchOptions(
+        server=args.server, streams=levels[0], seconds=args.seconds, api_key=args.api_key,
+        tls_ca=args.tls_ca, language=language, self_serve=self_serve, model=args.model,
+        decoder=args.decoder), levels)
+
+
+def _register_fuzz(bsub: Subparsers) -> None:
     b = bsub.add_parser("fuzz", help="fuzz the wire decoders and the served session: inputs tried, crashes",
                         description="A seeded fuzzing run (lab/bench/fuzz.py): codec payloads, wire "
                                     "messages, data-channel frames (both sides) and whole streams through "
@@ -158,9 +217,19 @@ def _bench_fuzz_parser(bsub: Subparsers) -> None:
                         "endpoints (lab/bench/fuzz_http.py; default 0)")
     b.add_argument("--model", default="tiny", help="model of the served session (default tiny)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b.set_defaults(run=run_fuzz)
 
 
-def _bench_soak_parser(bsub: Subparsers) -> None:
+def run_fuzz(args: argparse.Namespace) -> int | None:
+    from harken.bench.fuzz import FuzzBenchOptions, bench_fuzz_command
+
+    return bench_fuzz_command(FuzzBenchOptions(examples=args.examples, seed=args.seed,
+                                               session_share=args.session_share,
+                                               concurrency=args.concurrency, model=args.model,
+                                               http_examples=args.http_examples))
+
+
+def _register_soak(bsub: Subparsers) -> None:
     b = bsub.add_parser("soak", help="one long live stream: RSS and update latency sampled every minute",
                         description="An in-process server (--model) and one SDK client streaming the bundled "
                                     "sample tiled without end, paced like a microphone (--speed x real time), "
@@ -178,9 +247,17 @@ def _bench_soak_parser(bsub: Subparsers) -> None:
     b.add_argument("--language", default="English",
                    help="forced language (default English: the tiny models' random weights write text only then)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b.set_defaults(run=run_soak)
 
 
-def _bench_overload_parser(bsub: Subparsers) -> None:
+def run_soak(args: argparse.Namespace) -> int | None:
+    from harken.bench.soak import SoakBenchOptions, bench_soak_command
+
+    return bench_soak_command(SoakBenchOptions(minutes=args.minutes, speed=args.speed, sample_s=args.sample_s,
+                                               model=args.model, language=args.language))
+
+
+def _register_overload(bsub: Subparsers) -> None:
     b = bsub.add_parser("overload", help="2x the admitted sessions, and clients trying to push others out",
                         description="Three runs on fresh in-process servers (lab/bench/overload.py): M users "
                                     "alone; M users while M more try to open streams again and again "
@@ -203,9 +280,19 @@ def _bench_overload_parser(bsub: Subparsers) -> None:
                    help="run alone, overload and attacked this many times, interleaved, and pool each kind's "
                         "latencies (a shared machine's load then falls on every kind alike; default 1)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b.set_defaults(run=run_overload)
 
 
-def _bench_wer_parser(bsub: Subparsers) -> None:
+def run_overload(args: argparse.Namespace) -> int | None:
+    from harken.bench.overload import OverloadBenchOptions, bench_overload_command
+
+    return bench_overload_command(OverloadBenchOptions(sessions=args.sessions, seconds=args.seconds,
+                                                       attacker_share=args.attacker_share, model=args.model,
+                                                       max_audio_speed=args.max_audio_speed,
+                                                       audio_burst_s=args.audio_burst_s, rounds=args.rounds))
+
+
+def _register_wer(bsub: Subparsers) -> None:
     b = bsub.add_parser("wer", help="WER, kbps, per-word latency and partial churn of every path, one run",
                         description="Render held-out recipes once and send the same audio down every path: "
                                     "offline, stream (in-process engine, paced in real time: per-word "
@@ -248,9 +335,22 @@ def _bench_wer_parser(bsub: Subparsers) -> None:
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    b.set_defaults(run=run_wer)
 
 
-def _bench_web_parser(bsub: Subparsers) -> None:
+def run_wer(args: argparse.Namespace) -> int | None:
+    from harken.bench.wer import PATHS, WerBenchOptions, bench_wer_command
+
+    paths = tuple(p.strip() for p in args.paths.split(",") if p.strip()) if args.paths else PATHS
+    return bench_wer_command(WerBenchOptions(
+        model=args.model, held_set=args.held_set, n=args.n, paths=paths, language=args.language,
+        realtime=not args.fast, device=args.device, dtype=args.dtype, concurrency=args.concurrency,
+        update_interval_s=args.update_interval, rollback_tokens=args.rollback_tokens,
+        intermediate_commits=not args.no_intermediate_commits, vad_min_silence_ms=args.vad_min_silence_ms,
+        agreement=args.agreement, confidence_prob=args.confidence_prob, min_token_prob=args.min_token_prob))
+
+
+def _register_web(bsub: Subparsers) -> None:
     b = bsub.add_parser("web", help="the browser page's bytes on the wire, features vs Opus, and its features vs Python",
                         description="An in-process server and the page in headless chromium (fake microphone "
                                     "playing the sample, then 10 s of quiet noise), features mode and Opus mode: "
@@ -259,8 +359,15 @@ def _bench_web_parser(bsub: Subparsers) -> None:
     b.add_argument("--model", default="tiny", help="the server's model (default tiny)")
     b.add_argument("--input", help="speech WAV (default: the bundled sample)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b.set_defaults(run=run_web)
 
 
-_BENCH_PARSERS = (_bench_edge_parser, _bench_model_parser, _bench_stream_parser, _bench_ray_parser,
-                  _bench_load_parser, _bench_engine_load_parser, _bench_fuzz_parser, _bench_soak_parser, _bench_overload_parser,
-                  _bench_wer_parser, _bench_web_parser)
+def run_web(args: argparse.Namespace) -> int | None:
+    from harken.bench.web import WebBenchOptions, bench_web_command
+
+    return bench_web_command(WebBenchOptions(model=args.model, speech_wav=args.input))
+
+
+_BENCH_PARSERS = (_register_edge, _register_model, _register_stream, _register_ray,
+                  _register_load, _register_engine_load, _register_fuzz, _register_soak, _register_overload,
+                  _register_wer, _register_web)

@@ -16,7 +16,7 @@ request = one stream). Autoscaling follows harken's own load signal: every repli
 sessions and the sessions waiting for the model (`record_autoscaling_stats`), and
 `autoscaling_policy` sizes the deployment to keep sessions at `target_utilization` of the slots.
 
-`harken serve --ray` (`serve_ray_command`) starts it; `serve run harken.cloud.adapters.ray_app:app_builder
+`harken serve --ray` (`serve_ray_command`) starts it; `serve run harken.cloud.ray_app:app_builder
 model=tiny` runs it from Serve's own CLI or a config file (deploy/ray-serve.yaml).
 """
 
@@ -34,18 +34,19 @@ from typing import Any
 
 import grpc
 
-from ..base.auth import ApiKeys
-from .logs import configure_logging
-from .grpc_service import service_handler
-from ..server import ServerOptions, ServingCore, start_core
-from ..hosting.stream_handler import StreamFailed, StreamHandler
-from ...shared.errors import HarkenError
+from .base.auth import ApiKeys
+from .adapters.logs import configure_logging
+from .adapters.grpc_service import service_handler
+from .server import ServerOptions, ServingCore, start_core
+from .hosting.stream_handler import StreamFailed, StreamHandler
+from ..shared.errors import HarkenError
+from .model.asr import Qwen3ASR
 
 APP_NAME = "harken"
 DEPLOYMENT_NAME = "TranscriptionReplica"
 # The proxy's registration of harken's service (an import path: the proxy imports it itself).
-SERVICER_FUNCTIONS = ["harken.cloud.adapters.ray_app.add_transcription_servicer",
-                      "harken.cloud.adapters.ray_app.add_health_servicer"]
+SERVICER_FUNCTIONS = ["harken.cloud.ray_app.add_transcription_servicer",
+                      "harken.cloud.ray_app.add_health_servicer"]
 # Trailing metadata on every stream: which replica served it (for operators and the tests).
 REPLICA_METADATA = "harken-replica"
 LOCAL_OBJECT_STORE_BYTES = 256 << 20
@@ -116,7 +117,6 @@ class TranscriptionReplica:
                        keys: ApiKeys | None = None, device: str | None = None, dtype: str | None = None):
         from ray import serve
 
-        from ..model.asr import Qwen3ASR
 
         configure_logging()
         if options.decode_threads < 1:
@@ -289,7 +289,7 @@ def deployment(model: str, options: ServerOptions, scaling: Scaling, keys: ApiKe
 
 
 def app_builder(args: dict[str, str]):
-    """`serve run harken.cloud.adapters.ray_app:app_builder model=M [replicas=N | autoscale=MIN:MAX]
+    """`serve run harken.cloud.ray_app:app_builder model=M [replicas=N | autoscale=MIN:MAX]
     [max_sessions=N] [api_keys=FILE] [device=D] [dtype=T] [aligner=M]`, or the same under `args:` in a
     Serve config file (`aligner`: word timings, each replica loads it as `harken serve --aligner`)."""
     options = ServerOptions(max_sessions=int(args.get("max_sessions", 16)),

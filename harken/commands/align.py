@@ -4,18 +4,47 @@
     ONNX extractor) -> the aligner (cloud/model/aligner.py) -> one line per word, or JSON
 
 User errors (no file, unreadable audio, empty text, audio beyond the aligner's range, a recogniser
-checkpoint given as --model) are `HarkenError`s: one line on stderr, exit 2.
-"""
+checkpoint given as --model) are `HarkenError`s: one line on stderr, exit 2."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
+from .options import DEFAULT_ALIGNER, Subparsers
 from ..shared.errors import HarkenError
 from ..shared.features_spec import SAMPLE_RATE
+
+
+def register(sub: Subparsers) -> None:
+    s = sub.add_parser("align", help="word start/end times of a known transcript (Qwen3-ForcedAligner)",
+                       description="Forced alignment, one pass: log-mel (the edge's ONNX extractor) -> "
+                                   "Qwen3-ForcedAligner (harken's torch code) -> each word's start and end "
+                                   "in seconds. Words are whitespace-separated pieces with punctuation "
+                                   "removed (each CJK character a unit of its own), as the official "
+                                   "package cuts them.",
+                       epilog="example: harken align talk.wav --text \"hello there world\" --json")
+    s.add_argument("input", help="audio file (WAV/FLAC/OGG, any rate, width, channels)")
+    s.add_argument("--text", help="the transcript to align")
+    s.add_argument("--text-file", metavar="FILE", help="read the transcript from a UTF-8 file instead")
+    s.add_argument("--model", default=DEFAULT_ALIGNER,
+                   help=f"aligner checkpoint dir, Hugging Face id or 'tiny' (a random test model; "
+                        f"default {DEFAULT_ALIGNER})")
+    s.add_argument("--language", default="English",
+                   help="the transcript's language (default English; Japanese and Korean are not supported)")
+    s.add_argument("--json", action="store_true",
+                   help='print {"words": [{"text", "start", "end"}], "duration", "language", "model"}')
+    s.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    s.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    s.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int | None:
+    return align_command(args.input, text=args.text, text_file=args.text_file, model=args.model,
+                         language=args.language, as_json=args.json, device=args.device, dtype=args.dtype)
 
 
 def read_text(text: str | None, text_file: str | None) -> str:
@@ -39,7 +68,7 @@ def align_command(input_path: str, text: str | None = None, text_file: str | Non
                   as_json: bool = False, device: str | None = None, dtype: str | None = None,
                   progress: bool | None = None) -> int:
     """Align `text` to the audio file and print each word's start and end (seconds)."""
-    from .model.aligner import TINY_ALIGNER, Qwen3ForcedAligner, describe_words, split_words
+    from ..cloud.model.aligner import TINY_ALIGNER, Qwen3ForcedAligner, describe_words, split_words
     from ..edge.audio import load_audio, peak_normalize
     from ..edge.features import log_mel
 
