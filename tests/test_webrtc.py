@@ -156,7 +156,8 @@ def test_dropped_data_channels_resume_without_losing_frames(asr, audio):
     (so messages are in flight): each time the client resumes the same session on a new peer
     connection and resends what the server had not applied. The transcript is the one without
     faults; every message is applied exactly once; no frame is lost."""
-    from harken.edge.client.webrtc_client import PeerConnectionChannel
+    from harken.edge.client.grpc_client import TranscriptionClient
+    from harken.edge.client.webrtc_client import DataChannelCalls, PeerConnectionChannel
     from harken.shared.protocol import Start
 
     drops_at = [3, 5, 2, 4]  # the write after which each attempt's channel is dropped
@@ -176,9 +177,9 @@ def test_dropped_data_channels_resume_without_losing_frames(asr, audio):
                 c.write = dropping_write  # type: ignore[method-assign]
             return c
 
-    class DroppingClient(WebRTCTranscriptionClient):
-        def _channel(self):
-            return DroppingChannel(self.target, self.api_key, self.options.connect_timeout_s)
+    class DroppingCalls(DataChannelCalls):
+        def peer(self, options):
+            return DroppingChannel(self.url, self.api_key, options.connect_timeout_s)
 
     def applied(server):
         r = server.metrics.registry
@@ -191,8 +192,8 @@ def test_dropped_data_channels_resume_without_losing_frames(asr, audio):
             url = f"http://127.0.0.1:{server.http_port}"
             clean = await _events(WebRTCTranscriptionClient(url, language=LANGUAGE), audio)
             before = applied(server)
-            client = DroppingClient(url, language=LANGUAGE,
-                                    options=ClientOptions(backoff_initial_s=0.01, backoff_max_s=0.1))
+            client = TranscriptionClient(url, language=LANGUAGE, calls=DroppingCalls(url, None),
+                                         options=ClientOptions(backoff_initial_s=0.01, backoff_max_s=0.1))
             events = await _events(client, audio)
             after = applied(server)
             return clean, events, client.stats, (after[0] - before[0], after[1] - before[1])

@@ -25,7 +25,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 from .call import EOF, Call, CallFailed, status_error
 from .session import (ClientOptions, ClientSession, Disconnect, ClientLifecycle, SessionOutput,
@@ -71,7 +71,7 @@ class TranscriptionClient:
     def __init__(self, target: str, api_key: str | None = None, tls: bool | str | Path | None = None,
                  language: str | None = None, context: str | None = None,
                  options: ClientOptions | None = None, rng: random.Random | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, calls: CallOpener | None = None):
         self.target = target
         self.api_key = api_key
         self.options = replace(options or ClientOptions())  # a copy: the caller's stays as it was
@@ -79,7 +79,9 @@ class TranscriptionClient:
             self.options.language = language
         if context is not None:
             self.options.context = context
-        self._credentials = _channel_credentials(tls)
+        self._credentials = _channel_credentials(tls) if calls is None else None
+        # what carries each call of a stream: gRPC unless given (the WebRTC client's data channels)
+        self._calls: CallOpener = calls or GrpcCalls(target, self._credentials)
         self._rng = rng or random.Random()
         self._clock = clock
         self.stats = TransportStats()
@@ -206,7 +208,7 @@ class TranscriptionClient:
         metadata = [(ROUTE_METADATA, session.route_key)]
         if self.api_key:
             metadata.append(("authorization", f"Bearer {self.api_key}"))
-        async with self._call(metadata) as call:
+        async with self._calls.open(metadata, self.options) as call:
             tasks: set[asyncio.Task] = set()
             try:
                 await call.write(session.start_message())
@@ -267,29 +269,40 @@ class TranscriptionClient:
             if (reason := session.check_silence(self._clock())) is not None:
                 raise _Silent(reason)
 
+class CallOpener(Protocol):
+    """Opens the calls of a stream, one per attempt, each open while its context is: what a
+    `TranscriptionClient` runs its session over (`GrpcCalls`; the WebRTC client's `DataChannelCalls`)."""
+
+    def open(self, metadata: list[tuple[str, str]], options: ClientOptions) -> AbstractAsyncContextManager[Call]:
+        ...
+
+
+class GrpcCalls:
+    """Each call a `harken.v1.Transcription/Stream` on a gRPC channel of its own."""
+
+    def __init__(self, target: str, credentials: grpc.ChannelCredentials | None):
+        self.target, self.credentials = target, credentials
+
     @asynccontextmanager
-    async def _call(self, metadata: list[tuple[str, str]]) -> AsyncIterator[Call]:
-        """One call of the stream, open while the context is: here a gRPC call on a channel of its
-        own (the WebRTC client's is a data channel on a peer connection of its own)."""
+    async def open(self, metadata: list[tuple[str, str]], options: ClientOptions) -> AsyncIterator[Call]:
         from ...proto import harken_pb2_grpc  # grpc is imported by the gRPC client only
 
-        async with self._channel() as channel:
+        async with self._channel(options) as channel:
             yield GrpcCall(harken_pb2_grpc.TranscriptionStub(channel).Stream(metadata=metadata))
 
-    def _channel(self) -> AbstractAsyncContextManager[Any]:
-        """The gRPC channel of one attempt (`_call`)."""
+    def _channel(self, options: ClientOptions) -> AbstractAsyncContextManager[Any]:
         import grpc
 
         # a fresh channel, and connection, per attempt: grpc's own reconnect backoff (up to
         # minutes) stays out of the way of ours, a restarted server is found at once, and a dead
         # connection is not shared into the next attempt (channels share subchannels by default)
-        options: list[tuple[str, int | str]] = [("grpc.max_receive_message_length", 16 << 20),
-                                                ("grpc.use_local_subchannel_pool", 1)]
-        if self._credentials is None:
-            return grpc.aio.insecure_channel(self.target, options=options)
-        if self.options.tls_server_name:
-            options.append(("grpc.ssl_target_name_override", self.options.tls_server_name))
-        return grpc.aio.secure_channel(self.target, self._credentials, options=options)
+        channel_options: list[tuple[str, int | str]] = [("grpc.max_receive_message_length", 16 << 20),
+                                                        ("grpc.use_local_subchannel_pool", 1)]
+        if self.credentials is None:
+            return grpc.aio.insecure_channel(self.target, options=channel_options)
+        if options.tls_server_name:
+            channel_options.append(("grpc.ssl_target_name_override", options.tls_server_name))
+        return grpc.aio.secure_channel(self.target, self.credentials, options=channel_options)
 
 
 class _NoReady(Exception):

@@ -1,5 +1,5 @@
-"""The edge's WebRTC client: `TranscriptionClient`'s driver over an aiortc data channel instead
-of an HTTP/2 stream; the same `ClientSession` decides what to send, resend and show.
+"""The edge's WebRTC client: `TranscriptionClient` with its calls on aiortc data channels instead
+of HTTP/2 streams (`DataChannelCalls`); the same `ClientSession` decides what to send, resend and show.
 
     WebRTCTranscriptionClient("http://host:8080", api_key=...)   same interface as
     TranscriptionClient: stream(source) -> TranscriptEvents, transcribe(source) -> text
@@ -179,36 +179,42 @@ class PeerConnectionChannel:
         return DataChannelCall(self.channel)
 
 
-class WebRTCTranscriptionClient(TranscriptionClient):
-    """`TranscriptionClient` over WebRTC. `target` is the server's HTTP URL ("http://host:port",
-    as `harken serve --http-port` prints it; a bare "host:port" means http). `tls` for https: a
-    PEM root certificate path, or True for the system roots."""
+class DataChannelCalls:
+    """Each call of a stream a data channel on a peer connection of its own (the API key goes with
+    the offer; the route key is for gRPC routers only): a `TranscriptionClient`'s `calls`."""
 
-    def __init__(self, target: str, api_key: str | None = None, tls: bool | str | Path | None = None,
-                 language: str | None = None, context: str | None = None,
-                 options: ClientOptions | None = None, **kw):
-        if "://" not in target:
-            target = ("https://" if tls else "http://") + target
-        super().__init__(target, api_key=api_key, tls=None, language=language, context=context,
-                         options=options, **kw)
-        self._ssl = None
-        if isinstance(tls, (str, Path)):
-            import ssl
-
-            self._ssl = ssl.create_default_context(cafile=str(tls))
-
-    def _channel(self) -> PeerConnectionChannel:
-        return PeerConnectionChannel(self.target, self.api_key, self.options.connect_timeout_s, self._ssl)
+    def __init__(self, url: str, api_key: str | None, ssl=None):
+        self.url, self.api_key, self.ssl = url, api_key, ssl
 
     @asynccontextmanager
-    async def _call(self, metadata: list[tuple[str, str]]) -> AsyncIterator[DataChannelCall]:
-        """One peer connection per call (the API key went with the offer; the route key is for
-        gRPC routers only)."""
-        async with self._channel() as peer:
+    async def open(self, metadata: list[tuple[str, str]], options: ClientOptions) -> AsyncIterator[DataChannelCall]:
+        async with self.peer(options) as peer:
             yield peer.call()
 
+    def peer(self, options: ClientOptions) -> PeerConnectionChannel:
+        """The peer connection of one call."""
+        return PeerConnectionChannel(self.url, self.api_key, options.connect_timeout_s, self.ssl)
 
-__all__ = ["WebRTCTranscriptionClient", "DataChannelCall", "PeerConnectionChannel"]
+
+def WebRTCTranscriptionClient(target: str, api_key: str | None = None, tls: bool | str | Path | None = None,
+                              language: str | None = None, context: str | None = None,
+                              options: ClientOptions | None = None, **kw) -> TranscriptionClient:
+    """A `TranscriptionClient` whose calls are WebRTC data channels (`DataChannelCalls`): the same
+    session, resume, replay and interface. `target` is the server's HTTP URL ("http://host:port", as
+    `harken serve --http-port` prints it; a bare "host:port" means http). `tls` for https: a PEM root
+    certificate path, or True for the system roots."""
+    if "://" not in target:
+        target = ("https://" if tls else "http://") + target
+    ssl_context = None
+    if isinstance(tls, (str, Path)):
+        import ssl
+
+        ssl_context = ssl.create_default_context(cafile=str(tls))
+    return TranscriptionClient(target, api_key=api_key, language=language, context=context, options=options,
+                               calls=DataChannelCalls(target.rstrip("/"), api_key, ssl_context), **kw)
+
+
+__all__ = ["WebRTCTranscriptionClient", "DataChannelCalls", "DataChannelCall", "PeerConnectionChannel"]
 
 
 # ---- Opus: audio as a WebRTC track, VAD and features on the server (browsers, thin clients) ----
