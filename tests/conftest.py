@@ -7,6 +7,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 import pytest  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def keep_subnormals():
+    """Importing qwen_asr (the official reference, in several test files) loads a library built with
+    -ffast-math, which turns on flush-to-zero for the process; hypothesis's float strategies in any
+    later test then refuse to run. Turn it back off after every test."""
+    yield
+    import torch
+
+    torch.set_flush_denormal(False)
+
+
 @pytest.fixture(scope="session")
 def asr():
     """The cached tiny random checkpoint (fp32, CPU), torch on one thread: the test machine is

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from harken.cli import main
-from harken.bench.load import LoadBenchOptions, StreamRecord, percentiles, sent_at, tiled
+from harken.bench.load import LoadBenchOptions, StreamRecord, percentiles, sample_audio, sent_at, tiled
 from harken.shared.errors import HarkenError
 from harken.shared.transcript import TranscriptEvent
 
@@ -94,3 +94,39 @@ def test_levels_run_one_after_the_other_and_name_the_most_that_kept_up(capsys):
 def test_bad_levels_are_a_clear_error(text, capsys):
     assert main(["bench", "load", "--model", "tiny", "--streams", text, "--json"]) != 0
     assert "--streams" in capsys.readouterr().err
+
+
+def test_replayed_packets_are_the_edges_in_order_each_due_when_its_audio_was_in():
+    from harken.bench.replay import stream_packets
+    from harken.edge.pipeline import FeatureStream
+    from harken.proto import harken_pb2 as pb
+    from harken.shared.features_spec import SAMPLE_RATE
+
+    audio = sample_audio()[:5 * SAMPLE_RATE]
+    packets = stream_packets(audio)
+    edge = FeatureStream()
+    expected = [p for i in range(0, audio.size, 1600) for p in edge.push(audio[i:i + 1600])] + edge.flush()
+    got = [pb.ClientMessage.FromString(m).features for _, m in packets]
+    assert [(f.seq, f.segment_id, f.first_frame, f.payload) for f in got] == \
+        [(i + 1, p.segment_id, p.first_frame, p.payload) for i, p in enumerate(expected)]
+    due = [d for d, _ in packets]
+    assert due == sorted(due) and due[-1] == 5.0
+    # a packet is due no earlier than the audio it covers was captured
+    assert all(d >= (f.first_frame + f.frame_count) / 100 - 0.01 for d, f in zip(due, got))
+
+
+def test_replayed_load_splits_the_servers_cpu_into_model_and_host(capsys):
+    from harken.bench.replay import prepared_streams
+    from harken.proto import harken_pb2 as pb
+
+    assert main(["bench", "load", "--self-serve", "--model", "tiny", "--streams", "2", "--seconds", "3",
+                 "--replay", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["replay"] is True and result["errors"] == {}
+    # one final per segment the edge's packets opened, in every stream
+    sent = sum(len({pb.ClientMessage.FromString(m).features.segment_id for _, m in stream})
+               for stream in prepared_streams(sample_audio(), 2, 3.0))
+    assert result["segments"] == sent >= 2
+    assert result["model_cpu_ms_per_stream_s"] > 0 and result["host_cpu_ms_per_stream_s"] > 0
+    assert result["server_cpu_ms_per_stream_s"] == pytest.approx(
+        result["model_cpu_ms_per_stream_s"] + result["host_cpu_ms_per_stream_s"], abs=0.002)

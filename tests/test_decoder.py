@@ -530,3 +530,24 @@ def test_decoder_output_head_is_the_embedding_when_tied(decoder):
     with torch.no_grad():
         want = greedy_decode(dense, cache2, [slot2], prefill(dense, cache2, [slot2], [embeds]), 12, eos_ids=set())
     assert got == want
+
+
+def test_a_picked_tokens_probability_from_the_live_rows_is_the_whole_softmaxs():
+    """The words' confidence (cloud/inference/decode_pass.py `chosen_probabilities`): from a sparse
+    head's live columns and the count of its zero rows, the probability of each row's picked token
+    equals the float64 softmax over all the logits; a picked zero row (every live logit below 0) too."""
+    from harken.cloud.inference.decode_pass import chosen_probabilities
+    from harken.cloud.model.decoder import OutputHead
+
+    torch.manual_seed(1)
+    head = OutputHead(16, 20000)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.weight[torch.randperm(20000)[:400]] = torch.randn(400, 16)
+        x = torch.randn(6, 16) * 3
+        x[5] = 0.0  # a row whose logits are all 0 (its pick, 123, is most likely a zero row)
+        logits = head(x)
+        picked = torch.cat([logits[:5].argmax(-1), torch.tensor([123])])
+        exact = torch.softmax(logits.double(), -1).gather(-1, picked.unsqueeze(-1)).squeeze(-1).tolist()
+        assert chosen_probabilities(logits, picked, head) == pytest.approx(exact, rel=1e-9, abs=1e-12)
+        assert chosen_probabilities(logits, picked) == pytest.approx(exact, abs=1e-5)  # the dense fp32 softmax

@@ -29,15 +29,6 @@ def features(frames: int, seed: int, dtype=torch.float32) -> torch.Tensor:
     return torch.randn(128, frames, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
-@pytest.fixture(autouse=True)
-def keep_subnormals():
-    """Importing qwen_asr (the reference) loads a library built with -ffast-math, which turns on
-    flush-to-zero for the process; hypothesis's float strategies in later test files then refuse
-    to run. Turn it back off after each test here."""
-    yield
-    torch.set_flush_denormal(False)
-
-
 @pytest.fixture(scope="module")
 def official():
     """The official tiny model, float64, windowed attention; and harken's encoder with its weights."""

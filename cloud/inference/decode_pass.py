@@ -33,9 +33,21 @@ class PassEnd:
     dropped: int = 0  # tokens generated and then dropped (a loop's repeats): decode work all the same
 
 
-def chosen_probabilities(logits: torch.Tensor, picked: torch.Tensor) -> list[float]:
-    """Each row's probability of its picked token (softmax in fp32): the words' confidence."""
-    return torch.softmax(logits.float(), dim=-1).gather(-1, picked.unsqueeze(-1)).squeeze(-1).tolist()
+def chosen_probabilities(logits: torch.Tensor, picked: torch.Tensor, head=None) -> list[float]:
+    """Each row's probability of its picked token (the softmax over the whole vocabulary, in fp32):
+    the words' confidence. With `head` an `OutputHead` that computes only its live rows (synth-en:
+    1,714 of 151,936), the other logits are exactly 0, so the softmax's denominator is the live rows'
+    sum plus one exp(0 - max) per zero row: the same probability from the live columns alone, at a
+    tenth of the work of a softmax over all 151,936 (half of a decode step's host time, measured)."""
+    live = head.live_rows() if head is not None and hasattr(head, "live_rows") else None
+    if live is None:
+        return torch.softmax(logits.float(), dim=-1).gather(-1, picked.unsqueeze(-1)).squeeze(-1).tolist()
+    rows = live[0]
+    columns = logits.index_select(-1, rows).double()  # fp64 over the few live columns: exact to fp32
+    chosen = logits.gather(-1, picked.unsqueeze(-1)).squeeze(-1).double()
+    top = columns.amax(-1).clamp_min(0.0)  # the max over all logits: the zero rows' 0 included
+    total = (columns - top.unsqueeze(-1)).exp().sum(-1) + (logits.shape[-1] - rows.numel()) * torch.exp(-top)
+    return (torch.exp(chosen - top) / total).tolist()
 
 
 def pass_end(r: Running, eos_ids) -> PassEnd:

@@ -362,7 +362,7 @@ class Engine:
         for r in run:
             r.session.prefilled(r.job)
         picked = logits.argmax(-1)
-        greedy, probs = picked.tolist(), chosen_probabilities(logits, picked)
+        greedy, probs = picked.tolist(), chosen_probabilities(logits, picked, self.asr.decoder.lm_head)
         still: dict[str, _Running] = {}
         for r in run:
             k = len(r.job.draft)
@@ -555,7 +555,7 @@ class Engine:
         feed = torch.tensor([r.tokens[-1] for _, r in running], device=self.asr.device)
         logits = self._decode_step([r.slot for _, r in running], feed)
         picked = logits.argmax(-1)
-        for (key, r), t, p in zip(running, picked.tolist(), chosen_probabilities(logits, picked)):
+        for (key, r), t, p in zip(running, picked.tolist(), chosen_probabilities(logits, picked, self.asr.decoder.lm_head)):
             r.tokens.append(t)
             r.probs.append(p)
             if self._done(r):

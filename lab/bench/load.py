@@ -70,6 +70,8 @@ from harken.shared.errors import HarkenError
 from harken.shared.features_spec import SAMPLE_RATE
 from harken.shared.transcript import TranscriptEvent
 
+from .replay import run_replay
+
 PIECE_MS = 100
 KEEP_UP_UPDATE_MS = 1000.0  # CommitPolicy.update_interval_s, the server default
 TARGET_P95_MS = 300.0  # a level is "ok" at or under this p95 update latency (lab/bench/engine_load.py's)
@@ -89,6 +91,7 @@ class LoadBenchOptions:
     model: str = "tiny"  # --self-serve only
     decoder: str = "own"  # --self-serve only: "own", "vllm" or a comma list of them
     piece_ms: int = PIECE_MS
+    replay: bool = False  # clients in a process of their own replaying precomputed packets (replay.py)
 
     def __post_init__(self):
         if (self.server is None) == (not self.self_serve):
@@ -99,6 +102,8 @@ class LoadBenchOptions:
             raise HarkenError(f"{self.tls_ca}: no such certificate file")
         if self.decoders != ["own"] and not self.self_serve:
             raise HarkenError("--decoder goes with --self-serve (a --server has its own)")
+        if self.replay and self.tls_ca is not None:
+            raise HarkenError("--replay's clients speak plaintext gRPC: no --tls-ca")
         if not self.decoders or any(d not in ("own", "vllm") for d in self.decoders):
             raise HarkenError(f"--decoder: own, vllm or a comma list of them, got {self.decoder!r}")
 
@@ -260,19 +265,23 @@ async def bench_load(options: LoadBenchOptions) -> dict:
     sample = sample_audio()
     if not options.self_serve:
         assert options.server is not None  # LoadBenchOptions: --server or --self-serve
-        result = await run_load(options.server, options, sample)
+        result = await (run_replay(options.server, options, sample) if options.replay
+                        else run_load(options.server, options, sample))
         result["server"] = options.server
         return result
     server = await _start_self_served(options)
     try:
-        result = await run_load(server.address, options, sample)
+        if options.replay:
+            result = await run_replay(server.address, options, sample, engine=server.engine)
+        else:
+            result = await run_load(server.address, options, sample)
         engine = server.engine
         batched_s = engine.compute_s
         result["engine_compute_s"] = round(batched_s, 3)
         result["rtf"] = round(engine.busy_s / (options.streams * options.seconds), 4)
         hit_rate = getattr(engine, "prefix_cache_hit_rate", None)
         result["prefix_cache_hit_rate"] = round(hit_rate, 4) if hit_rate is not None else None
-        if options.streams > 1:
+        if options.streams > 1 and not options.replay:
             # the same work one stream at a time: stream 0 alone, on the same server
             before = engine.compute_s
             await run_load(server.address, replace(options, streams=1), sample)
