@@ -130,3 +130,18 @@ def test_replayed_load_splits_the_servers_cpu_into_model_and_host(capsys):
     assert result["model_cpu_ms_per_stream_s"] > 0 and result["host_cpu_ms_per_stream_s"] > 0
     assert result["server_cpu_ms_per_stream_s"] == pytest.approx(
         result["model_cpu_ms_per_stream_s"] + result["host_cpu_ms_per_stream_s"], abs=0.002)
+
+
+def test_finalizing_clients_get_each_segments_final_from_their_request(capsys):
+    from harken.bench.load import finalize_points
+    from harken.shared.features_spec import SAMPLE_RATE
+
+    assert main(["bench", "load", "--self-serve", "--model", "tiny", "--streams", "1", "--seconds", "15",
+                 "--finalize", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    # a request at the end of each VAD segment (the edge's own segmentation of the same audio), each
+    # answered by the final of the segment it cut: every final of the stream came from a request
+    asked = len(finalize_points(sample_audio()[:15 * SAMPLE_RATE]))
+    assert result["errors"] == {} and result["finalize_requests"] == asked >= 2
+    assert result["finalize_answered"] == result["segments"] == asked
+    assert 0 <= result["finalize_ms"]["p50"] <= result["finalize_ms"]["p95"]

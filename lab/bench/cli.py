@@ -183,6 +183,9 @@ def _register_load(bsub: Subparsers) -> None:
     b.add_argument("--decoder", default="own",
                    help="--self-serve's text decoder: own (default), vllm, or a comma list (own,vllm) run one "
                         "after the other and printed side by side as {\"runs\": [...]}")
+    b.add_argument("--finalize", action="store_true",
+                   help="each client asks to finalize at the end of each of its VAD segments; adds finalize_ms "
+                        "(request to its from_finalize final)")
     b.add_argument("--replay", action="store_true",
                    help="the clients in a process of their own replay feature packets computed before the run "
                         "(no edge work on the clock); adds the server's CPU per stream-second, split into the "
@@ -201,7 +204,7 @@ def run_load(args: argparse.Namespace) -> int | None:
     return bench_load_command(LoadBenchOptions(
         server=args.server, streams=levels[0], seconds=args.seconds, api_key=args.api_key,
         tls_ca=args.tls_ca, language=language, self_serve=self_serve, model=args.model,
-        decoder=args.decoder, replay=args.replay), levels)
+        decoder=args.decoder, replay=args.replay, finalize=args.finalize), levels)
 
 
 def _register_fuzz(bsub: Subparsers) -> None:

@@ -41,6 +41,11 @@ Definitions (all in ms, over every stream's events):
 - `--streams 1,4,8` (several levels): one run per level, one after the other (`--self-serve`: a
   fresh server each), printed as {"levels": [...], "max_streams_ok": N}: the largest N whose run
   had `realtime_ok` and `p95_update_ms` <= `TARGET_P95_MS` (300 ms, the engine-load target).
+- `--finalize`: each client also asks to finalize (`FINALIZE`, as Pipecat or a push-to-talk button
+  does) right after the piece holding the end of each of its edge VAD's segments (the last word plus
+  the VAD's 100 ms pad, before the VAD itself would end the segment); `finalize_ms` is the arrival
+  of the `from_finalize` final minus the request (`finalize_requests`, `finalize_answered`: those
+  whose segment the request cut).
 - With no `--server`, `--self-serve` is implied.
 - `drain_ms`: last piece handed over -> stream complete (its last final in). Not part of
   `realtime_ok`: it is dominated by the final pass over the segment open at the end, whose length
@@ -64,6 +69,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from harken.edge.audio import load_audio, peak_normalize
+from harken.edge.client.front_end import FINALIZE
 from harken.edge.client.grpc_client import (BufferOverflowError, ClientOptions, ServerRejectedError,
                                    ServerUnavailableError, TranscriptionClient, TransportError)
 from harken.shared.errors import HarkenError
@@ -74,6 +80,7 @@ from .replay import run_replay
 
 PIECE_MS = 100
 KEEP_UP_UPDATE_MS = 1000.0  # CommitPolicy.update_interval_s, the server default
+FINALIZE_MATCH_S = 0.25  # a from_finalize final ends within this of the audio its request was sent after
 TARGET_P95_MS = 300.0  # a level is "ok" at or under this p95 update latency (lab/bench/engine_load.py's)
 
 
@@ -92,6 +99,7 @@ class LoadBenchOptions:
     decoder: str = "own"  # --self-serve only: "own", "vllm" or a comma list of them
     piece_ms: int = PIECE_MS
     replay: bool = False  # clients in a process of their own replaying precomputed packets (replay.py)
+    finalize: bool = False  # each stream asks to finalize at the end of each of its VAD segments
 
     def __post_init__(self):
         if (self.server is None) == (not self.self_serve):
@@ -102,6 +110,8 @@ class LoadBenchOptions:
             raise HarkenError(f"{self.tls_ca}: no such certificate file")
         if self.decoders != ["own"] and not self.self_serve:
             raise HarkenError("--decoder goes with --self-serve (a --server has its own)")
+        if self.replay and self.finalize:
+            raise HarkenError("--finalize goes with the SDK's clients, not --replay")
         if self.replay and self.tls_ca is not None:
             raise HarkenError("--replay's clients speak plaintext gRPC: no --tls-ca")
         if not self.decoders or any(d not in ("own", "vllm") for d in self.decoders):
@@ -150,6 +160,8 @@ class StreamRecord:
     error: str | None = None
     done_at: float | None = None
     reconnects: int = 0
+    finalize_asked: list[tuple[float, float]] = field(default_factory=list)  # (audio s, wall time asked)
+    finalize_ms: list[float] = field(default_factory=list)
 
     def observe(self, event: TranscriptEvent, now: float) -> None:
         self.events += 1
@@ -160,6 +172,11 @@ class StreamRecord:
         if event.is_final:
             self.finals += 1
             self.final_ms.append(lag_ms)
+            if getattr(event, "from_finalize", False) and self.finalize_asked:
+                # the request that cut this segment: the one asked at the audio time it ends at
+                audio_s, asked = min(self.finalize_asked, key=lambda r: abs(r[0] - event.end_s))
+                if abs(audio_s - event.end_s) <= FINALIZE_MATCH_S:
+                    self.finalize_ms.append(1000 * (now - asked))
         else:
             self.update_ms.append(lag_ms)
 
@@ -170,9 +187,11 @@ class StreamRecord:
         return self.done_at - self.handed[-1]
 
 
-async def paced(audio: np.ndarray, t0: float, record: StreamRecord):
-    """`audio` in pieces, each handed over when a microphone would have delivered it."""
+async def paced(audio: np.ndarray, t0: float, record: StreamRecord, finalize_at: Sequence[int] = ()):
+    """`audio` in pieces, each handed over when a microphone would have delivered it; `FINALIZE`
+    right after the piece that holds each sample position of `finalize_at`."""
     step = record.piece_samples
+    pending = list(finalize_at)
     for k, i in enumerate(range(0, audio.size, step)):
         due = t0 + (k + 1) * step / SAMPLE_RATE
         await asyncio.sleep(max(0.0, due - time.monotonic()))
@@ -180,11 +199,26 @@ async def paced(audio: np.ndarray, t0: float, record: StreamRecord):
         record.max_lag_s = max(record.max_lag_s, now - due)
         record.handed.append(now)
         yield audio[i:i + step]
+        end = min(audio.size, i + step)
+        if pending and pending[0] <= end:
+            while pending and pending[0] <= end:
+                pending.pop(0)
+            record.finalize_asked.append((end / SAMPLE_RATE, time.monotonic()))
+            yield FINALIZE
 
 
-async def _one_stream(client: TranscriptionClient, audio: np.ndarray, t0: float, record: StreamRecord) -> None:
+def finalize_points(audio: np.ndarray) -> list[int]:
+    """Where a client that hears its speaker stop asks to finalize: the end of each of the edge
+    VAD's segments of `audio` (the last word plus the VAD's 100 ms pad), as sample positions."""
+    from harken.edge.vad import get_speech_timestamps
+
+    return [s.end_sample for s in get_speech_timestamps(audio)]
+
+
+async def _one_stream(client: TranscriptionClient, audio: np.ndarray, t0: float, record: StreamRecord,
+                      finalize: bool = False) -> None:
     try:
-        async with aclosing(client.stream(paced(audio, t0, record))) as events:
+        async with aclosing(client.stream(paced(audio, t0, record, finalize_points(audio) if finalize else ()))) as events:
             async for event in events:
                 record.observe(event, time.monotonic())
         record.done_at = time.monotonic()
@@ -211,7 +245,7 @@ async def run_load(target: str, options: LoadBenchOptions, sample: np.ndarray) -
     period_s = sample.size / SAMPLE_RATE
     audios = [tiled(sample, options.seconds, offset_s=round(i * period_s / n, 1)) for i in range(n)]
     t0 = time.monotonic()
-    await asyncio.gather(*(_one_stream(c, a, t0, r) for c, a, r in zip(clients, audios, records)))
+    await asyncio.gather(*(_one_stream(c, a, t0, r, options.finalize) for c, a, r in zip(clients, audios, records)))
     wall_s = time.monotonic() - t0
     return summarize(records, options, wall_s)
 
@@ -243,6 +277,9 @@ def summarize(records: list[StreamRecord], options: LoadBenchOptions, wall_s: fl
         "drain_ms": {"p50": round(1000 * float(np.median(drains)), 1) if drains else None,
                      "max": round(1000 * max(drains), 1) if drains else None},
         "reconnects": sum(r.reconnects for r in records),
+        **({"finalize_ms": percentiles([ms for r in records for ms in r.finalize_ms]),
+            "finalize_requests": sum(len(r.finalize_asked) for r in records),
+            "finalize_answered": sum(len(r.finalize_ms) for r in records)} if options.finalize else {}),
         "wall_s": round(wall_s, 2),
         "piece_ms": options.piece_ms,
     }
