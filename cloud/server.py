@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from grpc_health.v1 import health
 
     from .inference.engine import Engine
-    from .adapters.webrtc import WebRTCEndpoint
+    from .adapters.http_app import HttpApp
 
 log = logging.getLogger("harken.server")
 
@@ -60,7 +60,7 @@ class ServerOptions:
     tls_key: str | None = None
     api_keys: str | None = None  # keys file; None = open server
     metrics_port: int | None = None  # None = no metrics endpoint
-    http_port: int | None = None  # WebRTC signaling + the browser page (cloud/adapters/webrtc.py); None = off
+    http_port: int | None = None  # the HTTP port (cloud/adapters/http_app.py): page, WebRTC, OpenAI, Deepgram; None = off
     cors_origins: tuple[str, ...] = ()  # origins whose pages may use the HTTP port ("*": any); () = same origin only
     max_sessions: int = 16
     max_sessions_per_key: int = 16
@@ -136,7 +136,7 @@ class RunningServer:
     _options: ServerOptions
     _engine_watch: asyncio.Task
     _stopped: bool = False
-    webrtc: WebRTCEndpoint | None = None  # when `http_port` was given
+    http: HttpApp | None = None  # the HTTP port's application, when `http_port` was given
 
     @property
     def engine(self) -> Engine:
@@ -145,7 +145,7 @@ class RunningServer:
 
     @property
     def http_port(self) -> int | None:
-        return self.webrtc.port if self.webrtc is not None else None
+        return self.http.port if self.http is not None else None
 
     @property
     def address(self) -> str:
@@ -161,8 +161,8 @@ class RunningServer:
         held = len(self._table.sessions)
         await self._table.finish_all(timeout_s=grace)
         await self._grpc.stop(grace)
-        if self.webrtc is not None:
-            await self.webrtc.close()
+        if self.http is not None:
+            await self.http.close()
         await self._table.close()
         self._engine_watch.cancel()
         await asyncio.wait([self._engine_watch])
@@ -249,19 +249,18 @@ async def start_server(model, options: ServerOptions = ServerOptions(),
                                                  "metrics_port": endpoint.port if endpoint else None,
                                                  "max_sessions": options.max_sessions,
                                                  "idle_timeout_s": options.idle_timeout_s}})
-    webrtc = None
+    http = None
     if options.http_port is not None:
-        from .adapters.webrtc import start_webrtc
-
+        from .adapters.http_app import start_http
         from .adapters.openai_api import ApiLimits
 
-        webrtc = await start_webrtc(handler, keys, options.host, options.http_port, options.cors_origins,
-                                    ApiLimits(max_upload_bytes=options.max_upload_bytes,
-                                              max_audio_s=options.max_file_s, lanes=options.file_lanes))
+        http = await start_http(handler, keys, options.host, options.http_port, options.cors_origins,
+                                ApiLimits(max_upload_bytes=options.max_upload_bytes,
+                                          max_audio_s=options.max_file_s, lanes=options.file_lanes))
     return RunningServer(port=port, metrics_port=endpoint.port if endpoint else None,
                          tls=credentials is not None, host=options.host, metrics=metrics, _grpc=server,
                          _table=table, _scheduler=scheduler, _executor=executor, _health=health_servicer,
-                         _metrics_endpoint=endpoint, _options=options, _engine_watch=watch, webrtc=webrtc)
+                         _metrics_endpoint=endpoint, _options=options, _engine_watch=watch, http=http)
 
 
 @dataclass

@@ -49,7 +49,7 @@ def features_max_abs(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def _browser_build() -> Path:
-    from harken.cloud.adapters.webrtc import EDGE_WEB_DIR
+    from harken.cloud.adapters.http_app import EDGE_WEB_DIR
 
     bundle = EDGE_WEB_DIR / "harken.js"
     assert bundle.exists(), f"no browser edge at {EDGE_WEB_DIR}: run `make web`"

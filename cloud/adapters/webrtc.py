@@ -11,18 +11,9 @@ incoming Opus track for browsers.
     audio track (Opus, 48 kHz): decoded by aiortc, mixed to mono and fed to the stream as thin-
         client `Audio` messages (seq after the `Ready`'s resume point); the session's own front
         end resamples to 16 kHz and runs the edge's VAD + features, exactly as for gRPC `Audio`
-    GET /  the browser page (cloud/web/)
-    GET /edge/...  the TypeScript edge's browser build (edge/web/dist/browser/, `make web`): the
-        page's "features on this device" mode and meeting apps load `harken.js` from here; absent
-        from a tree without the build, in which case the page offers the audio (Opus) mode only
-    GET /v1/config  what the page shows besides the transcript: the model served (`model`,
-        `model_kind`, `test_model`: a random test checkpoint whose words mean nothing, `model_note`)
-        and the languages a stream may be forced to (`languages`: [{name, code}])
 
-CORS: a meeting app on another origin that imports `/edge/harken.js` and posts offers needs the
-server's leave. `harken serve --cors-origin ORIGIN` (repeatable; `*` for any) answers preflights
-(POST with `Authorization` and `Content-Type`) and marks every response to a request from such an
-origin; other origins get no CORS headers, so browsers keep them out (same-origin pages need none).
+The HTTP application that mounts the offer route beside the page and the other APIs, and its CORS
+rules, is cloud/adapters/http_app.py.
 
 Each data channel runs the stream handler (cloud/hosting/stream_handler.py) that gRPC runs: the session
 table, the resume and replay rules, the error codes are one implementation. The channel's binary
@@ -37,7 +28,6 @@ import json
 import logging
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -53,13 +43,8 @@ from ..model.prompt import LANGUAGE_CODES, SUPPORTED_LANGUAGES
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from .openai_api import ApiLimits, TranscriptionAPI
-
 log = logging.getLogger("harken.webrtc")
 
-WEB_DIR = Path(__file__).resolve().parents[1] / "web"
-# the browser edge, built by `make web` (npm, esbuild) in a source tree; a wheel has no copy
-EDGE_WEB_DIR = Path(__file__).resolve().parents[2] / "edge" / "web" / "dist" / "browser"
 OFFER_PATH = "/v1/webrtc/offer"
 CONFIG_PATH = "/v1/config"
 MAX_OFFER_BYTES = 64 << 10
@@ -138,49 +123,18 @@ class _Channel:
         channel.on("close", self.closed.set)
 
 
-class WebRTCEndpoint:
-    """The HTTP signaling endpoint and every peer connection it made. Owned by `RunningServer`."""
+class WebRTCSignaling:
+    """The offer route and every peer connection it made (mounted by `HttpApp`)."""
 
-    def __init__(self, handler: StreamHandler, keys: ApiKeys | None, max_peer_connections: int = 64,
-                 cors_origins: tuple[str, ...] = (), api: TranscriptionAPI | None = None):
+    def __init__(self, handler: StreamHandler, keys: ApiKeys | None, max_peer_connections: int = 64):
         self.handler = handler
-        self.api = api
         self.keys = keys
-        self.cors_origins = frozenset(cors_origins)
         self.max_peer_connections = max_peer_connections
-        self.port: int | None = None
-        self._runner: web.AppRunner | None = None
         self._pcs: set = set()
         self._tasks: set[asyncio.Task] = set()
 
-    async def start(self, host: str, port: int) -> int:
-        from aiohttp import web
-
-        app = web.Application(client_max_size=MAX_OFFER_BYTES, middlewares=[self._preflight()])
-        app.on_response_prepare.append(self._cors_headers)
+    def add_routes(self, app: web.Application) -> None:
         app.router.add_post(OFFER_PATH, self._offer)
-        app.router.add_get("/", self._page)
-        app.router.add_get(CONFIG_PATH, self._config)
-        if self.api is not None:
-            from .realtime_api import RealtimeTranscription
-
-            from .deepgram_api import DeepgramListen
-            from .tokens import TokenGrants
-
-            self.api.add_routes(app)
-            RealtimeTranscription(self.handler, self.keys, self.api.model_id).add_routes(app)
-            DeepgramListen(self.handler, self.keys, self.api.model_id, files=self.api).add_routes(app)
-            TokenGrants(self.keys, self.api.model_id).add_routes(app)
-        app.router.add_static("/static/", WEB_DIR)
-        if EDGE_WEB_DIR.is_dir():
-            app.router.add_static("/edge/", EDGE_WEB_DIR)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
-        await site.start()
-        port = self._runner.addresses[0][1]  # the site's socket (the real port for port 0)
-        self.port = port
-        return port
 
     async def close(self) -> None:
         for t in list(self._tasks):
@@ -190,54 +144,6 @@ class WebRTCEndpoint:
         for pc in list(self._pcs):
             await pc.close()
         self._pcs.clear()
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self.api is not None:
-            self.api.close()
-
-    # ---- HTTP ----------------------------------------------------------------------------------
-
-    def _preflight(self):
-        """The CORS preflight middleware: a named origin's preflight is answered here, before any
-        route (see the module docstring); `_cors_headers` marks the responses."""
-        from aiohttp import web
-
-        @web.middleware
-        async def preflight(request, handler):
-            if (request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers
-                    and self._allowed(request.headers.get("Origin"))):
-                return web.Response(status=204, headers={
-                    "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
-                    "Access-Control-Allow-Headers": "authorization, content-type",
-                    "Access-Control-Max-Age": "600"})
-            return await handler(request)
-
-        return preflight
-
-    async def _cors_headers(self, request, response) -> None:
-        """Every response, errors and static files included (as it is prepared): the origin when
-        it is named, and `Vary: Origin` so that no cache hands one origin's answer to another."""
-        if not self.cors_origins:
-            return
-        vary = [v.strip() for v in response.headers.get("Vary", "").split(",") if v.strip()]
-        if "Origin" not in vary:
-            response.headers["Vary"] = ", ".join(vary + ["Origin"])
-        origin = request.headers.get("Origin")
-        if self._allowed(origin):
-            response.headers["Access-Control-Allow-Origin"] = origin
-
-    def _allowed(self, origin: str | None) -> bool:
-        return origin is not None and ("*" in self.cors_origins or origin in self.cors_origins)
-
-    async def _page(self, request):
-        from aiohttp import web
-
-        return web.FileResponse(WEB_DIR / "index.html")
-
-    async def _config(self, request):
-        from aiohttp import web
-
-        return web.json_response(page_config(self.handler))
 
     async def _offer(self, request):
         from aiohttp import web
@@ -361,22 +267,7 @@ async def _pump_track(track, feed: _TrackFeed) -> None:
         feed.add(mono, frame.sample_rate)
 
 
-async def start_webrtc(handler: StreamHandler, keys: ApiKeys | None, host: str, port: int,
-                       cors_origins: tuple[str, ...] = (), api_limits: ApiLimits | None = None) -> WebRTCEndpoint:
-    """The HTTP port: WebRTC signaling, the page, and (with `api_limits`) the OpenAI-compatible file
-    API on the served model (cloud/adapters/openai_api.py), its Realtime transcription
-    (cloud/adapters/realtime_api.py) and Deepgram's /v1/listen (cloud/adapters/deepgram_api.py)."""
-    api = None
-    if api_limits is not None:
-        from .openai_api import api_for
-
-        api = api_for(handler, keys, api_limits)
-    endpoint = WebRTCEndpoint(handler, keys, cors_origins=cors_origins, api=api)
-    await endpoint.start(host, port)
-    return endpoint
-
-
-__all__ = ["WebRTCEndpoint", "start_webrtc", "page_config", "OFFER_PATH", "CONFIG_PATH"]
+__all__ = ["WebRTCSignaling", "page_config", "OFFER_PATH", "CONFIG_PATH"]
 
 
 def page_config(handler) -> dict:

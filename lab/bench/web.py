@@ -127,7 +127,7 @@ def bench_web(options: WebBenchOptions, log=lambda s: None) -> dict:
 
     from harken.cloud.model.asr import Qwen3ASR
     from harken.cloud.server import ServerOptions, start_server
-    from harken.cloud.adapters.webrtc import EDGE_WEB_DIR
+    from harken.cloud.adapters.http_app import EDGE_WEB_DIR
     from harken.edge.audio import load_audio
     from harken.edge.features import log_mel_raw
     from harken.edge.vad import get_speech_timestamps
