@@ -91,3 +91,17 @@ def test_cli_prints_one_json_object(capsys):
     assert main(["bench", "stream", "--seconds", "4", "--streams", "1", "--json"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and json.loads(out[0])["streams"] == 1
+
+
+def test_two_policies_costs_side_by_side(capsys):
+    """`--compare-interval`: the batched run again at another update interval, both policies' compute
+    per second of speech in one run. Updates twice as often cost more compute and more decode steps
+    on the same streams (tiny, English forced)."""
+    assert main(["bench", "stream", "--seconds", "8", "--streams", "1", "--update-interval", "1.0",
+                 "--compare-interval", "0.5", "--language", "English", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    default, other = r["policies"]
+    assert (default["update_interval_s"], other["update_interval_s"]) == (1.0, 0.5)
+    assert default["total_s"] == r["harken_total_s"]  # the default policy is the batched run itself
+    assert other["decode_steps_per_speech_s"] > default["decode_steps_per_speech_s"] > 0
+    assert r["compare_compute_ratio"] == pytest.approx(other["total_s"] / default["total_s"], rel=1e-2)

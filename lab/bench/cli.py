@@ -84,6 +84,9 @@ def _register_stream(bsub: Subparsers) -> None:
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     b.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+    b.add_argument("--compare-interval", type=float, metavar="S",
+                   help="also run the batched engine with updates every S seconds and report both policies' "
+                        "compute per second of speech side by side (policies, compare_compute_ratio)")
     b.set_defaults(run=run_stream)
 
 
@@ -93,7 +96,8 @@ def run_stream(args: argparse.Namespace) -> int | None:
     return bench_stream_command(StreamBenchOptions(
         model=args.model, real_dims=args.real_dims, seconds=args.seconds, streams=args.streams,
         update_interval_s=args.update_interval, phase1_max_seconds=args.phase1_max_seconds,
-        repeats=args.repeats, language=args.language, device=args.device, dtype=args.dtype))
+        repeats=args.repeats, language=args.language, device=args.device, dtype=args.dtype,
+        compare_interval_s=args.compare_interval))
 
 
 def _register_ray(bsub: Subparsers) -> None:

@@ -43,6 +43,8 @@ every run is repeated and its fastest repetition counts, on every side alike. Fi
   decode_steps_per_speech_s  decode steps per second of speech (batched): generated tokens less those
                        a prefill confirmed (`Engine._verify`, self-speculative decoding)
   decode_verified_share      the share of generated tokens confirmed that way
+  policies             (`--compare-interval S`) the batched run's cost per second of speech at the
+                       update interval and at S, side by side (`compare_compute_ratio`: S's / the default's)
   speculation_speedup  the same batched run without self-speculation (`EngineConfig.speculate`
                        False) / with it; its events must be identical (asserted), and
                        `unspeculated_phase1_speedup` is phase1_speedup without it
@@ -82,6 +84,7 @@ class StreamBenchOptions:
     phase1_max_seconds: float = 600.0  # above this estimated Phase-1 compute, sample its updates
     continuous: bool = True  # also measure the continuous-speech session
     language: str | None = None  # forced on every side (the tiny checkpoint writes text only then)
+    compare_interval_s: float | None = None  # also the batched run with this update interval: `policies`
 
 
 # --- input ----------------------------------------------------------------------------------------
@@ -415,6 +418,12 @@ def _bench_stream(opts: StreamBenchOptions) -> dict:
                                             / (n * seconds * speech)),
         "decode_verified_share": _round(batched.verified_tokens / max(batched.decoded_tokens, 1)),
     })
+    if opts.compare_interval_s is not None:
+        other = fastest(lambda: run_engine(asr, streams, replace(opts, update_interval_s=opts.compare_interval_s),
+                                           clock), opts.repeats)
+        result["policies"] = [_policy_cost(opts.update_interval_s, batched, n * seconds * speech),
+                              _policy_cost(opts.compare_interval_s, other, n * seconds * speech)]
+        result["compare_compute_ratio"] = _round(other.total_s / batched.total_s)
     plain = fastest(lambda: run_engine(asr, streams, opts, clock, speculate=False), opts.repeats)
     if plain.events != batched.events:
         raise AssertionError("self-speculative decoding produced other events than plain greedy decoding")
@@ -433,6 +442,15 @@ def _bench_stream(opts: StreamBenchOptions) -> dict:
     result["transcript_chars"] = [len(t) for t in batched.texts()]
     result["bench_wall_s"] = round(time.perf_counter() - wall0, 1)
     return result
+
+
+def _policy_cost(update_interval_s: float, run: EngineRun, speech_s: float) -> dict:
+    """One commit policy's engine work over the same streams: compute and decode steps per second
+    of speech (`--compare-interval`: two policies' costs side by side in one run)."""
+    return {"update_interval_s": update_interval_s, "total_s": round(run.total_s, 4),
+            "compute_ms_per_speech_s": _round(1000 * run.total_s / speech_s, 2),
+            "decode_tokens_per_speech_s": _round(run.decoded_tokens / speech_s),
+            "decode_steps_per_speech_s": _round((run.decoded_tokens - run.verified_tokens) / speech_s)}
 
 
 def fastest(run, repeats: int):
