@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e '.[edge,cloud,dev,train,scale]'
+	$(PY) -m pip install -q --no-deps resemblyzer==0.1.4  # the speaker encoder's weights and reference
 	touch $(STAMP)
 
 venv: $(STAMP)

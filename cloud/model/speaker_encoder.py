@@ -1,0 +1,130 @@
+"""The speaker encoder: who is speaking, as a 256-d unit vector (GE2E, Resemblyzer's pretrained model).
+
+    encoder = SpeakerEncoder.load()                 # resemblyzer's pretrained.pt (see `weights_path`)
+    e = encoder.embed(samples)                      # 16 kHz mono float32 -> [256], L2 norm 1, >= 0
+
+Rebuilt with torch and numpy alone from Resemblyzer 0.1.4 (Apache-2.0; github.com/resemble-ai/
+Resemblyzer), its embeddings equal to the package's (tests/test_speaker_encoder.py, cosine >= 0.9999):
+
+- features: 40-band *power* mel spectrogram (not log), n_fft 400, hop 160, a periodic Hann window,
+  the signal zero-padded by n_fft / 2 at both ends (librosa's `center=True`), the Slaney mel scale
+  and area norm from 0 to 8 kHz (`shared.features_spec.slaney_mel_filters`, the feature contract's
+  bank at 40 bands, which is librosa's);
+- partials: windows of 160 frames (1.6 s) every round(16000 / 1.3 / 160) = 77 frames, the audio
+  zero-padded to the last window's end, the last window dropped when it covers less than 75% of
+  real audio (unless it is the only one);
+- model: a 3-layer LSTM (40 -> 256) over each partial, its last layer's final hidden state through
+  Linear(256, 256) and ReLU, L2-normalised; the utterance embedding is the partials' mean,
+  L2-normalised. The embeddings are non-negative, so cosines between speakers run high (~0.7).
+
+The weights: read at first use from the `resemblyzer` package's `pretrained.pt` (17 MB with the
+optimiser's state; 1.42 M parameters used), found without importing the package (its import needs
+librosa and webrtcvad, which harken does not), so the package is a data dependency:
+`pip install resemblyzer==0.1.4 --no-deps`. Not converted into the repo: the file is its authors'
+release, its licence travels with its wheel, and harken's checkout and wheel stay free of 6 MB of
+someone else's weights.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ...shared.errors import ModelError
+from ...shared.features_spec import slaney_mel_filters
+
+SAMPLE_RATE = 16000
+N_FFT = 400  # 25 ms
+HOP = 160  # 10 ms
+N_MELS = 40
+PARTIAL_FRAMES = 160  # 1.6 s
+PARTIALS_PER_S = 1.3
+MIN_COVERAGE = 0.75
+HIDDEN = 256
+LAYERS = 3
+EMBEDDING = 256
+
+
+def weights_path() -> Path:
+    """resemblyzer's `pretrained.pt`, located without importing the package."""
+    spec = importlib.util.find_spec("resemblyzer")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("speaker labels need the speaker encoder's weights from the resemblyzer package: "
+                         "pip install resemblyzer==0.1.4 --no-deps")
+    path = Path(next(iter(spec.submodule_search_locations))) / "pretrained.pt"
+    if not path.is_file():
+        raise ModelError(f"{path}: missing from the installed resemblyzer package (reinstall resemblyzer==0.1.4)")
+    return path
+
+
+def power_mel(samples: np.ndarray) -> np.ndarray:
+    """[frames, 40] float32 power mel spectrogram of 16 kHz samples (librosa's melspectrogram with
+    resemblyzer's settings: center=True with zero padding, periodic Hann, power 2)."""
+    x = np.pad(np.asarray(samples, dtype=np.float32), N_FFT // 2)
+    frames = 1 + (x.size - N_FFT) // HOP
+    index = np.arange(N_FFT)[None, :] + HOP * np.arange(frames)[:, None]
+    window = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)).astype(np.float32)
+    spectrum = np.fft.rfft(x[index] * window, axis=1)
+    power = (spectrum.real ** 2 + spectrum.imag ** 2).astype(np.float32)
+    return (power @ _mel_bank()).astype(np.float32)
+
+
+_BANK: np.ndarray | None = None
+
+
+def _mel_bank() -> np.ndarray:
+    global _BANK
+    if _BANK is None:
+        _BANK = slaney_mel_filters(N_FFT // 2 + 1, N_MELS, 0.0, SAMPLE_RATE / 2, SAMPLE_RATE).astype(np.float32)
+    return _BANK
+
+
+def partial_slices(n_samples: int) -> list[slice]:
+    """The mel-frame windows of an utterance of `n_samples` (see the module docstring)."""
+    n_frames = int(np.ceil((n_samples + 1) / HOP))
+    step = int(np.round((SAMPLE_RATE / PARTIALS_PER_S) / HOP))
+    starts = range(0, max(1, n_frames - PARTIAL_FRAMES + step + 1), step)
+    slices = [slice(i, i + PARTIAL_FRAMES) for i in starts]
+    last = slices[-1]
+    coverage = (n_samples - last.start * HOP) / (PARTIAL_FRAMES * HOP)
+    if coverage < MIN_COVERAGE and len(slices) > 1:
+        slices = slices[:-1]
+    return slices
+
+
+class SpeakerEncoder(nn.Module):
+    """GE2E's LSTM speaker encoder (see the module docstring)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(N_MELS, HIDDEN, LAYERS, batch_first=True)
+        self.linear = nn.Linear(HIDDEN, EMBEDDING)
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "SpeakerEncoder":
+        checkpoint = torch.load(str(path or weights_path()), map_location="cpu", weights_only=True)
+        state = {k: v for k, v in checkpoint["model_state"].items() if k.startswith(("lstm.", "linear."))}
+        encoder = cls()
+        encoder.load_state_dict(state)
+        return encoder.eval()
+
+    def forward(self, mels: torch.Tensor) -> torch.Tensor:
+        """[B, frames, 40] power mel -> [B, 256] unit embeddings."""
+        _, (hidden, _) = self.lstm(mels)
+        raw = torch.relu(self.linear(hidden[-1]))
+        return raw / torch.linalg.vector_norm(raw, dim=1, keepdim=True)
+
+    @torch.no_grad()
+    def embed(self, samples: np.ndarray) -> np.ndarray:
+        """An utterance (16 kHz mono float32) -> its [256] unit embedding: the mean of its partials'."""
+        slices = partial_slices(len(samples))
+        end = slices[-1].stop * HOP
+        padded = np.pad(samples, (0, max(0, end - len(samples))))
+        mel = power_mel(padded)
+        partials = self(torch.from_numpy(np.stack([mel[s] for s in slices])))
+        mean = partials.mean(dim=0).numpy()
+        return (mean / np.linalg.norm(mean)).astype(np.float32)

@@ -1,0 +1,54 @@
+"""The speaker encoder (cloud/model/speaker_encoder.py) against the package it was rebuilt from:
+Resemblyzer 0.1.4's `VoiceEncoder` (its own librosa mel spectrogram, LSTM and partial windows) on
+the same samples. Two voices saying the same sentence must come out further apart than one voice's
+two sentences (espeak-ng's en-us and its female variant f3)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import resemblyzer  # the reference: `make` installs it (--no-deps) with librosa and webrtcvad-wheels
+import torch
+
+from harken.cloud.model.speaker_encoder import SpeakerEncoder, partial_slices, power_mel
+from signals import speech
+
+
+@pytest.fixture(scope="module")
+def encoders():
+    torch.set_num_threads(1)
+    return SpeakerEncoder.load(), resemblyzer.VoiceEncoder(device="cpu", verbose=False)
+
+
+@pytest.fixture(scope="module")
+def utterances():
+    return {"a1": speech("Good morning everyone, let us start the meeting.", voice="en-us"),
+            "a2": speech("The report is due on Friday afternoon.", voice="en-us"),
+            "b1": speech("Good morning everyone, let us start the meeting.", voice="en-us+f3"),
+            "short": speech("Yes.", voice="en-us")}
+
+
+def test_features_and_windows_are_resemblyzers(utterances):
+    from resemblyzer import audio
+
+    for wav in utterances.values():
+        ours, theirs = power_mel(wav), audio.wav_to_mel_spectrogram(wav)
+        assert ours.shape == theirs.shape
+        assert np.allclose(ours, theirs, rtol=1e-3, atol=1e-6 * theirs.max())
+    for n in (1, 1600, 25_599, 25_600, 25_601, 40_000, 123_457, 16000 * 30):
+        _, mel_slices = resemblyzer.VoiceEncoder.compute_partial_slices(n, 1.3, 0.75)
+        assert partial_slices(n) == mel_slices, n
+
+
+def test_embeddings_equal_resemblyzers(encoders, utterances):
+    ours, theirs = encoders
+    for name, wav in utterances.items():
+        a, b = ours.embed(wav), theirs.embed_utterance(wav)
+        assert a.shape == (256,) and abs(np.linalg.norm(a) - 1) < 1e-5 and (a >= 0).all()
+        assert float(a @ b) >= 0.9999, name
+
+
+def test_one_voice_is_closer_to_itself_than_to_another(encoders, utterances):
+    ours, _ = encoders
+    e = {k: ours.embed(v) for k, v in utterances.items()}
+    assert float(e["a1"] @ e["a2"]) > float(e["a1"] @ e["b1"])
