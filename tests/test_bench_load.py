@@ -116,6 +116,7 @@ def test_replayed_packets_are_the_edges_in_order_each_due_when_its_audio_was_in(
 
 
 def test_replayed_load_splits_the_servers_cpu_into_model_and_host(capsys):
+    from harken.bench.load import stream_audios
     from harken.bench.replay import prepared_streams
     from harken.proto import harken_pb2 as pb
 
@@ -125,7 +126,7 @@ def test_replayed_load_splits_the_servers_cpu_into_model_and_host(capsys):
     assert result["replay"] is True and result["errors"] == {}
     # one final per segment the edge's packets opened, in every stream
     sent = sum(len({pb.ClientMessage.FromString(m).features.segment_id for _, m in stream})
-               for stream in prepared_streams(sample_audio(), 2, 3.0))
+               for stream in prepared_streams(stream_audios(sample_audio(), LoadBenchOptions(self_serve=True, streams=2, seconds=3.0))))
     assert result["segments"] == sent >= 2
     assert result["model_cpu_ms_per_stream_s"] > 0 and result["host_cpu_ms_per_stream_s"] > 0
     assert result["server_cpu_ms_per_stream_s"] == pytest.approx(

@@ -76,7 +76,7 @@ from harken.shared.errors import HarkenError
 from harken.shared.features_spec import SAMPLE_RATE
 from harken.shared.transcript import TranscriptEvent
 
-from .replay import run_replay
+from harken.bench.replay import PIECE_S, replay
 
 PIECE_MS = 100
 KEEP_UP_UPDATE_MS = 1000.0  # CommitPolicy.update_interval_s, the server default
@@ -242,8 +242,7 @@ async def run_load(target: str, options: LoadBenchOptions, sample: np.ndarray) -
     client_options = ClientOptions(language=options.language)
     clients = [TranscriptionClient(target, api_key=options.api_key, tls=options.tls_ca, options=client_options)
                for _ in range(n)]
-    period_s = sample.size / SAMPLE_RATE
-    audios = [tiled(sample, options.seconds, offset_s=round(i * period_s / n, 1)) for i in range(n)]
+    audios = stream_audios(sample, options)
     t0 = time.monotonic()
     await asyncio.gather(*(_one_stream(c, a, t0, r, options.finalize) for c, a, r in zip(clients, audios, records)))
     wall_s = time.monotonic() - t0
@@ -283,6 +282,40 @@ def summarize(records: list[StreamRecord], options: LoadBenchOptions, wall_s: fl
         "wall_s": round(wall_s, 2),
         "piece_ms": options.piece_ms,
     }
+
+
+def stream_audios(sample: np.ndarray, options: LoadBenchOptions) -> list[np.ndarray]:
+    """Each stream's audio: `options.seconds` of `sample` tiled, stream i starting i / N of the way in."""
+    n, period_s = options.streams, sample.size / SAMPLE_RATE
+    return [tiled(sample, options.seconds, offset_s=round(i * period_s / n, 1)) for i in range(n)]
+
+
+async def run_replay(target: str, options: LoadBenchOptions, sample: np.ndarray, engine=None) -> dict:
+    """`--replay`: the streams from a client process of its own (replay.py); the JSON result, with
+    the server's CPU per stream-second split into the model's calls and the rest when `engine` (the
+    in-process server's) is given."""
+    got = await replay(target, stream_audios(sample, options), options.language, options.api_key, engine)
+    piece_samples = int(round(PIECE_S * SAMPLE_RATE))
+    records = []
+    for s in got["streams"]:
+        r = StreamRecord(piece_samples)
+        pieces = int(np.ceil(options.seconds / PIECE_S))
+        r.handed = [got["start_at"] + (k + 1) * PIECE_S for k in range(pieces)]  # the audio clock: captured then
+        r.max_lag_s, r.error, r.done_at = s["max_lag_s"], s["error"], s["done_at"]
+        for arrival, segment_id, start_s, end_s, is_final in s["events"]:
+            r.observe(TranscriptEvent(segment_id, "", "", 0.0, start_s, end_s, "", is_final), arrival)
+        records.append(r)
+    out = summarize(records, options, got["wall_s"])
+    audio_s = options.streams * options.seconds
+    server_ms = 1000 * got["server_cpu_s"] / audio_s
+    out["replay"] = True
+    out["server_cpu_ms_per_stream_s"] = round(server_ms, 3)
+    if "model_cpu_s" in got:
+        model_ms = 1000 * got["model_cpu_s"] / audio_s
+        out["model_cpu_ms_per_stream_s"] = round(model_ms, 3)
+        out["host_cpu_ms_per_stream_s"] = round(server_ms - model_ms, 3)
+    out["client_cpu_s"] = got["cpu_s"]
+    return out
 
 
 def sample_audio() -> np.ndarray:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import json
 import os
 import pickle
@@ -40,7 +41,6 @@ import numpy as np
 from harken.edge.pipeline import FeatureStream
 from harken.shared.codec import CODEC_NAME
 from harken.shared.features_spec import SAMPLE_RATE
-from harken.shared.transcript import TranscriptEvent
 from harken.shared.wire import features_to_proto
 
 PIECE_S = 0.1
@@ -63,19 +63,16 @@ def stream_packets(audio: np.ndarray, piece_s: float = PIECE_S) -> list[tuple[fl
     return out
 
 
-def prepared_streams(sample: np.ndarray, n: int, seconds: float) -> list[list[tuple[float, bytes]]]:
-    """The packets of `n` streams: `seconds` of `sample` tiled, stream i offset i / n of the way in
-    (as `harken bench load`), computed once per distinct offset."""
-    from .load import tiled
-
-    period_s = sample.size / SAMPLE_RATE
-    cache: dict[float, list[tuple[float, bytes]]] = {}
+def prepared_streams(audios: list[np.ndarray]) -> list[list[tuple[float, bytes]]]:
+    """The packets of each stream's audio, computed once per distinct audio (streams that start at
+    the same offset into the same sample are the same packets)."""
+    cache: dict[bytes, list[tuple[float, bytes]]] = {}
     streams = []
-    for i in range(n):
-        offset = round(i * period_s / n, 1)
-        if offset not in cache:
-            cache[offset] = stream_packets(tiled(sample, seconds, offset_s=offset))
-        streams.append(cache[offset])
+    for audio in audios:
+        key = hashlib.sha1(audio.tobytes()).digest()
+        if key not in cache:
+            cache[key] = stream_packets(audio)
+        streams.append(cache[key])
     return streams
 
 
@@ -118,19 +115,19 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def run_replay(target: str, options, sample: np.ndarray, engine=None) -> dict:
-    """Replay `options.streams` streams against `target` from a client process of its own; the JSON
-    result (with the CPU split when `engine`, the in-process server's, is given)."""
-    from .load import StreamRecord, summarize
-
-    n, piece_samples = options.streams, int(round(PIECE_S * SAMPLE_RATE))
-    streams = prepared_streams(sample, n, options.seconds)
+async def replay(target: str, audios: list[np.ndarray], language: str = "", api_key: str | None = None,
+                 engine=None) -> dict:
+    """Replay one stream per audio against `target` from a client process of its own. Returns the
+    client process's record (per stream: its events as (arrival, segment_id, start_s, end_s,
+    is_final), `max_lag_s`, `error`, `done_at`; `wall_s`, `cpu_s`), `start_at` (the audio clock's
+    zero on this machine's monotonic clock) and this process's CPU during the run, `server_cpu_s`,
+    with `model_cpu_s` when `engine` (the in-process server's) is given."""
+    streams = prepared_streams(audios)
     with tempfile.TemporaryDirectory() as tmp:
         job, result_path = Path(tmp) / "job.pickle", Path(tmp) / "result.json"
-        start_at = time.monotonic() + 2.0 + 0.002 * n  # the client process's start-up before it
-        job.write_bytes(pickle.dumps({"target": target, "language": options.language, "streams": streams,
-                                      "codec": CODEC_NAME, "api_key": options.api_key,
-                                      "start_at": start_at, "seconds": options.seconds}))
+        start_at = time.monotonic() + 2.0 + 0.002 * len(audios)  # the client process's start-up before it
+        job.write_bytes(pickle.dumps({"target": target, "language": language, "streams": streams,
+                                      "codec": CODEC_NAME, "api_key": api_key, "start_at": start_at}))
         clock = ModelClock(engine) if engine is not None else None
         proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "harken.bench.replay_clients", str(job),
                                                     str(result_path), env={**os.environ, "GRPC_VERBOSITY": "NONE"})
@@ -147,26 +144,7 @@ async def run_replay(target: str, options, sample: np.ndarray, engine=None) -> d
         if returncode != 0 or not result_path.exists():
             raise RuntimeError(f"the replaying client process failed (exit {returncode})")
         got = json.loads(result_path.read_text())
-    records = []
-    for s in got["streams"]:
-        r = StreamRecord(piece_samples)
-        pieces = int(np.ceil(options.seconds / PIECE_S))
-        r.handed = [start_at + (k + 1) * PIECE_S for k in range(pieces)]  # the audio clock: captured then
-        r.max_lag_s = s["max_lag_s"]
-        r.error = s["error"]
-        for arrival, segment_id, start_s, end_s, is_final in s["events"]:
-            r.observe(TranscriptEvent(segment_id, "", "", 0.0, start_s, end_s, "", is_final), arrival)
-        r.done_at = s["done_at"]
-        records.append(r)
-    out = summarize(records, options, got["wall_s"])
-    audio_s = n * options.seconds
-    server_ms = 1000 * (cpu1 - cpu0) / audio_s
-    out["replay"] = True
-    out["server_cpu_ms_per_stream_s"] = round(server_ms, 3)
+    got.update(start_at=start_at, server_cpu_s=cpu1 - cpu0)
     if clock is not None:
-        model_ms = 1000 * (model1 - model0) / audio_s
-        out["model_cpu_ms_per_stream_s"] = round(model_ms, 3)
-        out["host_cpu_ms_per_stream_s"] = round(server_ms - model_ms, 3)
-    out["client_cpu_s"] = got["cpu_s"]
-    return out
-
+        got["model_cpu_s"] = model1 - model0
+    return got
