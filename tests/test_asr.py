@@ -275,6 +275,28 @@ def test_small_vocabulary_keeps_real_special_ids(tmp_path):
     assert b"".join(tk.token_bytes(i) for i in tk.encode(text)) == text.encode()
 
 
+
+def test_a_small_vocabulary_model_computes_only_its_live_rows(tmp_path):
+    """`make-tiny-model --vocab small`: the ids no text can form have zero embedding rows, so the
+    output head computes the live rows alone (a model of negligible cost for `bench load --replay`),
+    and its logits are the dense product's (the placeholders' exactly 0)."""
+    import torch
+
+    from harken.cloud.model.asr import Qwen3ASR
+
+    asr = Qwen3ASR.load(str(make_tiny_model(tmp_path / "m", vocab="small")), dtype="fp32", device="cpu")
+    tk = asr.tokenizer
+    placeholders = [i for i in range(151643) if tk._tk.id_to_token(i).startswith("\u2400")]
+    head = asr.decoder.lm_head
+    with torch.no_grad():
+        live = head.live_rows()
+        assert live is not None
+        assert live[0].numel() == head.weight.shape[0] - len(placeholders)
+        x = torch.randn(3, head.in_features)
+        assert torch.allclose(head(x), x @ head.weight.T, atol=1e-5)
+        assert torch.equal(head(x)[:, placeholders[:50]], torch.zeros(3, 50))
+
+
 # --- numerics: prefill logits in float64 ----------------------------------------------------------
 
 
