@@ -1,5 +1,6 @@
 """What the command modules share: the defaults several commands name, argparse's subparsers type and
-the readings of options that several commands have. No imports beyond argparse: parsing costs nothing."""
+the readings of options that several commands have. Nothing heavy imported (argparse and harken's
+error type): parsing costs nothing."""
 
 from __future__ import annotations
 
