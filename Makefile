@@ -135,10 +135,13 @@ TRAIN_DIR ?= ../synth-run
 # --average-decay 0.9997 (from step 99,974; 0.999 before): the uniform mean of the three committed states
 # 94,002, 96,804 and 99,607 read 15.9% on the 300 against 16.2% for 99,607's own 1,000-step average,
 # so the measured and packed weights average ~3,300 steps
+# --manpage-texts 20000 (from step ~107,800): sentences of the manual pages (lab/training/manpages.py), read
+# from their phonemes like --texts: plain technical English none of the other sources has, aimed at the
+# out-of-distribution set (32-34% WER against ~15% held-out), none of whose sources' sentences it reads
 TRAIN_ARGS ?= --utterances 16000 --prose-utterances 8000 --phrases 8000 --texts 20000 --wordnet-texts 40000 \
 	--wordnet-utterances 4000 --text-batch 24 --lr 1e-3 --lr-hold 5000 --eval-every 400 \
 	--eval-n 40 --threads 2 --workers $(shell nproc) --corpus-first --steps 1000000 --piper-repeat 3 \
-	--average-decay 0.9997
+	--average-decay 0.9997 --manpage-texts 20000
 # jemalloc, not glibc's malloc: an hour into a run (a 9 GB heap of examples and texts) 27% of the
 # trainer's samples were in glibc's posix_memalign under torch's CPU allocator; with jemalloc a
 # step took 0.43 s against 0.75 s (2026-11-28, py-spy --native, steps counted over a minute). The

@@ -26,6 +26,9 @@ _CORPUS_SIZES = (
                                "sentences and phrases of everyday English), read like --texts: words and text the "
                                "other sources never had"),
     ("--wordnet-utterances", 4000, "utterances of WordNet's usage examples (shards wordnet-*)"),
+    ("--manpage-texts", 0, "sentences of the manual pages without audio (/usr/share/man; ~29,000 plain "
+                           "sentences of technical English, none an out-of-distribution source's), read like "
+                           "--texts: phrasing none of the other sources has"),
 )
 
 
@@ -145,7 +148,8 @@ def run_train(args: argparse.Namespace) -> int | None:
                          phrases=args.phrases, texts=args.texts, jumbles=args.jumbles,
                          jumble_texts=args.jumble_texts, prose_texts=args.prose_texts,
                          prose_utterances=args.prose_utterances, wordnet_texts=args.wordnet_texts,
-                         wordnet_utterances=args.wordnet_utterances, text_batch=args.text_batch,
+                         wordnet_utterances=args.wordnet_utterances,
+                         manpage_texts=args.manpage_texts, text_batch=args.text_batch,
                          threads=args.threads, workers=args.workers, seed=args.seed, tiny=args.tiny,
                          eval_every=args.eval_every, eval_n=args.eval_n, batch_frames=args.batch_frames,
                          device=args.device, init_from=args.init_from, lr=args.lr,

@@ -23,7 +23,7 @@ def jemalloc_loaded() -> bool:
 def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = None, steps: int = 20000,
                   phrases: int = 20000, texts: int = 40000, jumbles: int = 8000, jumble_texts: int = 20000,
                   prose_texts: int = 40000, prose_utterances: int = 8000, wordnet_texts: int = 40000,
-                  wordnet_utterances: int = 4000, threads: int = 2, workers: int = 2, seed: int = 0, tiny: bool = False,
+                  wordnet_utterances: int = 4000, manpage_texts: int = 0, threads: int = 2, workers: int = 2, seed: int = 0, tiny: bool = False,
                   eval_every: int = 400, eval_n: int = 40, batch_frames: int = 4000,
                   device: str = "cpu", init_from: str | None = None, lr: float = 2e-3,
                   lr_hold: int = 100, warmstart: str | None = "repo", pack: bool = False,
@@ -69,7 +69,8 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
     cdir = Path(corpus_dir) if corpus_dir else outdir / "corpus"
     sizes = {"utterances": utterances, "phrases": phrases, "texts": texts, "jumbles": jumbles,
              "jumble_texts": jumble_texts, "prose_texts": prose_texts, "prose_utterances": prose_utterances,
-             "wordnet_texts": wordnet_texts, "wordnet_utterances": wordnet_utterances}
+             "wordnet_texts": wordnet_texts, "wordnet_utterances": wordnet_utterances,
+             "manpage_texts": manpage_texts}
     if corpus_only:
         build_corpus(cdir, sizes, seed, workers, piper_share)
         return 0
@@ -125,7 +126,7 @@ def train_command(out: str, utterances: int = 16000, corpus_dir: str | None = No
 CORPUS_FILES = {"phrases": ("shard", "phrase"), "utterances": ("shard", "train"), "jumbles": ("shard", "jumble"),
                 "texts": ("text", "text"), "jumble_texts": ("text", "jumble"), "prose_texts": ("text", "prose"),
                 "prose_utterances": ("shard", "prose"), "wordnet_texts": ("text", "wordnet"),
-                "wordnet_utterances": ("shard", "wordnet")}
+                "wordnet_utterances": ("shard", "wordnet"), "manpage_texts": ("text", "manpage")}
 
 
 def corpus_plan(sizes: dict[str, int]) -> list[tuple[str, str, int, int]]:
@@ -162,7 +163,8 @@ def build_corpus(cdir: Path, sizes: dict[str, int], seed: int, workers: int, pip
     print(f"corpus: {sizes['utterances']} utterances, {sizes.get('prose_utterances', 0)} prose utterances, "
           f"{sizes['phrases']} phrases, {sizes['jumbles']} jumbles, {sizes['texts']} texts, "
           f"{sizes['jumble_texts']} jumbles, {sizes['prose_texts']} prose and {sizes.get('wordnet_texts', 0)} "
-          f"WordNet texts without audio, {sizes.get('wordnet_utterances', 0)} WordNet utterances in {cdir} "
+          f"WordNet texts without audio, {sizes.get('wordnet_utterances', 0)} WordNet utterances, "
+          f"{sizes.get('manpage_texts', 0)} manual-page texts without audio in {cdir} "
           f"({workers} at a time; finished files are kept)", file=sys.stderr, flush=True)
     corpus.build_files(cdir, corpus_plan(sizes), seed, workers, progress, piper_share)
 

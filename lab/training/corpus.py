@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harken.training import speech, text
+from harken.training import manpages, speech, text
 from harken.shared.errors import HarkenError
 
 # synth-en's users speak in meetings and everyday English: meeting talk first, then the fortunes'
@@ -158,7 +158,8 @@ def text_file(out: Path, kind: str, k: int) -> Path:
 def build_text_phonemes(out: str | Path, n: int, seed: int = 0, progress=None, kind: str = "text",
                         workers: int = 1) -> list[Path]:
     """Text without audio: `n` training texts (picked as utterances are; `kind` "jumble": jumbles,
-    "prose": fortunes and Bible verses only, `PROSE_WEIGHTS`; "wordnet": WordNet's examples) with
+    "prose": fortunes and Bible verses only, `PROSE_WEIGHTS`; "wordnet": WordNet's examples;
+    "manpage": the manual pages' sentences, `manpages`) with
     espeak-ng's phonemes in a random English accent, in files (`text_file`) of `TEXT_LINES` lines
     (resuming: finished files are kept). They teach the decoder words no utterance has spoken yet."""
     files = [("text", kind, k, n) for k in range(-(-n // TEXT_LINES))]
@@ -171,6 +172,8 @@ def _write_text_file(path: Path, kind: str, a: int, b: int, seed: int) -> None:
         r = random.Random(f"synth-en:{seed}:{kind}:{i}")
         if kind == "jumble":
             source, sentence = "jumble", _jumble(r, seed)
+        elif kind == "manpage":
+            source, sentence = _pick_text(r, {"manpage": manpages.training_sentences()}, {"manpage": 1.0})
         else:
             weights = TEXT_WEIGHTS.get(kind, SOURCE_WEIGHTS)
             source, sentence = _pick_text(r, _split_sources(seed)[0], weights)
