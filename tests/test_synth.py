@@ -771,3 +771,23 @@ def test_phoneme_error_decodes_the_phoneme_head_greedily():
         model.phone_head.bias[4] = model.phone_head.bias[11 + 4] = 10.0  # phoneme 4 in both slots
     assert math.isclose(evaluation.phoneme_error(model, feats, [[4, 4, 4]]), 2 / 3)
     assert evaluation.phoneme_error(model, feats, [[4]]) == 0.0
+
+
+def test_espeak_is_run_again_after_a_timeout(monkeypatch):
+    """A starved corpus builder's espeak-ng that times out is run again, not the end of the run
+    (the fault injected: the first call times out)."""
+    from harken.training import speech as speech_module
+
+    real = subprocess.run
+    calls = []
+
+    def once_too_slow(argv, **kwargs):
+        calls.append(argv)
+        if len(calls) == 1:
+            raise subprocess.TimeoutExpired(argv, kwargs.get("timeout"))
+        return real(argv, **kwargs)
+
+    monkeypatch.setattr(speech_module.subprocess, "run", once_too_slow)
+    got = speech_module.phonemes("The meeting starts at noon.", "en-us")
+    monkeypatch.setattr(speech_module.subprocess, "run", real)
+    assert len(calls) == 2 and got == speech_module.phonemes("The meeting starts at noon.", "en-us")

@@ -101,14 +101,27 @@ def sample_recipe(r: random.Random, text: str, held_out: bool, piper_share: floa
 
 # --- synthesisers -------------------------------------------------------------------------------
 
+def _run_espeak(argv: list[str], timeout_s: float = 300.0, tries: int = 3) -> subprocess.CompletedProcess:
+    """espeak-ng once, again after a timeout: a corpus builder at nice 19 on a loaded machine (the
+    stop-65 session: load 6 on 2 cores) waited more than 60 s for one sentence and the whole run
+    stopped on it. Its output depends on its input alone, so a retry changes nothing but the wait."""
+    for attempt in range(tries):
+        try:
+            return subprocess.run(argv, capture_output=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            if attempt == tries - 1:
+                raise SynthesisError(f"espeak-ng did not finish in {timeout_s:.0f} s, {tries} times: "
+                                     f"{' '.join(argv[:-1])} {argv[-1][:60]!r}") from None
+    raise AssertionError("unreachable")
+
+
 def espeak(text: str, voice: str, variant: str = "", rate: float = 160, pitch: int = 50) -> np.ndarray:
     """espeak-ng -> 16 kHz float32."""
     exe = shutil.which("espeak-ng")
     if exe is None:
         raise SynthesisError("espeak-ng is not installed (apt-get install espeak-ng)")
     v = f"{voice}+{variant}" if variant else voice
-    run = subprocess.run([exe, "-v", v, "-s", str(int(rate)), "-p", str(int(pitch)), "--stdout", "--", text],
-                         capture_output=True, timeout=120)
+    run = _run_espeak([exe, "-v", v, "-s", str(int(rate)), "-p", str(int(pitch)), "--stdout", "--", text])
     if run.returncode != 0 or len(run.stdout) < 44:
         raise SynthesisError(f"espeak-ng failed for voice {v}: {run.stderr.decode(errors='replace')[:200]}")
     data = run.stdout
@@ -292,7 +305,7 @@ def phonemes(text: str, voice: str = "en-us") -> str:
     if exe is None:
         raise SynthesisError("espeak-ng is not installed (apt-get install espeak-ng)")
     accent = "en-us" if voice == PIPER else voice
-    run = subprocess.run([exe, "-q", "--ipa", "-v", accent, "--", text], capture_output=True, timeout=60)
+    run = _run_espeak([exe, "-q", "--ipa", "-v", accent, "--", text])
     ipa = run.stdout.decode("utf-8", errors="replace")
     for mark in ("ˈ", "ˌ", "\u200d", "\u0361", "-"):
         ipa = ipa.replace(mark, "")
