@@ -4,6 +4,8 @@ path through gRPC is tested end to end in test_server_*.py."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from harken.cloud.base.errors import MalformedMessage, OutOfOrder, SessionNotFound, ShuttingDown, Superseded
@@ -363,3 +365,129 @@ def test_turn_events_replay_after_a_resume_like_the_text():
     a = s.attach(1, now=1.0, wake=Wake())  # a resume that had the first event only
     assert [e.event_seq for e in s.events_after(a.sent_event_seq)] == [2]
     assert logged(s, 1) == [("partial", 0, False)]
+
+
+# ---- one call per message: receive ---------------------------------------------------------------
+
+def steps(s: ServerSession, msg, now: float):
+    """What `receive` replaces: admit, accept, fed, applied (and finalize / drain), as the driver
+    called them one by one; -> (message, packet to feed, segment to finalise)."""
+    todo = s.admit(msg)
+    if todo is None:
+        return None, None, None
+    if isinstance(todo, Features):
+        p = todo.packet
+        ok = s.accept(p)
+        if ok:
+            s.fed(p, now)
+        s.applied(todo)
+        return todo, p if ok and (p.frame_count or p.segment_start or p.segment_end) else None, None
+    if isinstance(todo, Finalize):
+        seg = s.finalize(now)
+        s.finalized()
+        return todo, None, seg
+    if isinstance(todo, End):
+        seg = s.finalize(now)
+        s.drain(by_client=True)
+        return todo, None, seg
+    return todo, None, None
+
+
+def state(s: ServerSession) -> tuple:
+    a = s.attachment
+    return (s.applied_seq, vars(s.order).copy(), s.lifecycle, s.input_kind, s.next_event_seq,
+            [(type(e).__name__, e.event_seq, e.segment_id) for e in s.events], sorted(s._awaiting_final),
+            sorted(s._finalized), s._msgs_since_ack, a and (a.ack_due, a.wake.count, a.end),
+            dict(s._timing.started_at), dict(s._timing.ended_at), list(s._timing.arrivals))
+
+
+def script():
+    """Messages of a feature client, good and bad: segments, keep-alive packets, replays after a
+    reconnect, a gap, a Finalize mid-segment, frames out of order, End and input after it."""
+    return [
+        Features(1, packet(0, 0, 10, start=True)), KeepAlive(), Features(2, packet(0, 10, 10)),
+        Features(2, packet(0, 10, 10)),  # resent after a reconnect
+        Features(4, packet(0, 20, 10)),  # a gap
+        Features(3, packet(0, 20, 0)),  # a keep-alive packet
+        Finalize(), Features(4, packet(0, 20, 10)),  # the finalised segment's frames: out of order
+        Features(4, packet(1, 30, 10, start=True)), Features(5, packet(1, 40, 5, end=True)),
+        Finalize(),  # nothing open
+        Features(6, packet(1, 45, 5, start=True)),  # ids must increase
+        Features(6, FeaturePacket(2, 45, 5, True, True, b"payload", None, finalized=True)),
+        Start(), Audio(7, b"\0\0", 16_000),  # not after start; no mixing
+        Features(7, packet(3, 50, 10, start=True)), End(), Features(8, packet(3, 60, 10)), End(),
+        Features(7, packet(3, 50, 10, start=True)),  # after End: a replay
+    ]
+
+
+@pytest.mark.parametrize("turns", [False, True])
+def test_receive_is_the_four_steps_in_one_call(turns):
+    """Every message of the script: receive gives what the steps gave (or raises what they
+    raised), and leaves the same state behind, events, Acks and wake-ups included."""
+    one = ServerSession("sid", "key", Start(turn_events=turns), SessionLimits(), now=0.0)
+    four = ServerSession("sid", "key", Start(turn_events=turns), SessionLimits(), now=0.0)
+    one.attach(0, now=0.0, wake=Wake())
+    four.attach(0, now=0.0, wake=Wake())
+    for i, msg in enumerate(script()):
+        now = 0.1 * i
+        try:
+            expected = steps(four, msg, now)
+        except Exception as e:  # noqa: BLE001 - the same error is what the test wants
+            with pytest.raises(type(e), match=re.escape(str(e))):
+                one.receive(msg, now)
+        else:
+            got = one.receive(msg, now)
+            assert (got.message, got.feed, got.finalize) == expected, msg
+        assert state(one) == state(four), msg
+        if i == 9:  # the final of segment 0 and 1 come in between
+            for s in (one, four):
+                s.record(event(0, 0.2, final=True), SessionSeed(0.0, "", 1), now=now)
+                s.record(event(1, 0.45, final=True), SessionSeed(0.0, "", 2), now=now)
+    assert one.lifecycle is four.lifecycle is ServerLifecycle.DRAINING  # segment 3's final is owed
+
+
+def test_receive_of_a_thin_client_leaves_the_front_ends_work_to_the_driver():
+    s = session()
+    audio = Audio(1, b"\0\0" * 160, 16_000)
+    got = s.receive(audio, now=0.0)
+    assert got.message is audio and got.feed is None and s.applied_seq == 1
+    assert s.front_end_output([packet(0, 0, 10, start=True), packet(0, 10, 0)], now=0.1) == [packet(0, 0, 10, start=True)]
+    got = s.receive(Finalize(), now=0.2)
+    assert got.front_end and got.finalize is None  # the front end cuts the segment, then `finalized`
+    got = s.receive(End(), now=0.3)
+    assert got.front_end and s.lifecycle is ServerLifecycle.ACTIVE
+    assert s.end_input(now=0.4, by_client=True) == 0  # the open segment, once the front end is flushed
+    assert s.lifecycle is ServerLifecycle.DRAINING
+
+
+def test_every_lifecycle_move_in_the_table_is_made_and_every_other_refused():
+    from harken.cloud.hosting.server_session import TRANSITIONS, LifecycleError, Move
+    for state_ in ServerLifecycle:
+        for move in Move:
+            s = session()
+            s.lifecycle = state_
+            if (state_, move) in TRANSITIONS:
+                s._move(move)
+                assert s.lifecycle is TRANSITIONS[state_, move]
+            else:
+                with pytest.raises(LifecycleError):
+                    s._move(move)
+                assert s.lifecycle is state_
+    # done states move no more; every state but ENDED's two ways in is reached from ACTIVE only
+    assert not any(k[0].done for k in TRANSITIONS)
+    assert {to for to in TRANSITIONS.values()} == set(ServerLifecycle) - {ServerLifecycle.ACTIVE}
+
+
+def test_the_sessions_own_calls_move_only_along_the_table():
+    """drain, close, fail and the last final: each a move of the table, or (on a session that has
+    moved past it) nothing, never a move the table lacks."""
+    s = session()
+    feed(s, 1, packet(0, 0, 10, start=True, end=True))
+    s.drain(by_client=False)
+    assert s.lifecycle is ServerLifecycle.STOPPING
+    s.drain(by_client=True)  # input already ended: nothing
+    s.record(event(0, 0.1, final=True), SessionSeed(0.0, "", 1), now=1.0)
+    assert s.lifecycle is ServerLifecycle.ENDED
+    s.fail(RuntimeError("late"))
+    s.close()
+    assert s.lifecycle is ServerLifecycle.ENDED and s.failure is None

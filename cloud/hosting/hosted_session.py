@@ -181,34 +181,41 @@ class HostedSession:
     # ---- input -----------------------------------------------------------------------------------
 
     async def apply(self, msg: ClientMessage) -> None:
-        """Apply one client message (after `start`). Bad input raises (StreamInputError,
-        OutOfOrder, CodecError); what the session has applied changes only once a message
-        is known good."""
+        """Apply one client message (after `start`): one `ServerSession.receive`, then the work it
+        names. Bad input raises (StreamInputError, OutOfOrder, CodecError); a message that breaks
+        the protocol changes nothing, one whose payload fails to decode drops the session."""
         if isinstance(msg, KeepAlive):
             return  # (the stream's reader takes these; nothing to apply)
         async with self._apply_lock:
-            todo = self.core.admit(msg)
-            if todo is None:
+            todo = self.core.receive(msg, time.monotonic())
+            m = todo.message
+            if m is None:
                 return
-            if isinstance(todo, Finalize):
-                await self._finalize_on_request()
-            elif isinstance(todo, Configure):
-                self._configure(todo)
-            elif isinstance(todo, End):
-                await self._end(by_client=True)
-            elif isinstance(todo, Features):
-                if self.core.accept(todo.packet):
-                    frames = await _run(self.executor, wire.decode_features, todo.packet)
-                    self._feed(todo.packet, frames)
-                self.metrics.bytes_in.labels("features").inc(len(todo.packet.payload))
+            if isinstance(m, Features):
+                if todo.feed is not None:
+                    self._feed(todo.feed, await _run(self.executor, wire.decode_features, todo.feed))
+                self.metrics.bytes_in.labels("features").inc(len(m.packet.payload))
                 self.metrics.messages_in.labels("features").inc()
-                self.core.applied(todo)
-            else:
-                assert isinstance(todo, Audio)
-                await self._apply_audio(todo)
-                self.metrics.bytes_in.labels("audio").inc(len(todo.pcm16))
+            elif isinstance(m, Audio):
+                await self._apply_audio(m)
+                self.metrics.bytes_in.labels("audio").inc(len(m.pcm16))
                 self.metrics.messages_in.labels("audio").inc()
-                self.core.applied(todo)
+            elif isinstance(m, Finalize):
+                if todo.front_end:
+                    await self._finalize_front_end()
+                    self.core.finalized()
+                elif todo.finalize is not None:
+                    self.scheduler.finalize(self.session_id)
+            elif isinstance(m, End):
+                if todo.front_end:
+                    await self._end(by_client=True)
+                else:
+                    if todo.finalize is not None:
+                        self.scheduler.finalize(self.session_id)
+                    self._report_if_ended()
+            else:
+                assert isinstance(m, Configure)
+                self._configure(m)
 
     async def _apply_audio(self, a: Audio) -> None:
         if self.audio is None:
@@ -226,17 +233,15 @@ class HostedSession:
 
     async def _feed_front_end(self, packets: list[FeaturePacket]) -> None:
         """Packets the server's own front end made: the same path as a client's Features."""
-        for p in packets:
-            if self.core.accept(p, from_front_end=True):
-                self._feed(p, await _run(self.executor, wire.decode_features, p))
+        for p in self.core.front_end_output(packets, time.monotonic()):
+            self._feed(p, await _run(self.executor, wire.decode_features, p))
 
     def _feed(self, p: FeaturePacket, frames: np.ndarray) -> None:
-        if p.frame_count or p.segment_start or p.segment_end:
-            n = self.scheduler.ingest(self.session_id, p.segment_id, p.first_frame, frames, p.segment_start,
-                                      p.segment_end, p.running_max_log10)
-            if self._tap is not None and n:  # what the engine applied: a resent overlap is not kept twice
-                self._tap.add_frames(p.segment_id, frames[:, frames.shape[1] - n:])
-        self.core.fed(p, time.monotonic())
+        """Frames of `p` (taken by the core) -> the engine."""
+        n = self.scheduler.ingest(self.session_id, p.segment_id, p.first_frame, frames, p.segment_start,
+                                  p.segment_end, p.running_max_log10)
+        if self._tap is not None and n:  # what the engine applied: a resent overlap is not kept twice
+            self._tap.add_frames(p.segment_id, frames[:, frames.shape[1] - n:])
 
     def _configure(self, c: Configure) -> None:
         """The client's Configure: the model's context from the next audio item on."""
@@ -245,21 +250,14 @@ class HostedSession:
         self.keyterms = c.keyterms
         self.scheduler.configure(self.session_id, model_context(self.context, self.keyterms))
 
-    async def _finalize_on_request(self) -> None:
-        """The client's Finalize. A thin client's front end cuts its open segment at the audio taken
-        so far (the rest of the speech is its next segment); a feature client's open segment ends
-        at the frames received (its later frames of that segment are out of order: a feature
-        client cuts its own segments, `FeaturePacket.finalized`)."""
+    async def _finalize_front_end(self) -> None:
+        """A thin client's Finalize: its front end cuts its open segment at the audio taken so far
+        (the rest of the speech is its next segment). (A feature client's open segment ends at the
+        frames received, in `receive`: its later frames of that segment are out of order; a
+        feature client cuts its own segments, `FeaturePacket.finalized`.)"""
         if self.audio is not None:
             front_end = self.audio
             await self._feed_front_end(await _run(self.executor, front_end.finalize))
-        else:
-            self._finalize()
-        self.core.finalized()
-
-    def _finalize(self) -> None:
-        if self.core.finalize(time.monotonic()) is not None:
-            self.scheduler.finalize(self.session_id)
 
     async def _end(self, by_client: bool) -> None:
         """No more input: flush the audio front end, close the open segment; the session has ended
@@ -268,8 +266,8 @@ class HostedSession:
             packets = await _run(self.executor, self.audio.flush)
             self.core.cut_by_end([p.segment_id for p in packets if p.segment_end])
             await self._feed_front_end(packets)
-        self._finalize()
-        self.core.drain(by_client)
+        if self.core.end_input(time.monotonic(), by_client) is not None:
+            self.scheduler.finalize(self.session_id)
         self._report_if_ended()
 
     async def close_input_for_shutdown(self) -> None:

@@ -7,20 +7,22 @@ rule of the session protocol can be tested with no network, no event loop and no
 it decodes payloads and runs the thin clients' front end in the executor, hands frames to the
 engine, pumps the engine's events in, and wakes the attached stream.
 
-    input    admit(message)        -> the message to apply, or None (a replay: nothing to do)
-             accept(packet)        -> whether its frames go to the engine (the one order check)
-             fed(packet, now)      -> the frames are with the engine
-             applied(message)      -> seq advanced; an Ack falls due every ACK_EVERY messages
-             finalize(now)         -> the open segment to finalise, if any (its final: from_finalize)
-             finalized()           -> a Finalize is applied: an Ack is due at once
-             drain(status)         -> no more input; ENDED once every final is in
+    input    receive(message, now) -> `Received`: what the driver does with one client message
+                                      (nothing, frames to decode and feed, a segment to finalise,
+                                      audio for the front end), the session's state already moved
+             front_end_output(packets, now) -> which of the thin clients' front end's packets to feed
+             finalized()           -> a thin client's Finalize is through its front end: Ack due
+             end_input(now, by_client) -> no more input (End, shutdown): the segment to finalise;
+                                      DRAINING or STOPPING, ENDED once every final is in
+             (the steps receive is made of: admit, accept, fed, applied, finalize, drain)
     output   record(event, now)    -> the `Transcript` with its event_seq (and seed on finals)
              record_timings(words) -> the `WordTimings` of a final segment, its event_seq next in line
              (turn events: `fed` and `finalize` log them, for sessions that asked)
              fail(error)           -> FAILED: the attached stream and any later one get `error`
     streams  attach / supersede / detach / heard / idle_for / events_after / sent
 
-The lifecycle (see `ServerLifecycle`) replaces a set of flags: input is applied only while ACTIVE;
+The lifecycle (see `ServerLifecycle`; its moves are the table `TRANSITIONS`, any other raises
+`LifecycleError`) replaces a set of flags: input is applied only while ACTIVE;
 DRAINING and STOPPING differ only in why the input ended (the client's End, the server's
 shutdown), which decides how the stream ends once every final is in (and, for a session that gets
 word timings, every final segment's timings).
@@ -35,11 +37,12 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from ..base.errors import MalformedMessage, OutOfOrder, SessionNotFound, ShuttingDown, Superseded
+from .frame_order import FrameOrder
+from .session_limits import AudioPace, SessionLimits
 from ...shared.wire import MAX_SEGMENT_ID
 from ...shared.front_end_checkpoint import FrontEndCheckpoint
 from ...shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
@@ -50,59 +53,9 @@ from ...shared.transcript import UTTERANCE_END, SegmentTimings, TranscriptEvent,
 if TYPE_CHECKING:
     import asyncio
 
-    from ..inference.commit import CommitPolicy
-
 SHUTDOWN_MESSAGE = "the server is shutting down: open segments were finalised"
 ACK_EVERY = 5  # messages between Acks (plus one on every segment end and every final event)
 CLOSED_OK = "closed-ok"  # `Attachment.end`: close the stream with OK
-
-
-@dataclass(frozen=True)
-class SessionLimits:
-    max_sessions: int = 256
-    max_sessions_per_key: int = 64
-    grace_s: float = 60.0
-    # an attached stream that sends nothing this long while the engine owes it no work is ended
-    # (DEADLINE_EXCEEDED) and its session closed
-    idle_timeout_s: float = 30.0
-    replay_tail: int = 512  # events of final segments kept behind the last one sent
-    max_events_held: int = 20_000  # hard cap on the event log of one session
-    # Audio received but not yet encoded (feature frames, 100 a second). Past its session's or its
-    # key's limit a stream's next message waits (its reader stops reading, so gRPC's flow control
-    # holds the client) until the engine has caught up; past the key's limit the key gets no new
-    # session. The engine's own `max_queued_frames` bounds them all: a key's limit is kept below
-    # it, so one client cannot make the server refuse everyone else.
-    max_queued_frames_per_session: int = 100 * 60
-    max_queued_frames_per_key: int = 100 * 60 * 4
-    policy: CommitPolicy | None = None  # the sessions' commit policy (None: the engine's default)
-    # The pace of a live stream (`AudioPace`): audio is taken at most `max_audio_speed` x real time
-    # on average, with `audio_burst_s` ahead of that (a reconnect's replay, a file's first seconds);
-    # a faster stream is slowed (its reader waits), so a flood costs the others nothing. 0: no pace.
-    max_audio_speed: float = 4.0
-    audio_burst_s: float = 30.0
-
-
-class AudioPace:
-    """How much audio a stream may send now: a token bucket of audio seconds, filled at `speed`
-    seconds per wall-clock second up to `burst_s`. A message is taken while the bucket is not empty
-    (it may then go below zero by the message's length, so a message longer than the burst is not
-    refused, only paid for); the next waits until the debt is paid. `clock`: monotonic seconds."""
-
-    def __init__(self, speed: float, burst_s: float, clock: Callable[[], float]):
-        self.speed, self.burst_s, self.clock = speed, burst_s, clock
-        self.tokens, self.at = burst_s, clock()
-
-    def wait_s(self) -> float:
-        """Seconds until the stream may send again (0: now)."""
-        if self.speed <= 0:
-            return 0.0
-        now = self.clock()
-        self.tokens = min(self.burst_s, self.tokens + (now - self.at) * self.speed)
-        self.at = now
-        return 0.0 if self.tokens > 0 else -self.tokens / self.speed + 1e-3
-
-    def take(self, audio_s: float) -> None:
-        self.tokens -= audio_s
 
 
 class ServerLifecycle(enum.Enum):
@@ -128,6 +81,55 @@ class ServerLifecycle(enum.Enum):
     def done(self) -> bool:
         """No more events will be produced."""
         return self in (ServerLifecycle.ENDED, ServerLifecycle.FAILED, ServerLifecycle.CLOSED)
+
+
+class Move(enum.Enum):
+    """What moves a session from one `ServerLifecycle` state to another."""
+
+    END = "end"  # the client's End (or half-close): no more input
+    SHUTDOWN = "shutdown"  # the server stops: no more input
+    FINALS_IN = "finals in"  # every final (and word timing) owed is in the event log
+    CLOSE = "close"  # dropped before its end: grace expiry, a protocol error, idle, given way
+    FAIL = "fail"  # the engine took the session out
+
+
+_L = ServerLifecycle
+# Every move a session can make; `ServerSession._move` refuses any other (LifecycleError).
+TRANSITIONS: dict[tuple[ServerLifecycle, Move], ServerLifecycle] = {
+    (_L.ACTIVE, Move.END): _L.DRAINING,
+    (_L.ACTIVE, Move.SHUTDOWN): _L.STOPPING,
+    (_L.DRAINING, Move.FINALS_IN): _L.ENDED,
+    (_L.STOPPING, Move.FINALS_IN): _L.ENDED,
+    **{(s, Move.CLOSE): _L.CLOSED for s in (_L.ACTIVE, _L.DRAINING, _L.STOPPING)},
+    **{(s, Move.FAIL): _L.FAILED for s in (_L.ACTIVE, _L.DRAINING, _L.STOPPING)},
+}
+
+
+class LifecycleError(RuntimeError):
+    """A move the lifecycle's table does not have: a bug in the session's driver, not the client's."""
+
+
+@dataclass(frozen=True)
+class Received:
+    """What the driver does with one client message `ServerSession.receive` took (the session's
+    state has moved already; the driver only does the work that needs IO or CPU time):
+
+        nothing to do        message None (a keep-alive, a replay of what was applied)
+        Features             `feed`: decode the packet's payload and hand its frames to the engine
+                             (None: its frames are not for the engine, the seed says final)
+        Audio                run the thin clients' front end on it, then `front_end_output`
+        Finalize, End        `finalize`: the segment to finalise in the engine (feature clients);
+                             a thin client's front end is finalised/flushed first (`front_end` true)
+        Configure            the model's context changes
+    """
+
+    message: ClientMessage | None
+    feed: FeaturePacket | None = None
+    finalize: int | None = None
+    front_end: bool = False  # a thin client's Finalize or End: its front end's work comes first
+
+
+NOTHING = Received(None)
 
 
 class Wake(Protocol):
@@ -156,54 +158,6 @@ class Attachment:
         if end is not None and (self.end is None or overrule):
             self.end = end
         self.wake.set()
-
-
-@dataclass
-class FrameOrder:
-    """The frame timeline as far as applied: segments in order, each starting at or after the
-    previous one's end, frames contiguous inside one. (The engine checks its own input the same
-    way for in-process callers; on the served path this check runs first, before any payload is
-    decoded, so the engine never sees frames out of order.)"""
-
-    open_segment: int | None = None
-    next_frame: int = 0
-    last_segment_id: int = -1
-    closed_by_finalize: int | None = None  # audio path: VAD frames of this segment are dropped
-    seeded_final: int = -1  # segments up to this one were final before the session began (seed)
-
-    def check(self, f: FeaturePacket) -> bool:
-        """Raises OutOfOrder; False for frames of a segment the seed says is final (a replacement
-        session ignores them, as the engine does: their text is with the client)."""
-        if f.frame_count == 0 and not f.segment_start and not f.segment_end:
-            return True  # keep-alive
-        if self.open_segment is None and f.segment_id <= self.seeded_final:
-            return False
-        if self.open_segment is None:
-            if not f.segment_start:
-                raise OutOfOrder(f"features for segment {f.segment_id} without segment_start: no segment is open")
-            if f.segment_id <= self.last_segment_id:
-                raise OutOfOrder(f"segment id {f.segment_id} does not increase (last was {self.last_segment_id})")
-            if f.first_frame < self.next_frame:
-                raise OutOfOrder(f"segment {f.segment_id} starts at frame {f.first_frame}, before the "
-                                 f"previous segment's end ({self.next_frame})")
-            return True
-        if f.segment_start or f.segment_id != self.open_segment:
-            raise OutOfOrder(f"segment {self.open_segment} is still open; got frames of segment "
-                             f"{f.segment_id}{' with segment_start' if f.segment_start else ''}")
-        if f.first_frame != self.next_frame:
-            raise OutOfOrder(f"segment {f.segment_id}: frames not contiguous (expected first_frame "
-                             f"{self.next_frame}, got {f.first_frame})")
-        return True
-
-    def apply(self, f: FeaturePacket) -> None:
-        if f.frame_count == 0 and not f.segment_start and not f.segment_end:
-            return
-        if f.segment_start:
-            self.open_segment = f.segment_id
-            self.last_segment_id = f.segment_id
-        self.next_frame = f.first_frame + f.frame_count
-        if f.segment_end:
-            self.open_segment = None
 
 
 @dataclass(frozen=True)
@@ -338,6 +292,56 @@ class ServerSession:
 
     # ---- input -----------------------------------------------------------------------------------
 
+    def receive(self, msg: ClientMessage, now: float) -> Received:
+        """One client message (after `start`): checks it against the session's state and moves the
+        state as if it had been applied in full (a payload that then fails to decode is the
+        input's error: the session is dropped, so no later message sees the moved state). Raises
+        for what breaks the protocol. One call instead of admit, accept, fed, applied (and, for
+        Finalize and End of feature clients, finalize and drain)."""
+        todo = self.admit(msg)
+        if todo is None:
+            return NOTHING
+        if isinstance(todo, Features):
+            p = todo.packet
+            feed = self.accept(p)
+            if feed:
+                self.fed(p, now)
+            self.applied(todo)
+            return Received(todo, feed=p if feed and (p.frame_count or p.segment_start or p.segment_end) else None)
+        if isinstance(todo, Audio):
+            self.applied(todo)
+            return Received(todo)
+        thin = self.input_kind == "audio"
+        if isinstance(todo, Finalize):
+            if thin:
+                return Received(todo, front_end=True)  # then `front_end_output`, `finalized`
+            seg = self.finalize(now)
+            self.finalized()
+            return Received(todo, finalize=seg)
+        if isinstance(todo, End):
+            if thin:
+                return Received(todo, front_end=True)  # then `front_end_output`, `end_input`
+            return Received(todo, finalize=self.end_input(now, by_client=True))
+        return Received(todo)  # Configure
+
+    def front_end_output(self, packets: list[FeaturePacket], now: float) -> list[FeaturePacket]:
+        """The thin clients' front end made `packets`: those whose frames go to the engine (each
+        taken as fed), in order."""
+        out = []
+        for p in packets:
+            if self.accept(p, from_front_end=True):
+                self.fed(p, now)
+                if p.frame_count or p.segment_start or p.segment_end:
+                    out.append(p)
+        return out
+
+    def end_input(self, now: float, by_client: bool) -> int | None:
+        """No more input (End, shutdown; a thin client's front end flushed first): the open
+        segment to finalise, if any; DRAINING or STOPPING, ENDED once every final is in."""
+        seg = self.finalize(now) if self.lifecycle is ServerLifecycle.ACTIVE else None
+        self.drain(by_client)
+        return seg
+
     def admit(self, msg: ClientMessage) -> ClientMessage | None:
         """Check one client message (after `start`) against the session's state: the message to
         apply, or None when there is nothing to do (a keep-alive; a message resent after a
@@ -456,14 +460,21 @@ class ServerSession:
         ENDED as soon as every final is in."""
         if self.lifecycle is not ServerLifecycle.ACTIVE:  # closed or failed while the input was ending
             return
-        self.lifecycle = ServerLifecycle.DRAINING if by_client else ServerLifecycle.STOPPING
+        self._move(Move.END if by_client else Move.SHUTDOWN)
         self._by_client = by_client
         self._check_ended()
 
     def close(self) -> None:
         """Dropped before its end (if it had not ended): no more input, no more events."""
         if not self.lifecycle.done:
-            self.lifecycle = ServerLifecycle.CLOSED
+            self._move(Move.CLOSE)
+
+    def _move(self, move: Move) -> None:
+        """The lifecycle's one way to change: a move of `TRANSITIONS`, or LifecycleError."""
+        to = TRANSITIONS.get((self.lifecycle, move))
+        if to is None:
+            raise LifecycleError(f"no move {move.value!r} from {self.lifecycle.value}")
+        self.lifecycle = to
 
     def _ack(self) -> None:
         self._msgs_since_ack = 0
@@ -527,7 +538,7 @@ class ServerSession:
         if self.lifecycle.done:
             return
         self.failure = error
-        self.lifecycle = ServerLifecycle.FAILED
+        self._move(Move.FAIL)
         if self.attachment is not None:
             self.attachment.notify(end=error, overrule=True)
 
@@ -535,7 +546,7 @@ class ServerSession:
         if (self.lifecycle not in (ServerLifecycle.DRAINING, ServerLifecycle.STOPPING) or self._awaiting_final
                 or self._awaiting_timings):
             return
-        self.lifecycle = ServerLifecycle.ENDED
+        self._move(Move.FINALS_IN)
         if self.attachment is not None:
             self.attachment.notify(end=CLOSED_OK if self._by_client else ShuttingDown(SHUTDOWN_MESSAGE), overrule=True)
 
