@@ -32,6 +32,7 @@ from .base.metrics import MetricsEndpoint, ServerMetrics, serve_metrics
 from .hosting.server_session import SessionLimits
 from .hosting.session_table import SessionTable
 from .hosting.stream_handler import MAX_MESSAGE_BYTES, StreamHandler
+from ..shared import entropy_jit
 from ..shared.errors import HarkenError
 from .model.asr import Qwen3ASR
 from .inference.engine import EngineConfig
@@ -306,6 +307,7 @@ async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = t
     scheduler = Scheduler(engine, await _segment_aligner(asr, options, aligner))
     await scheduler.start()
     executor = ThreadPoolExecutor(max_workers=options.decode_threads, thread_name_prefix="harken-decode")
+    await asyncio.to_thread(entropy_jit.warm)  # the codec's compiled walk: now, not in a stream's first packet
     limits = SessionLimits(max_sessions=options.max_sessions,
                            max_sessions_per_key=options.max_sessions_per_key,
                            grace_s=options.grace_s, idle_timeout_s=options.idle_timeout_s,

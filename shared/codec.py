@@ -49,7 +49,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .entropy import (N_CLASSES, BitReader, class_bit_costs, decode_symbols,
+from .entropy import (N_CLASSES, class_bit_costs, decode_levels,
                                     encode_symbols, min_body_bits)
 from .errors import CodecError
 from .features_spec import DYNAMIC_RANGE_LOG10, N_FFT, N_MELS, SAMPLE_RATE, slaney_mel_filters
@@ -543,6 +543,17 @@ def keepalive() -> bytes:
     return PacketHeader(None, 0, np.zeros(0, dtype=np.float32)).serialize()
 
 
+@lru_cache(maxsize=512)
+def _packet_classes(k: int, mode: str, shift: int, residual_class: int | None) -> tuple[np.ndarray, int]:
+    """The class of every level of a packet of this shape, and the fewest bits its body can have
+    (a few hundred shapes: frame counts x modes x shifts; the same for every packet of one)."""
+    classes = _shifted(_block_prior([n for _, n in time_blocks(k)], mode), shift)
+    if residual_class is not None:
+        classes = np.concatenate([classes, np.full(len(mel_layout().dependent) * k, residual_class)])
+    classes.setflags(write=False)
+    return classes, min_body_bits(classes)
+
+
 def decode_frames(payload: bytes, max_frames: int = MAX_FRAMES) -> np.ndarray:
     """Decode one payload -> [128, k] float32 frames (k = 0 for a keep-alive). Any malformed
     payload raises CodecError, after work bounded by the payload's own size; so does one that
@@ -566,18 +577,14 @@ def decode_frames(payload: bytes, max_frames: int = MAX_FRAMES) -> np.ndarray:
     layout = mel_layout()
     nb = len(layout.basis)
     lengths = [n for _, n in time_blocks(k)]
-    classes = _shifted(_block_prior(lengths, mode), header.shift)
-    if header.residual_class is not None:
-        classes = np.concatenate([classes, np.full(len(layout.dependent) * k, header.residual_class)])
+    classes, min_bits = _packet_classes(k, mode, header.shift, header.residual_class)
     body = payload[pos:]
     # every tuple costs at least one bit: a body too short for the claimed frames fails here,
     # before any per-symbol work
-    min_bits = min_body_bits(classes)
     if 8 * len(body) < min_bits:
         raise CodecError(f"payload truncated: {len(body)} body bytes for {k} frames")
-    reader = BitReader(body)
-    values = decode_symbols(reader, classes)
-    if len(body) - (reader.pos + 7) // 8 != 0 or any(reader.bits[reader.pos:]):
+    values, bits, used = decode_levels(body, classes)
+    if len(body) - (used + 7) // 8 != 0 or bits[used:].any():
         raise CodecError("corrupt payload: trailing bits after the body")
     q = values[: nb * k].astype(np.float64) * params.step
     blocks, at = [], 0

@@ -8,7 +8,9 @@ Exp-Golomb. Levels are coded class by class, each class run zero-padded to whole
 a sparse class opens with one bit that says "all zero".
 
 Encoding is vectorised in numpy (no Python loop over levels: it runs on the edge, inside the
-RTF budget). Decoding walks the bits in Python, one tuple at a time; it runs in the cloud.
+RTF budget). Decoding walks the bits one tuple at a time; it runs in the cloud, compiled with numba
+where numba is installed (shared/entropy_jit.py, given this module's tables flattened into arrays:
+`flat_tables`), in Python elsewhere (`decode_symbols`); `decode_levels` picks.
 Tables are a function of the class alone, so they are part of the codec's format version.
 """
 
@@ -21,6 +23,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from . import entropy_jit
 from .errors import CodecError
 
 N_CLASSES = 28
@@ -354,11 +357,107 @@ def decode_symbols(reader: BitReader, classes: np.ndarray) -> np.ndarray:
     return out
 
 
+@lru_cache(maxsize=1)
+def _shortest_codes() -> np.ndarray:
+    return np.array([int(t.lengths.min()) for t in code_book().tables])
+
+
 def min_body_bits(classes: np.ndarray) -> int:
     """Fewest bits any valid body for these classes can have (one shortest code per tuple)."""
     book = code_book()
     counts = np.bincount(classes, minlength=N_CLASSES)
     tuples = -(-counts // book.group)
-    shortest = np.array([int(t.lengths.min()) for t in book.tables])
+    shortest = _shortest_codes()
     bits = np.where(book.group == SPARSE_GROUP, counts > 0, tuples * shortest)  # all-zero flag
     return int(bits.sum())
+
+
+@dataclass(frozen=True)
+class FlatTables:
+    """The code book's decoding tables as flat int64 arrays, per class at a fixed stride (LUT:
+    2 ** LUT_BITS entries, canonical rows: 64) or at an offset (`order`, `digits`): what the
+    compiled walk takes as arguments (shared/entropy_jit.py)."""
+
+    group: np.ndarray
+    escape: np.ndarray
+    lut_symbol: np.ndarray
+    lut_length: np.ndarray
+    first_code: np.ndarray
+    first_index: np.ndarray
+    count: np.ndarray
+    order: np.ndarray
+    order_off: np.ndarray
+    digits: np.ndarray  # per class [escape, group] levels, row-major
+    digit_off: np.ndarray
+
+
+@lru_cache(maxsize=1)
+def flat_tables() -> FlatTables:
+    tables = code_book().tables
+
+    def flat(rows):
+        return np.ascontiguousarray(np.concatenate([np.asarray(r, dtype=np.int64) for r in rows]))
+
+    def offsets(sizes):
+        sizes = np.asarray(sizes, dtype=np.int64)
+        return np.cumsum(sizes) - sizes
+
+    digits = [np.asarray(t.digits[:t.escape], dtype=np.int64).reshape(-1) for t in tables]
+    return FlatTables(
+        group=np.array([t.group for t in tables], dtype=np.int64),
+        escape=np.array([t.escape for t in tables], dtype=np.int64),
+        lut_symbol=flat(t.lut_symbol for t in tables), lut_length=flat(t.lut_length for t in tables),
+        first_code=flat(t.first_code for t in tables), first_index=flat(t.first_index for t in tables),
+        count=flat(t.count for t in tables),
+        order=flat(t.order for t in tables), order_off=offsets([len(t.order) for t in tables]),
+        digits=flat(digits), digit_off=offsets([len(d) for d in digits]))
+
+
+@dataclass(frozen=True)
+class ClassLayout:
+    """The coding order of a packet's levels: its class runs, and where each level goes back."""
+
+    order: np.ndarray
+    run_cls: np.ndarray
+    run_len: np.ndarray
+
+
+_LAYOUTS: dict[bytes, ClassLayout] = {}  # per packet shape (a handful: frame counts x modes x shifts)
+
+
+def class_layout(classes: np.ndarray) -> ClassLayout:
+    key = classes.astype(np.int64).tobytes()
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        order = _symbol_order(classes)
+        sorted_cls = classes[order].astype(np.int64)
+        starts = np.r_[0, np.flatnonzero(np.diff(sorted_cls)) + 1]
+        lengths = np.diff(np.r_[starts, len(classes)]).astype(np.int64)
+        layout = ClassLayout(order, sorted_cls[starts] if len(classes) else sorted_cls[:0], lengths)
+        if len(_LAYOUTS) >= 256:
+            _LAYOUTS.clear()
+        _LAYOUTS[key] = layout
+    return layout
+
+
+def decode_levels(body: bytes, classes: np.ndarray, compiled: bool | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+    """The levels of an entropy-coded body for these classes (inverse of encode_symbols): ->
+    (levels [n] int64, the body's bits, how many of them the levels took). CodecError for a body
+    that is not valid. `compiled`: the numba walk (default where numba is installed) or the
+    Python one; both give the same levels and the same errors."""
+    bits = np.unpackbits(np.frombuffer(body, dtype=np.uint8))
+    if not (entropy_jit.available if compiled is None else compiled):
+        reader = BitReader(body)
+        return decode_symbols(reader, classes), bits, reader.pos
+    assert entropy_jit.walk is not None
+    layout = class_layout(classes)
+    t = flat_tables()
+    out_sorted = np.zeros(len(classes), dtype=np.int64)
+    pos = entropy_jit.walk(bits, layout.run_cls, layout.run_len, SPARSE_GROUP, LUT_BITS, t.group, t.escape,
+                           t.lut_symbol, t.lut_length, t.first_code, t.first_index, t.count, t.order, t.order_off,
+                           t.digits, t.digit_off, out_sorted)
+    if pos < 0:
+        raise CodecError(entropy_jit.ERRORS[pos])
+    out = np.empty_like(out_sorted)
+    out[layout.order] = out_sorted
+    return out, bits, int(pos)

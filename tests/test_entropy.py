@@ -92,3 +92,62 @@ def test_min_body_bits_is_a_lower_bound():
         classes = rng.integers(0, N_CLASSES, 500)
         levels = np.zeros(500, dtype=np.int64)  # the cheapest levels there are
         assert 8 * len(encode_symbols(levels, classes)) >= entropy.min_body_bits(classes)
+
+
+# ---- the compiled walk (shared/entropy_jit.py) against the Python one ------------------------------
+
+def both_walks(body: bytes, classes: np.ndarray):
+    """(levels, bits used) or the error's message, from each walk."""
+    out = []
+    for compiled in (False, True):
+        try:
+            levels, _, used = entropy.decode_levels(body, classes, compiled=compiled)
+            out.append((levels.tolist(), used))
+        except CodecError as e:
+            out.append(str(e))
+    return out
+
+
+@st.composite
+def coded(draw):
+    """Classes and levels (mostly small, some escaped and huge), their body, and a way to break it."""
+    n = draw(st.integers(1, 300))
+    classes = np.array(draw(st.lists(st.integers(0, N_CLASSES - 1), min_size=n, max_size=n)), dtype=np.int64)
+    small = st.integers(-3, 3)
+    levels = np.array(draw(st.lists(st.one_of(small, small, small, st.integers(-(1 << 30), 1 << 30)),
+                                    min_size=n, max_size=n)), dtype=np.int64)
+    return classes, levels, encode_symbols(levels, classes)
+
+
+@pytest.mark.skipif(not entropy.entropy_jit.available, reason="numba is not installed")
+@settings(max_examples=300, deadline=None)
+@given(coded(), st.sampled_from(["valid", "cut", "flipped", "random"]), st.data())
+def test_the_compiled_walk_gives_the_python_walks_levels_or_its_error(case, how, data):
+    classes, levels, body = case
+    if how == "cut":
+        body = body[:data.draw(st.integers(0, max(0, len(body) - 1)))]
+    elif how == "flipped" and body:
+        b = bytearray(body)
+        for _ in range(data.draw(st.integers(1, 4))):
+            i = data.draw(st.integers(0, 8 * len(b) - 1))
+            b[i // 8] ^= 0x80 >> (i % 8)
+        body = bytes(b)
+    elif how == "random":
+        body = data.draw(st.binary(max_size=len(body) + 8))
+    python, compiled = both_walks(body, classes)
+    assert compiled == python
+    if how == "valid":
+        assert python[0] == levels.tolist()
+
+
+@pytest.mark.skipif(not entropy.entropy_jit.available, reason="numba is not installed")
+def test_the_compiled_walk_on_every_error_and_an_empty_body():
+    classes = np.full(8, entropy.CLASS_ZERO)  # pairs, radius 7: escapes are easy to write
+    table = code_book().tables[entropy.CLASS_ZERO]
+    esc = format(int(table.codes[table.escape]), f"0{int(table.lengths[table.escape])}b")
+    too_long = esc + "0" * 45  # an escape's Exp-Golomb prefix past 40 zeros
+    body = np.packbits(np.array([int(b) for b in too_long], dtype=np.uint8)).tobytes()
+    python, compiled = both_walks(body, classes)
+    assert python == compiled == "corrupt payload: escape value too long"
+    assert both_walks(b"", classes) == ["payload truncated: entropy-coded body ends early"] * 2
+    assert both_walks(b"", classes[:0]) == [([], 0)] * 2
