@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from .adapters.http_app import HttpApp
 
 log = logging.getLogger("harken.server")
+_RELAYS: set[asyncio.Task] = set()  # a front end's watch on its engine link (kept referenced)
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,10 @@ class ServerOptions:
     # "tiny") aligns every final segment of the sessions that ask (`Start.word_timings`); None: no
     # aligner, and such sessions are told so in their Ready (cloud/inference/word_timings.py)
     aligner: str | None = None
+    # --workers: N front-end processes share the ports (SO_REUSEPORT) and one engine process
+    # (cloud/workers.py); `reuse_port` is what each front end's listeners set
+    workers: int = 0
+    reuse_port: bool = False
 
     def __post_init__(self):
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -114,6 +119,14 @@ class ServerOptions:
             raise HarkenError("--max-upload-mb, --max-file-s and --file-lanes must be > 0")
         if not 0 < self.max_queued_frames_per_session <= self.max_queued_frames_per_key < self.max_queued_frames:
             raise HarkenError("queued-audio limits must be 0 < per session <= per key < the server's")
+        if self.workers < 0:
+            raise HarkenError("--workers must be >= 1 (0: one process)")
+        if self.workers and self.aligner is not None:
+            raise HarkenError("--aligner does not go with --workers: word timings need the aligner beside "
+                              "the sessions (serve without --workers)")
+        if self.workers and self.metrics_port is not None:
+            raise HarkenError("--metrics-port does not go with --workers yet: each front end holds its own "
+                              "sessions' metrics (serve without --workers)")
 
 
 # ---- the running server ------------------------------------------------------------------------
@@ -182,11 +195,12 @@ class RunningServer:
 
 
 async def start_server(model, options: ServerOptions = ServerOptions(),
-                       clock: Callable[[], float] = time.monotonic, aligner=None) -> RunningServer:
+                       clock: Callable[[], float] = time.monotonic, aligner=None, scheduler=None) -> RunningServer:
     """Start the service on the running event loop. `model`: a loaded `Qwen3ASR`, or a name for
     `Qwen3ASR.load` ("tiny", "synth-en", a Hugging Face id, a local dir). `clock` times grace
     periods and idle streams (tests pass a fake one). `aligner`: a loaded `Qwen3ForcedAligner` for
-    word timings (else `options.aligner`, loaded here, or none)."""
+    word timings (else `options.aligner`, loaded here, or none). `scheduler`: a front end of
+    `--workers` (cloud/workers.py): the engine process's, as a `RemoteScheduler`; `model` is then None."""
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
@@ -197,7 +211,7 @@ async def start_server(model, options: ServerOptions = ServerOptions(),
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", GRPC_RECEIVE_CEILING * options.max_message_bytes),
         ("grpc.max_send_message_length", options.max_message_bytes),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", 1 if options.reuse_port else 0),
         # Ping every connection quiet for keepalive_time_s, and close it when a ping is not answered
         # in keepalive_timeout_s: a client whose network vanished (no reset) is detached then, and
         # its session's grace period starts, instead of holding the stream until the idle timeout.
@@ -219,7 +233,7 @@ async def start_server(model, options: ServerOptions = ServerOptions(),
         raise HarkenError(f"cannot listen on {address} ({e})") from e
 
     loop = asyncio.get_running_loop()
-    core = await start_core(asr, options, clock, aligner)
+    core = await start_core(asr, options, clock, aligner, scheduler=scheduler)
     metrics, engine_failed, scheduler, executor, table = (core.metrics, core.engine_failed, core.scheduler,
                                                           core.executor, core.table)
     handler = StreamHandler(table, keys, metrics, options.max_message_bytes)
@@ -257,7 +271,8 @@ async def start_server(model, options: ServerOptions = ServerOptions(),
 
         http = await start_http(handler, keys, options.host, options.http_port, options.cors_origins,
                                 ApiLimits(max_upload_bytes=options.max_upload_bytes,
-                                          max_audio_s=options.max_file_s, lanes=options.file_lanes))
+                                          max_audio_s=options.max_file_s, lanes=options.file_lanes),
+                                reuse_port=options.reuse_port)
     return RunningServer(port=port, metrics_port=endpoint.port if endpoint else None,
                          tls=credentials is not None, host=options.host, metrics=metrics, _grpc=server,
                          _table=table, _scheduler=scheduler, _executor=executor, _health=health_servicer,
@@ -287,15 +302,12 @@ class ServingCore:
         self.executor.shutdown(wait=True)
 
 
-async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = time.monotonic,
-                     aligner=None) -> ServingCore:
-    """The engine (`asr`: a loaded `Qwen3ASR`) with its scheduler started, and an empty session
-    table (timing grace periods and idle streams on `clock`), on the running event loop. With an
-    aligner (`aligner` loaded, or `options.aligner` by name) the scheduler also times final words."""
-
+async def start_engine(asr, options: ServerOptions, metrics: ServerMetrics, engine_failed: asyncio.Event,
+                       aligner=None) -> Scheduler:
+    """The engine (`asr`: a loaded `Qwen3ASR`) with its scheduler started, on the running event
+    loop; `engine_failed` is set when a tick fails for good. With an aligner (`aligner` loaded, or
+    `options.aligner` by name) the scheduler also times final words."""
     loop = asyncio.get_running_loop()
-    metrics = ServerMetrics()
-    engine_failed = asyncio.Event()
     engine = engine_class(options.decoder)(
         asr, EngineConfig(max_sessions=options.max_sessions, max_batch=options.max_batch,
                           max_queued_frames=options.max_queued_frames, slot_policy=options.policy,
@@ -306,6 +318,29 @@ async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = t
     await asyncio.to_thread(engine.capture_decode_graphs)
     scheduler = Scheduler(engine, await _segment_aligner(asr, options, aligner))
     await scheduler.start()
+    return scheduler
+
+
+async def start_core(asr, options: ServerOptions, clock: Callable[[], float] = time.monotonic,
+                     aligner=None, scheduler=None) -> ServingCore:
+    """The engine (`start_engine`) and an empty session table (timing grace periods and idle
+    streams on `clock`), on the running event loop. `scheduler` given (a --workers front end's
+    `RemoteScheduler`): the table's sessions go to it, and no engine starts here."""
+
+    metrics = ServerMetrics()
+    engine_failed = asyncio.Event()
+    if scheduler is None:
+        scheduler = await start_engine(asr, options, metrics, engine_failed, aligner)
+        engine = scheduler.engine
+    else:
+        engine = scheduler.engine
+        failed = scheduler.failed
+
+        async def relay() -> None:
+            await failed.wait()
+            engine_failed.set()
+        _RELAYS.add(task := asyncio.get_running_loop().create_task(relay(), name="engine-link-watch"))
+        task.add_done_callback(_RELAYS.discard)
     executor = ThreadPoolExecutor(max_workers=options.decode_threads, thread_name_prefix="harken-decode")
     await asyncio.to_thread(entropy_jit.warm)  # the codec's compiled walk: now, not in a stream's first packet
     limits = SessionLimits(max_sessions=options.max_sessions,
@@ -379,7 +414,8 @@ class _EngineMetrics:
 def serve_command(model: str, options: ServerOptions, device: str | None = None,
                   dtype: str | None = None) -> int:
     """Load the model, serve until SIGINT/SIGTERM, shut down gracefully. Prints the addresses it
-    listens on, one line each, once ready."""
+    listens on, one line each, once ready. With `options.workers`: this process holds the engine,
+    N front-end processes the ports and sessions (cloud/workers.py)."""
     configure_logging()
 
     # bad key or certificate files fail now, not after a model load of minutes
@@ -398,6 +434,10 @@ def serve_command(model: str, options: ServerOptions, device: str | None = None,
         aligner = Qwen3ForcedAligner.load(options.aligner, dtype=dtype, device=device)
         if options.aligner == TINY_ALIGNER:
             log.warning("the tiny aligner has random weights: its word times are meaningless", extra={"fields": {}})
+    if options.workers:
+        from .workers import serve_workers
+
+        return asyncio.run(serve_workers(asr, options))
     return asyncio.run(_serve(asr, options, aligner))
 
 

@@ -66,10 +66,11 @@ class HttpApp:
             app.router.add_static("/edge/", EDGE_WEB_DIR)
         return app
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
+        """`reuse_port`: several processes listen on the port (`harken serve --workers`)."""
         self._runner = web.AppRunner(self.application(), access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        site = web.TCPSite(self._runner, host, port, reuse_address=True, reuse_port=reuse_port or None)
         await site.start()
         self.port = self._runner.addresses[0][1]  # the site's socket (the real port for port 0)
         return self.port
@@ -122,10 +123,11 @@ class HttpApp:
 
 
 async def start_http(handler: StreamHandler, keys: ApiKeys | None, host: str, port: int,
-                     cors_origins: tuple[str, ...] = (), api_limits: ApiLimits | None = None) -> HttpApp:
+                     cors_origins: tuple[str, ...] = (), api_limits: ApiLimits | None = None,
+                     reuse_port: bool = False) -> HttpApp:
     """The HTTP port, listening: WebRTC signaling and the page, and with `api_limits` the OpenAI,
     Realtime and Deepgram APIs on the served model."""
     app = HttpApp(handler, keys, cors_origins=cors_origins,
                   api=api_for(handler, keys, api_limits) if api_limits is not None else None)
-    await app.start(host, port)
+    await app.start(host, port, reuse_port)
     return app

@@ -67,6 +67,10 @@ def register_serve(sub: Subparsers) -> None:
                         f"{DEFAULT_ALIGNER}, or 'tiny') aligns every final segment of the sessions that ask "
                         "(Start.word_timings) and sends its words' times (docs/word-timings.md); "
                         "default: none (such sessions are told so in Ready)")
+    s.add_argument("--workers", type=int, default=0, metavar="N",
+                   help="host work past one core: N front-end processes (transports, sessions, codec) on the "
+                        "same ports, one engine process owning the model (docs/scaling.md); not with --ray, "
+                        "--aligner, --metrics-port; the file APIs are not served (default 0: one process)")
     s.add_argument("--ray", action="store_true",
                    help="serve on Ray Serve (the cluster of $RAY_ADDRESS, else a local one): replicas of one "
                         "engine each behind Serve's gRPC proxy on --port, sessions sticky to their replica "
@@ -88,8 +92,10 @@ def run_serve(args: argparse.Namespace) -> int | None:
                             max_upload_bytes=int(args.max_upload_mb * (1 << 20)), max_file_s=args.max_file_s,
                             file_lanes=args.file_lanes, max_audio_speed=args.max_audio_speed,
                             audio_burst_s=args.audio_burst_s, decode_step=args.decode_step,
-                            aligner=args.aligner)
+                            aligner=args.aligner, workers=args.workers)
     if args.ray:
+        if args.workers:
+            raise HarkenError("--workers does not go with --ray (Ray Serve runs its own replicas: --replicas)")
         from ..cloud.ray_app import Scaling, serve_ray_command
 
         if args.decoder != "own":

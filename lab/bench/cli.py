@@ -194,6 +194,9 @@ def _register_load(bsub: Subparsers) -> None:
                    help="the clients in a process of their own replay feature packets computed before the run "
                         "(no edge work on the clock); adds the server's CPU per stream-second, split into the "
                         "model's calls and the host's work (host_cpu_ms_per_stream_s)")
+    b.add_argument("--workers", type=int, default=0, metavar="N",
+                   help="--self-serve as `harken serve --workers N`: the engine in this process, N front-end "
+                        "processes (their CPU counts in the server's with --replay; default 0: one process)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.set_defaults(run=run_load)
 
@@ -208,7 +211,7 @@ def run_load(args: argparse.Namespace) -> int | None:
     return bench_load_command(LoadBenchOptions(
         server=args.server, streams=levels[0], seconds=args.seconds, api_key=args.api_key,
         tls_ca=args.tls_ca, language=language, self_serve=self_serve, model=args.model,
-        decoder=args.decoder, replay=args.replay, finalize=args.finalize), levels)
+        decoder=args.decoder, replay=args.replay, finalize=args.finalize, workers=args.workers), levels)
 
 
 def _register_fuzz(bsub: Subparsers) -> None:

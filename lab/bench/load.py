@@ -62,7 +62,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 
@@ -100,6 +100,7 @@ class LoadBenchOptions:
     piece_ms: int = PIECE_MS
     replay: bool = False  # clients in a process of their own replaying precomputed packets (replay.py)
     finalize: bool = False  # each stream asks to finalize at the end of each of its VAD segments
+    workers: int = 0  # --self-serve: `harken serve --workers N` (the engine in this process, N front ends)
 
     def __post_init__(self):
         if (self.server is None) == (not self.self_serve):
@@ -114,6 +115,10 @@ class LoadBenchOptions:
             raise HarkenError("--finalize goes with the SDK's clients, not --replay")
         if self.replay and self.tls_ca is not None:
             raise HarkenError("--replay's clients speak plaintext gRPC: no --tls-ca")
+        if self.workers and not self.self_serve:
+            raise HarkenError("--workers goes with --self-serve (a --server has its own)")
+        if self.workers < 0:
+            raise HarkenError("--workers must be >= 1 (0: one process)")
         if not self.decoders or any(d not in ("own", "vllm") for d in self.decoders):
             raise HarkenError(f"--decoder: own, vllm or a comma list of them, got {self.decoder!r}")
 
@@ -290,11 +295,14 @@ def stream_audios(sample: np.ndarray, options: LoadBenchOptions) -> list[np.ndar
     return [tiled(sample, options.seconds, offset_s=round(i * period_s / n, 1)) for i in range(n)]
 
 
-async def run_replay(target: str, options: LoadBenchOptions, sample: np.ndarray, engine=None) -> dict:
+async def run_replay(target: str, options: LoadBenchOptions, sample: np.ndarray, engine=None,
+                     front_ends: Callable[[], list[int]] | None = None) -> dict:
     """`--replay`: the streams from a client process of its own (replay.py); the JSON result, with
     the server's CPU per stream-second split into the model's calls and the rest when `engine` (the
-    in-process server's) is given."""
-    got = await replay(target, stream_audios(sample, options), options.language, options.api_key, engine)
+    in-process server's) is given. `front_ends`: the pids of --workers' front-end processes, whose
+    CPU is the server's too."""
+    got = await replay(target, stream_audios(sample, options), options.language, options.api_key, engine,
+                       front_ends=front_ends)
     piece_samples = int(round(PIECE_S * SAMPLE_RATE))
     records = []
     for s in got["streams"]:
@@ -342,7 +350,9 @@ async def bench_load(options: LoadBenchOptions) -> dict:
     server = await _start_self_served(options)
     try:
         if options.replay:
-            result = await run_replay(server.address, options, sample, engine=server.engine)
+            result = await run_replay(server.address, options, sample, engine=server.engine,
+                                      front_ends=getattr(server, "front_end_pids", None) and (
+                                          lambda: list(server.front_end_pids().values())))
         else:
             result = await run_load(server.address, options, sample)
         engine = server.engine
@@ -362,7 +372,7 @@ async def bench_load(options: LoadBenchOptions) -> dict:
             result["batching_gain"] = None
     finally:
         await server.stop(grace_s=2.0)
-    result["server"] = "self-serve"
+    result["server"] = "self-serve" + (f" --workers {options.workers}" if options.workers else "")
     result["model"] = options.model
     result["decoder"] = options.decoder
     return result
@@ -381,9 +391,16 @@ async def _start_self_served(options: LoadBenchOptions):
     from harken.cloud.inference.vllm_decoder import check_decoder
 
     check_decoder(options.decoder)
-    return await start_server(options.model, ServerOptions(
+    server_options = ServerOptions(
         host="127.0.0.1", port=0, max_sessions=max(16, options.streams),
-        max_sessions_per_key=max(16, options.streams), decoder=options.decoder))
+        max_sessions_per_key=max(16, options.streams), decoder=options.decoder)
+    if options.workers:
+        from harken.cloud.model.asr import Qwen3ASR
+        from harken.cloud.workers import start_workers
+
+        asr = await asyncio.to_thread(Qwen3ASR.load, options.model)
+        return await start_workers(asr, replace(server_options, workers=options.workers))
+    return await start_server(options.model, server_options)
 
 
 async def bench_load_levels(options: LoadBenchOptions, levels: Sequence[int]) -> dict:

@@ -34,6 +34,7 @@ import resource
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -115,13 +116,28 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _children_cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) of these processes so far (a process gone counts 0)."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
 async def replay(target: str, audios: list[np.ndarray], language: str = "", api_key: str | None = None,
-                 engine=None) -> dict:
+                 engine=None, front_ends: Callable[[], list[int]] | None = None) -> dict:
     """Replay one stream per audio against `target` from a client process of its own. Returns the
     client process's record (per stream: its events as (arrival, segment_id, start_s, end_s,
     is_final), `max_lag_s`, `error`, `done_at`; `wall_s`, `cpu_s`), `start_at` (the audio clock's
     zero on this machine's monotonic clock) and this process's CPU during the run, `server_cpu_s`,
-    with `model_cpu_s` when `engine` (the in-process server's) is given."""
+    with `model_cpu_s` when `engine` (the in-process server's) is given; `front_ends`: the pids of
+    the server's other processes (`--workers`), whose CPU counts in `server_cpu_s`."""
     streams = prepared_streams(audios)
     with tempfile.TemporaryDirectory() as tmp:
         job, result_path = Path(tmp) / "job.pickle", Path(tmp) / "result.json"
@@ -133,9 +149,10 @@ async def replay(target: str, audios: list[np.ndarray], language: str = "", api_
                                                     str(result_path), env={**os.environ, "GRPC_VERBOSITY": "NONE"})
         try:
             await asyncio.sleep(max(0.0, start_at - time.monotonic()))
-            cpu0, model0 = _cpu_s(), clock.cpu_s if clock else 0.0
+            pids = front_ends() if front_ends is not None else []
+            cpu0, model0 = _cpu_s() + _children_cpu_s(pids), clock.cpu_s if clock else 0.0
             returncode = await proc.wait()
-            cpu1, model1 = _cpu_s(), clock.cpu_s if clock else 0.0
+            cpu1, model1 = _cpu_s() + _children_cpu_s(pids), clock.cpu_s if clock else 0.0
         finally:
             if proc.returncode is None:
                 proc.kill()
