@@ -422,21 +422,24 @@ class ClassLayout:
     run_len: np.ndarray
 
 
-_LAYOUTS: dict[bytes, ClassLayout] = {}  # per packet shape (a handful: frame counts x modes x shifts)
+# by the classes array itself (the codec's per packet shape, shared/codec.py `_packet_classes`: a
+# handful of frame counts x modes x shifts); the array is held, so its id stays its own
+_LAYOUTS: dict[int, tuple[np.ndarray, ClassLayout]] = {}
 
 
 def class_layout(classes: np.ndarray) -> ClassLayout:
-    key = classes.astype(np.int64).tobytes()
-    layout = _LAYOUTS.get(key)
-    if layout is None:
-        order = _symbol_order(classes)
-        sorted_cls = classes[order].astype(np.int64)
-        starts = np.r_[0, np.flatnonzero(np.diff(sorted_cls)) + 1]
-        lengths = np.diff(np.r_[starts, len(classes)]).astype(np.int64)
-        layout = ClassLayout(order, sorted_cls[starts] if len(classes) else sorted_cls[:0], lengths)
-        if len(_LAYOUTS) >= 256:
+    hit = _LAYOUTS.get(id(classes))
+    if hit is not None and hit[0] is classes and not classes.flags.writeable:
+        return hit[1]
+    order = _symbol_order(classes)
+    sorted_cls = classes[order].astype(np.int64)
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_cls)) + 1]
+    lengths = np.diff(np.r_[starts, len(classes)]).astype(np.int64)
+    layout = ClassLayout(order, sorted_cls[starts] if len(classes) else sorted_cls[:0], lengths)
+    if not classes.flags.writeable:  # a read-only array cannot change under its cached layout
+        if len(_LAYOUTS) >= 512:
             _LAYOUTS.clear()
-        _LAYOUTS[key] = layout
+        _LAYOUTS[id(classes)] = (classes, layout)
     return layout
 
 
