@@ -114,3 +114,18 @@ def test_options_that_do_not_go_with_workers_say_so(flags, says):
 def test_workers_options_are_checked():
     with pytest.raises(HarkenError, match="--workers"):
         ServerOptions(workers=-1)
+
+
+def test_frames_cross_the_link_as_raw_float32_behind_a_fixed_head():
+    import numpy as np
+
+    from harken.cloud.hosting.engine_link import FRAME_HEAD, FRAMES, HEAD, frames_message, parse_frames
+
+    frames = np.random.default_rng(0).standard_normal((128, 7)).astype(np.float32)
+    for running in (None, -3.25):
+        msg = frames_message(5, 9, 120, frames, True, False, running)
+        kind, n = HEAD.unpack_from(msg)
+        assert kind == FRAMES and n == len(msg) - HEAD.size == FRAME_HEAD.size + frames.nbytes  # no pickle
+        h, seg, first, got, start, end, got_running = parse_frames(msg[HEAD.size:])
+        assert (h, seg, first, start, end, got_running) == (5, 9, 120, True, False, running)
+        np.testing.assert_array_equal(got, frames)
