@@ -449,14 +449,16 @@ def decode_levels(body: bytes, classes: np.ndarray, compiled: bool | None = None
     that is not valid. `compiled`: the numba walk (default where numba is installed) or the
     Python one; both give the same levels and the same errors."""
     bits = np.unpackbits(np.frombuffer(body, dtype=np.uint8))
-    if not (entropy_jit.available if compiled is None else compiled):
+    walk = entropy_jit.compiled() if compiled is None or compiled else None
+    if walk is None:
+        if compiled:
+            raise RuntimeError("the compiled entropy walk needs numba")
         reader = BitReader(body)
         return decode_symbols(reader, classes), bits, reader.pos
-    assert entropy_jit.walk is not None
     layout = class_layout(classes)
     t = flat_tables()
     out_sorted = np.zeros(len(classes), dtype=np.int64)
-    pos = entropy_jit.walk(bits, layout.run_cls, layout.run_len, SPARSE_GROUP, LUT_BITS, t.group, t.escape,
+    pos = walk(bits, layout.run_cls, layout.run_len, SPARSE_GROUP, LUT_BITS, t.group, t.escape,
                            t.lut_symbol, t.lut_length, t.first_code, t.first_index, t.count, t.order, t.order_off,
                            t.digits, t.digit_off, out_sorted)
     if pos < 0:

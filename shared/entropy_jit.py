@@ -1,7 +1,7 @@
 """The entropy decoder's bit walk compiled with numba (shared/entropy.py holds the Python walk it
 replaces, which stays where numba is missing: the edge needs neither).
 
-`walk` decodes the levels of a body class run by class run, exactly as `entropy.decode_symbols`
+`compiled()` (the walk, compiled on first use) decodes the levels of a body class run by class run, exactly as `entropy.decode_symbols`
 does tuple by tuple: the same levels, the same bits read, and for a body that is not valid the same
 error (as a negative code: `ERRORS`). It takes the code book's tables flattened into arrays
 (`entropy.flat_tables`) as arguments and imports nothing of the codec, so there is no import loop.
@@ -10,15 +10,10 @@ Measured: 430 -> 74 us per 200-ms packet in the earlier design (docs/benchmarks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
-numba: Any
-try:
-    import numba
-except ImportError:  # the Python walk decodes
-    numba = None
 
 TRUNCATED, INVALID_CODE, ESCAPE_TOO_LONG = -1, -2, -3
 ERRORS = {
@@ -113,12 +108,30 @@ def _walk(bits, run_cls, run_len, sparse_group, lut_bits, group, escape, lut_sym
     return pos
 
 
-walk = numba.njit(cache=True, nogil=True)(_walk) if numba is not None else None
-available = walk is not None
+_compiled: Any = None  # None: not looked for yet; False: no numba; else the compiled walk
+
+
+def compiled() -> Callable[..., Any] | None:
+    """The compiled walk, or None where numba is not installed. numba is imported on the first
+    call, not with the codec: the edge, which only encodes, never loads it."""
+    global _compiled
+    if _compiled is None:
+        try:
+            import numba
+        except ImportError:  # the Python walk decodes
+            _compiled = False
+        else:
+            _compiled = numba.njit(cache=True, nogil=True)(_walk)
+    return _compiled or None
+
+
+def available() -> bool:
+    return compiled() is not None
 
 
 def warm() -> None:
     """Compile (or load from numba's cache) now rather than in the first packet's decode."""
+    walk = compiled()
     if walk is None:
         return
     z = np.zeros(1, dtype=np.int64)

@@ -119,7 +119,7 @@ def coded(draw):
     return classes, levels, encode_symbols(levels, classes)
 
 
-@pytest.mark.skipif(not entropy.entropy_jit.available, reason="numba is not installed")
+@pytest.mark.skipif(not entropy.entropy_jit.available(), reason="numba is not installed")
 @settings(max_examples=300, deadline=None)
 @given(coded(), st.sampled_from(["valid", "cut", "flipped", "random"]), st.data())
 def test_the_compiled_walk_gives_the_python_walks_levels_or_its_error(case, how, data):
@@ -140,7 +140,7 @@ def test_the_compiled_walk_gives_the_python_walks_levels_or_its_error(case, how,
         assert python[0] == levels.tolist()
 
 
-@pytest.mark.skipif(not entropy.entropy_jit.available, reason="numba is not installed")
+@pytest.mark.skipif(not entropy.entropy_jit.available(), reason="numba is not installed")
 def test_the_compiled_walk_on_every_error_and_an_empty_body():
     classes = np.full(8, entropy.CLASS_ZERO)  # pairs, radius 7: escapes are easy to write
     table = code_book().tables[entropy.CLASS_ZERO]
