@@ -36,6 +36,7 @@ from ..shared import entropy_jit
 from ..shared.errors import HarkenError
 from .model.asr import Qwen3ASR
 from .inference.engine import EngineConfig
+from .inference.file_passes import FileConfig
 from .inference.scheduler import Scheduler
 from .inference.vllm_decoder import engine_class
 from .inference.word_timings import SegmentAligner
@@ -82,13 +83,14 @@ class ServerOptions:
     policy: CommitPolicy = field(default_factory=CommitPolicy)  # every session's commit policy
     decoder: str = "own"  # "vllm": the text decoder on vLLM (cloud/inference/vllm_decoder.py)
     decode_step: str = "plain"  # the own engine's decode step: plain, static or graphs (EngineConfig)
-    # the OpenAI-compatible file API on the HTTP port (cloud/adapters/openai_api.py): upload and audio limits,
-    # and the lane of whole-file requests beside the live streams
+    # the file APIs on the HTTP port (cloud/adapters/openai_api.py, Deepgram's pre-recorded POST): upload and
+    # audio limits; files are transcribed in the serving engine, `max_files` together, `file_queue` more waiting
     max_upload_bytes: int = 25 * 1024 * 1024
     max_audio_speed: float = 4.0  # a live stream's pace: x real time on average (0: none), see AudioPace
     audio_burst_s: float = 30.0  # ... and this much audio ahead of it
     max_file_s: float = 3 * 3600.0
-    file_lanes: int = 1
+    max_files: int = 8
+    file_queue: int = 8
     # word timings (`harken serve --aligner`): a Qwen3-ForcedAligner (checkpoint dir, Hugging Face id or
     # "tiny") aligns every final segment of the sessions that ask (`Start.word_timings`); None: no
     # aligner, and such sessions are told so in their Ready (cloud/inference/word_timings.py)
@@ -115,8 +117,10 @@ class ServerOptions:
                                   "(e.g. https://meet.example.com), or '*'")
         if self.max_audio_speed < 0 or self.audio_burst_s < 0:
             raise HarkenError("--max-audio-speed and --audio-burst-s must be >= 0")
-        if self.max_upload_bytes < 1 or not self.max_file_s > 0 or self.file_lanes < 1:
-            raise HarkenError("--max-upload-mb, --max-file-s and --file-lanes must be > 0")
+        if self.max_upload_bytes < 1 or not self.max_file_s > 0 or self.max_files < 1:
+            raise HarkenError("--max-upload-mb, --max-file-s and --max-files must be > 0")
+        if self.file_queue < 0:
+            raise HarkenError("--file-queue must be >= 0")
         if not 0 < self.max_queued_frames_per_session <= self.max_queued_frames_per_key < self.max_queued_frames:
             raise HarkenError("queued-audio limits must be 0 < per session <= per key < the server's")
         if self.workers < 0:
@@ -271,7 +275,7 @@ async def start_server(model, options: ServerOptions = ServerOptions(),
 
         http = await start_http(handler, keys, options.host, options.http_port, options.cors_origins,
                                 ApiLimits(max_upload_bytes=options.max_upload_bytes,
-                                          max_audio_s=options.max_file_s, lanes=options.file_lanes),
+                                          max_audio_s=options.max_file_s),
                                 reuse_port=options.reuse_port)
     return RunningServer(port=port, metrics_port=endpoint.port if endpoint else None,
                          tls=credentials is not None, host=options.host, metrics=metrics, _grpc=server,
@@ -316,7 +320,8 @@ async def start_engine(asr, options: ServerOptions, metrics: ServerMetrics, engi
     # --decode-step graphs: every bucket now, not in a live tick; off the event loop (a Ray replica's
     # loop is already serving while it starts)
     await asyncio.to_thread(engine.capture_decode_graphs)
-    scheduler = Scheduler(engine, await _segment_aligner(asr, options, aligner))
+    scheduler = Scheduler(engine, await _segment_aligner(asr, options, aligner),
+                          FileConfig(max_files=options.max_files, queue=options.file_queue))
     await scheduler.start()
     return scheduler
 

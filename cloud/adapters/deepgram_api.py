@@ -54,7 +54,7 @@ from ..base.auth import ApiKeys
 from ..base.errors import Unauthenticated
 from ..hosting.stream_handler import RequestQueue, StreamFailed, StreamHandler
 from ...shared import wire
-from ...shared.errors import HarkenError
+from ...shared.errors import HarkenError, Overloaded
 from ...shared.features_spec import SAMPLE_RATE
 from ...shared.protocol import (Ack, Audio, ClientMessage, Configure, End, Finalize, ServerError, Start,
                                     Transcript, Turn)
@@ -125,7 +125,7 @@ class DeepgramListen:
 
     def __init__(self, handler: StreamHandler, keys: ApiKeys | None, model_id: str, files=None):
         self.handler, self.keys, self.model_id = handler, keys, model_id
-        self.files = files  # the OpenAI file API (its lane, its limits), for pre-recorded audio
+        self.files = files  # the OpenAI file API (the scheduler, the upload limits), for pre-recorded audio
 
     def add_routes(self, app) -> None:
         app.router.add_get(LISTEN_PATH, self.live)
@@ -177,12 +177,12 @@ class DeepgramListen:
             if self.files is None:
                 raise _Refused(503, "this server has no model for pre-recorded audio", "UNAVAILABLE")
             files = self.files
-            if files.admitted >= files.limits.lanes + files.limits.queue:
-                raise _Refused(429, f"the server transcribes {files.limits.lanes} file(s) at once and holds "
-                                    f"{files.limits.queue} more waiting; try again later", "TOO_MANY_REQUESTS")
+            try:  # a place for the file as the request arrives (each channel is a file in the engine)
+                ticket = files.scheduler.admit_file()
+            except Overloaded as e:
+                raise _Refused(429, str(e), "TOO_MANY_REQUESTS") from None
         except _Refused as e:
             return self._refusal(e.status, e.message, request_id, e.code)
-        files.admitted += 1
         try:
             body = await self._body(request, files.limits.max_upload_bytes, request_id)
             loop = asyncio.get_running_loop()
@@ -193,18 +193,25 @@ class DeepgramListen:
             if max(c.size for c in channels) / SAMPLE_RATE > files.limits.max_audio_s:
                 raise _Refused(400, f"the audio is longer than this server takes ({files.limits.max_audio_s:.0f} s)",
                                "Bad Request")
-            from ..inference.offline import transcribe_audio
-
-            asr = files.asr
+            # `harken transcribe`'s passes in the serving engine, the channels batched together
+            tasks = [asyncio.ensure_future(files.scheduler.transcribe(a, params.language, params.context,
+                                                                      ticket=ticket if i == 0 else None))
+                     for i, a in enumerate(channels)]
             try:
-                outs = [await loop.run_in_executor(files.lane, transcribe_audio, asr, a, params.language,
-                                                   params.context) for a in channels]
-            except HarkenError as e:
-                raise _Refused(500, f"transcription failed: {e}", "INTERNAL") from None
+                outs = await asyncio.gather(*tasks)
+            except BaseException:
+                for t in tasks:
+                    t.cancel()
+                raise
+        except Overloaded as e:
+            return self._refusal(429, str(e), request_id, "TOO_MANY_REQUESTS")
         except _Refused as e:
             return self._refusal(e.status, e.message, request_id, e.code)
+        except Exception as e:  # noqa: BLE001 - the model failed on it: said, never a traceback
+            log.warning("pre-recorded transcription failed", exc_info=True)
+            return self._refusal(500, f"transcription failed ({type(e).__name__})", request_id, "INTERNAL")
         finally:
-            files.admitted -= 1
+            ticket.release()
         model_uuid, info = model_info(self.model_id)
         duration = round(max(c.size for c in channels) / SAMPLE_RATE, 3)
         results = []

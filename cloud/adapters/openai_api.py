@@ -7,15 +7,17 @@ same) works against harken unchanged:
                                     `transcript.text.delta` / `transcript.text.done` events)
     GET  /v1/models                 the served model
 
-A file is transcribed as a live stream would be: through the edge pipeline (VAD, log-mel, codec)
-and harken's streaming engine, on audio time, so its text is harken's committed text and its
-segments (verbose_json, srt, vtt) are the engine's segments; `prompt` is Qwen3-ASR's context,
-`language` a name or ISO 639 code. Whole-file requests run in a lane of their own (`lanes` worker
-threads, each with its own one-session engine on the served model's weights, and at most
-`queue` requests waiting), so a large upload never takes a live stream's place in the serving
-engine; past that a request gets 429. Errors have OpenAI's shape,
+Every request goes through the serving engine, beside the live streams (no engine of its own):
+`json`, `text` and `stream=true` are `harken transcribe`'s offline passes (cut at quiet points like
+the official package), batched with every other file in flight (`Scheduler.transcribe` / `.pieces`,
+cloud/inference/file_passes.py), streamed a piece at a time; `srt`, `vtt` and `verbose_json` are a
+session of the engine fed ahead of real time (cloud/hosting/file_stream.py), their segments and cues
+those of `harken transcribe --format srt`. `prompt` is Qwen3-ASR's context, `language` a name or ISO
+639 code. The server transcribes `--max-files` files together and holds `--file-queue` more waiting;
+past that a request gets 429 with Retry-After. Errors have OpenAI's shape,
 `{"error": {"message", "type", "code"}}`, with the HTTP status OpenAI uses: 400 (bad request, audio
-too long), 401 (API keys as Bearer tokens, as on gRPC), 413 (upload too large), 429 (lane full).
+too long), 401 (API keys as Bearer tokens, as on gRPC), 413 (upload too large), 429 (files full),
+500 (the model failed on the file).
 """
 
 from __future__ import annotations
@@ -23,32 +25,35 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import math
 import tempfile
-import threading
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..base.auth import ApiKeys, check_http
 from ..base.errors import Unauthenticated
-from ...shared.errors import HarkenError
+from ...shared.errors import HarkenError, Overloaded
 from ...shared.subtitles import cues_of, srt, vtt
-from ...shared.text import TranscriptText
+from ...shared.text import TranscriptText, join_texts
 from ...shared.features_spec import SAMPLE_RATE
-from ..inference.decoder_stream import check_context
+from ..inference.decoder_stream import SessionOptions, check_context
+from ..inference.file_passes import FileTicket
+from ..inference.offline import OfflineTranscript
+from ..inference.scheduler import Scheduler
+from ..hosting.file_stream import stream_file_events
 from ..model.prompt import forced_language
+from ..model.tokenizer import ASR_TEXT
 from ...edge.audio import load_audio, peak_normalize
-from ..embedded import stream_audio
-from ..inference.engine import Engine, EngineConfig
-from ..inference.decoder_stream import SessionOptions
+
+log = logging.getLogger(__name__)
 
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 MODELS_PATH = "/v1/models"
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 RETRY_AFTER_S = 5  # the hint a 429 carries
+DISCONNECT_POLL_S = 0.25  # how often a request in work looks whether its client is still there
 MAX_FIELD_BYTES = 64_000  # a form field other than the file
 MAX_FORM_FIELD_BYTES = 1 << 20  # all of them
 MAX_PARTS = 64
@@ -58,8 +63,6 @@ MAX_PARTS = 64
 class ApiLimits:
     max_upload_bytes: int = 25 * 1024 * 1024  # OpenAI's own limit for this endpoint
     max_audio_s: float = 3 * 3600.0
-    lanes: int = 1  # whole-file requests transcribed at once
-    queue: int = 4  # and waiting for a lane; more: 429
 
 
 class ApiError(Exception):
@@ -80,23 +83,31 @@ class Request:
     prompt: str
     response_format: str
     stream: bool
-    logprobs: bool = False  # `include[]=logprobs` (json): each word with its log probability
+    logprobs: bool = False  # `include[]=logprobs` (json): each token with its log probability
 
 
 class TranscriptionAPI:
-    """The routes, bound to the served model (`asr`: a loaded Qwen3ASR) and the server's API keys."""
+    """The routes, bound to the serving engine's scheduler (its model: the served one) and the
+    server's API keys."""
 
-    def __init__(self, asr, model_id: str, keys: ApiKeys | None, limits: ApiLimits = ApiLimits()):
-        self.asr, self.model_id, self.keys, self.limits = asr, model_id, keys, limits
-        self.lane = ThreadPoolExecutor(max(1, limits.lanes), thread_name_prefix="harken-files")
-        self.admitted = 0  # requests in the lane or waiting for it (event loop only)
+    def __init__(self, scheduler: Scheduler, model_id: str, keys: ApiKeys | None, limits: ApiLimits = ApiLimits()):
+        self.scheduler, self.model_id, self.keys, self.limits = scheduler, model_id, keys, limits
+        self.asr = scheduler.engine.asr
 
     def add_routes(self, app) -> None:
         app.router.add_post(TRANSCRIPTIONS_PATH, self.transcriptions)
         app.router.add_get(MODELS_PATH, self.models)
 
     def close(self) -> None:
-        self.lane.shutdown(wait=False, cancel_futures=True)
+        """Nothing of its own to release: files are the scheduler's."""
+
+    def admit(self) -> FileTicket:
+        """A place for one file (taken as the request arrives), or 429 with Retry-After."""
+        try:
+            return self.scheduler.admit_file()
+        except Overloaded as e:
+            raise ApiError(429, str(e), "rate_limit_exceeded", "rate_limit_exceeded",
+                           retry_after_s=RETRY_AFTER_S) from None
 
     # ---- handlers --------------------------------------------------------------------------------
 
@@ -115,26 +126,32 @@ class TranscriptionAPI:
 
         try:
             self._authenticate(request)
-            if self.admitted >= self.limits.lanes + self.limits.queue:
-                raise ApiError(429, f"the server transcribes {self.limits.lanes} file(s) at once and holds "
-                                    f"{self.limits.queue} more waiting; try again later",
-                               "rate_limit_exceeded", "rate_limit_exceeded", retry_after_s=RETRY_AFTER_S)
-            self.admitted += 1
+            ticket = self.admit()
         except ApiError as e:
             return web.json_response(e.body(), status=e.status, headers=e.headers)
         try:
             req = await self._read(request)
             if req.stream:
-                return await self._stream(request, req)
+                return await self._stream(request, req, ticket)
+            if req.response_format in ("json", "text"):
+                out = await _while_connected(request, self.scheduler.transcribe(
+                    req.audio, req.language, req.prompt, ticket=ticket))
+                return _offline_response(req, out, self.asr.tokenizer)
             try:
-                events = await asyncio.get_running_loop().run_in_executor(self.lane, lambda: list(self._events(req)))
-            except HarkenError as e:  # the model could not run it: said in OpenAI's shape, never a traceback
-                raise ApiError(500, f"transcription failed: {e}", "server_error", "transcription_failed") from e
+                events = await _while_connected(request, stream_file_events(
+                    self.scheduler, req.audio, SessionOptions(language=req.language, context=req.prompt)))
+            except Overloaded as e:  # the engine's sessions are all taken
+                raise ApiError(429, str(e), "rate_limit_exceeded", "rate_limit_exceeded",
+                               retry_after_s=RETRY_AFTER_S) from None
             return _response(req, events)
         except ApiError as e:
             return web.json_response(e.body(), status=e.status, headers=e.headers)
+        except Exception as e:  # noqa: BLE001 - the model failed on it: OpenAI's shape, never a traceback
+            log.warning("file transcription failed", exc_info=True)
+            e2 = ApiError(500, f"transcription failed ({type(e).__name__})", "server_error", "transcription_failed")
+            return web.json_response(e2.body(), status=e2.status)
         finally:
-            self.admitted -= 1
+            ticket.release()
 
     # ---- the request -----------------------------------------------------------------------------
 
@@ -242,57 +259,45 @@ class TranscriptionAPI:
                         raise ApiError(400, f"the form field {name[:60]!r} is not UTF-8 text", param=name[:60]) from None
         return path
 
-    def _events(self, req: Request) -> Iterator:
-        """The file through the edge pipeline and a one-session engine on the served weights (in the lane)."""
-
-        options = SessionOptions(language=req.language, context=req.prompt)
-        engine = Engine(self.asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
-        yield from stream_audio(req.audio, engine, options)
-
-    async def _stream(self, request, req: Request):
-        """Server-sent events as the file is decoded: a `transcript.text.delta` per piece of committed
-        text, then `transcript.text.done` with the whole text."""
+    async def _stream(self, request, req: Request, ticket: FileTicket):
+        """Server-sent events as the file is decoded: a `transcript.text.delta` per piece (pass) of
+        the offline transcript, then `transcript.text.done` with the whole text."""
         from aiohttp import web
 
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        stop = threading.Event()
-
-        def produce() -> None:
-            try:
-                for event in self._events(req):
-                    if stop.is_set():
-                        return
-                    loop.call_soon_threadsafe(queue.put_nowait, ("event", event))
-                loop.call_soon_threadsafe(queue.put_nowait, ("done", None))
-            except Exception as e:  # noqa: BLE001 (reported to the client as an error event)
-                loop.call_soon_threadsafe(queue.put_nowait, ("error", e))
-
-        work = loop.run_in_executor(self.lane, produce)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        text = TranscriptText()
+        text = ""
         try:
-            while True:
-                kind, item = await queue.get()
-                if kind == "event":
-                    before = text.text
-                    text.add(item)
-                    after = text.text
-                    if len(after) > len(before):
-                        await _sse(response, {"type": "transcript.text.delta", "delta": after[len(before):]})
-                elif kind == "done":
-                    await _sse(response, {"type": "transcript.text.done", "text": text.text})
-                    break
-                else:
-                    await _sse(response, {"type": "error", "error": {"message": "transcription failed",
-                                                                     "type": "server_error", "code": None}})
-                    break
-        finally:
-            stop.set()
-            await work
+            async for piece in self.scheduler.pieces(req.audio, req.language, req.prompt, ticket=ticket):
+                delta = join_texts(text, piece.text) + piece.text
+                text += delta
+                if delta:
+                    await _sse(response, {"type": "transcript.text.delta", "delta": delta})
+            await _sse(response, {"type": "transcript.text.done", "text": text})
+        except Exception:  # noqa: BLE001 - the model failed on it: an error event, never a traceback
+            log.warning("streamed file transcription failed", exc_info=True)
+            await _sse(response, {"type": "error", "error": {"message": "transcription failed",
+                                                             "type": "server_error", "code": None}})
         await response.write_eof()
         return response
+
+
+async def _while_connected(request, work):
+    """Await `work` (a coroutine), cancelled if the client goes away meanwhile (aiohttp lets a
+    handler run on after a disconnect): a file whose client left frees its place."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                task.cancel()
+                raise ApiError(499, "the client went away", code="client_closed")
+    finally:
+        if not task.done():
+            task.cancel()
 
 
 def _duration_s(path: Path) -> float | None:
@@ -311,24 +316,45 @@ async def _sse(response, data: dict) -> None:
     await response.write(f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode())
 
 
-def _response(req: Request, events: list):
+def _offline_response(req: Request, out: OfflineTranscript, tokenizer):
+    """json / text: the offline transcript (`harken transcribe`'s text)."""
     from aiohttp import web
 
+    if req.response_format == "text":
+        return web.Response(text=out.text + "\n", content_type="text/plain")
+    body: dict[str, Any] = {"text": out.text}
+    if req.logprobs:
+        body["logprobs"] = token_logprobs(out, tokenizer)
+    return web.json_response(body, dumps=_dumps)
+
+
+def token_logprobs(out: OfflineTranscript, tokenizer) -> list[dict]:
+    """OpenAI's `logprobs`, one entry per token of the transcript text as OpenAI gives them: the
+    token, its log probability as the model gave it in the pass, and its bytes. The answer's
+    `language X<asr_text>` header is not text: its tokens are left out."""
+    marker = tokenizer.token_id(ASR_TEXT)
+    entries = []
+    for piece in out.pieces:
+        ids, probs = piece.token_ids, piece.token_probs
+        start = ids.index(marker) + 1 if marker in ids else 0
+        for t, p in zip(ids[start:], probs[start:]):
+            raw = tokenizer.token_bytes(t)
+            entries.append({"token": raw.decode("utf-8", errors="replace"),
+                            "logprob": math.log(max(p, 1e-300)), "bytes": list(raw)})
+    return entries
+
+
+def _response(req: Request, events: list):
+    """srt / vtt / verbose_json: the engine's segments, as `harken transcribe --format srt` has them."""
+    from aiohttp import web
 
     text = TranscriptText()
     for e in events:
         text.add(e)
-    if req.response_format == "text":
-        return web.Response(text=text.text + "\n", content_type="text/plain")
     if req.response_format in ("srt", "vtt"):
         cues = cues_of(events)
         return web.Response(text=srt(cues) if req.response_format == "srt" else vtt(cues),
                             content_type="application/x-subrip" if req.response_format == "srt" else "text/vtt")
-    if req.response_format == "json":
-        body: dict[str, Any] = {"text": text.text}
-        if req.logprobs:  # per word, from the engine's word confidence (OpenAI gives them per token)
-            body["logprobs"] = _word_logprobs(events)
-        return web.json_response(body, dumps=_dumps)
     language = next((e.language for e in events if e.language), req.language or "")
     segments = [{"id": i, "seek": 0, "start": c.start_s, "end": c.end_s, "text": c.text, "tokens": [],
                  "temperature": 0.0, "avg_logprob": 0.0, "compression_ratio": 0.0, "no_speech_prob": 0.0}
@@ -338,31 +364,18 @@ def _response(req: Request, events: list):
                               "segments": segments}, dumps=_dumps)
 
 
-def _word_logprobs(events: list) -> list[dict]:
-    """OpenAI's `logprobs` entries, a word each: an item's final event scores the item's words, the
-    last ones of its segment's text so far (`TranscriptEvent.word_confidence`)."""
-    texts: dict[int, str] = {}
-    out = []
-    for e in events:
-        texts[e.segment_id] = texts.get(e.segment_id, "") + e.committed_delta
-        if e.word_confidence:
-            words = texts[e.segment_id].split()[-len(e.word_confidence):]
-            out += [{"token": w, "logprob": round(math.log(max(c, 1e-12)), 4), "bytes": list(w.encode())}
-                    for w, c in zip(words, e.word_confidence)]
-    return out
-
-
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
 def api_for(handler, keys: ApiKeys | None, limits: ApiLimits) -> TranscriptionAPI | None:
-    """The API on the served model (the serving engine's weights, under the id `Qwen3ASR.describe()`
-    gives), or None where there is none."""
-    asr = getattr(getattr(getattr(getattr(handler, "table", None), "scheduler", None), "engine", None), "asr", None)
-    if asr is None:
+    """The API on the serving engine (its model under the id `Qwen3ASR.describe()` gives), or None
+    where there is none."""
+    scheduler = getattr(getattr(handler, "table", None), "scheduler", None)
+    asr = getattr(getattr(scheduler, "engine", None), "asr", None)
+    if scheduler is None or asr is None:
         return None
     describe = getattr(asr, "describe", None)
     model_id = describe()["model"] if callable(describe) else "harken"
-    return TranscriptionAPI(asr, model_id, keys, limits)
+    return TranscriptionAPI(scheduler, model_id, keys, limits)
 

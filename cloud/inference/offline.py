@@ -10,7 +10,7 @@ the pieces' texts joined as the engine joins segments (`shared/text.transcript_t
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,6 +30,8 @@ class OfflinePiece:
     text: str
     language: str
     token_ids: list[int]
+    # each token's probability as the model gave it (the engine's file passes keep them; [] elsewhere)
+    token_probs: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -50,10 +52,7 @@ def transcribe_audio(asr, audio: np.ndarray, language: str | None = None, contex
     transcribe = transcribe or asr.transcribe
     pieces = []
     for i, (a, b) in enumerate(spans):
-        piece = audio[a:b]
-        if len(spans) > 1 and b - a < MIN_PIECE_SAMPLES:
-            piece = np.pad(piece, (0, MIN_PIECE_SAMPLES - (b - a)))
-        result = transcribe(log_mel(piece), language=language, context=context or "",
+        result = transcribe(log_mel(piece_audio(audio, spans, i)), language=language, context=context or "",
                             limits=DecodeLimits() if decode_limits else None)
         pieces.append(OfflinePiece(a / SAMPLE_RATE, b / SAMPLE_RATE, result.text, result.language,
                                    list(result.token_ids)))
@@ -61,3 +60,13 @@ def transcribe_audio(asr, audio: np.ndarray, language: str | None = None, contex
             progress(i, len(spans), b / SAMPLE_RATE)
     text = transcript_text(dict(enumerate(p.text for p in pieces)))
     return OfflineTranscript(text, next((p.language for p in pieces if p.language), ""), pieces)
+
+
+def piece_audio(audio: np.ndarray, spans: list[tuple[int, int]], i: int) -> np.ndarray:
+    """The audio of piece i of a file cut at `spans`: a short last piece of a split file padded to
+    half a second, as the official package pads one."""
+    a, b = spans[i]
+    piece = audio[a:b]
+    if len(spans) > 1 and b - a < MIN_PIECE_SAMPLES:
+        piece = np.pad(piece, (0, MIN_PIECE_SAMPLES - (b - a)))
+    return piece

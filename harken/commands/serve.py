@@ -43,9 +43,14 @@ def register_serve(sub: Subparsers) -> None:
                         "as OpenAI's; larger: 413)")
     s.add_argument("--max-file-s", type=float, default=10800.0,
                    help="with --http-port: the longest audio a file request may hold (default 10800 s; longer: 400)")
-    s.add_argument("--file-lanes", type=int, default=1,
-                   help="with --http-port: whole-file requests transcribed at once, beside the live streams "
-                        "(default 1; 4 more wait, then 429)")
+    s.add_argument("--max-files", type=int, default=8,
+                   help="with --http-port: files (OpenAI file API, Deepgram pre-recorded) transcribed together in "
+                        "the serving engine, beside the live streams (default 8)")
+    s.add_argument("--file-lanes", type=int, dest="max_files", default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)  # deprecated: the old name of --max-files
+    s.add_argument("--file-queue", type=int, default=8,
+                   help="with --http-port: files waiting for one of those places (default 8); more get 429 with "
+                        "Retry-After")
     s.add_argument("--max-sessions", type=int, default=16, help="sessions at once (default 16)")
     s.add_argument("--max-sessions-per-key", type=int, default=16, help="sessions per API key (default 16)")
     s.add_argument("--grace-s", type=float, default=60.0,
@@ -90,7 +95,8 @@ def run_serve(args: argparse.Namespace) -> int | None:
                             max_sessions=args.max_sessions, max_sessions_per_key=args.max_sessions_per_key,
                             grace_s=args.grace_s, idle_timeout_s=args.idle_timeout_s, decoder=args.decoder,
                             max_upload_bytes=int(args.max_upload_mb * (1 << 20)), max_file_s=args.max_file_s,
-                            file_lanes=args.file_lanes, max_audio_speed=args.max_audio_speed,
+                            max_files=args.max_files,
+                            file_queue=args.file_queue, max_audio_speed=args.max_audio_speed,
                             audio_burst_s=args.audio_burst_s, decode_step=args.decode_step,
                             aligner=args.aligner, workers=args.workers)
     if args.ray:

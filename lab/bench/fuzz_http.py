@@ -125,7 +125,7 @@ class ServedHTTP:
         policy = CommitPolicy(update_interval_s=1.0, rollback_tokens=2, max_new_tokens_per_update=6, max_item_tokens=24)
         options = ServerOptions(port=0, http_port=0, api_keys=keys_path, max_sessions=64, max_sessions_per_key=64,
                                 grace_s=grace_s, policy=policy, max_upload_bytes=MAX_UPLOAD_BYTES,
-                                max_file_s=MAX_FILE_S, file_lanes=1, shutdown_grace_s=2.0)
+                                max_file_s=MAX_FILE_S, max_files=1, shutdown_grace_s=2.0)
         log = _ErrorLog()
         log.install()
         running = await start_server(asr, options)
