@@ -1,7 +1,9 @@
 """The OpenAI-compatible file API (cloud/adapters/openai_api.py) on `harken serve --http-port`, driven by
-OpenAI's own Python client: the text, segments and subtitles it returns are harken's streaming
-engine's for the same audio (an in-process reference), streamed deltas add up to the text, and
-errors come back as the client's typed exceptions (401, 400, 413)."""
+OpenAI's own Python client: json and text are `harken transcribe`'s offline passes (run in the serving
+engine), their logprobs per token; segments and subtitles are the streaming engine's, as `harken
+transcribe --format srt` makes them (in-process references); streamed deltas add up to the offline
+text; files sent together are each the one-by-one text; errors come back as the client's typed
+exceptions (401, 400, 413, 429)."""
 
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ def server(tmp_path_factory):
     keys.write_text(KEY + "\n")
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "harken.cli", "serve", "--model", MODEL, "--port", "0",
-                             "--http-port", str(port), "--api-keys", str(keys), "--max-upload-mb", "1"],
+                             "--http-port", str(port), "--api-keys", str(keys), "--max-upload-mb", "1",
+                             "--max-files", "2", "--file-queue", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     deadline = time.time() + 120
     lines = []
@@ -74,6 +77,17 @@ def reference():
     return list(stream_audio(peak_normalize(load_audio(str(SAMPLE))), engine, options))
 
 
+@pytest.fixture(scope="module")
+def offline():
+    """`harken transcribe`'s offline pass over the sample, English forced, in-process."""
+    from harken.cloud.inference.offline import transcribe_audio
+    from harken.cloud.model.asr import Qwen3ASR
+    from harken.edge.audio import load_audio, peak_normalize
+
+    asr = Qwen3ASR.load(MODEL)
+    return asr, transcribe_audio(asr, peak_normalize(load_audio(str(SAMPLE))), "English")
+
+
 def _client(server: str, key: str = KEY) -> openai.OpenAI:
     return openai.OpenAI(base_url=server, api_key=key, max_retries=0, timeout=300)
 
@@ -82,14 +96,15 @@ def test_models_lists_the_served_model(server):
     assert [m.id for m in _client(server).models.list().data] == [MODEL]
 
 
-def test_text_segments_and_subtitles_are_the_engines(server, reference):
+def test_text_is_the_offline_pass_and_subtitles_the_engines_segments(server, reference, offline):
     client = _client(server)
+    asr, out = offline
     text = events_text(reference)
     cues = cues_of(reference)
-    assert text and len(cues) >= 2
+    assert text and len(cues) >= 2 and out.text
     with SAMPLE.open("rb") as f:
         got = client.audio.transcriptions.create(model=MODEL, file=f, language="en")
-    assert got.text == text
+    assert got.text == out.text
     with SAMPLE.open("rb") as f:
         verbose = client.audio.transcriptions.create(model=MODEL, file=f, language="en",
                                                      response_format="verbose_json")
@@ -102,25 +117,23 @@ def test_text_segments_and_subtitles_are_the_engines(server, reference):
         [(round(c.start_s, 3), round(c.end_s, 3)) for c in cues]
     with SAMPLE.open("rb") as f:
         plain = client.audio.transcriptions.create(model=MODEL, file=f, language="en", response_format="text")
-    assert plain.strip() == text
-    with SAMPLE.open("rb") as f:  # include=["logprobs"]: a log probability per word (harken's word confidence)
+    assert plain.strip() == out.text
+    with SAMPLE.open("rb") as f:  # include=["logprobs"]: a log probability per token of the pass
         scored = client.audio.transcriptions.create(model=MODEL, file=f, language="en", include=["logprobs"])
-    import math
-
-    expected = [(w, math.log(c)) for e in reference if e.word_confidence
-                for w, c in zip(events_text([x for x in reference if x.segment_id == e.segment_id]).split()
-                                [-len(e.word_confidence):], e.word_confidence)]
-    assert scored.text == text and len(scored.logprobs) == len(expected) > 0
-    assert [(p.token, p.logprob) for p in scored.logprobs] == [(w, pytest.approx(lp, abs=1e-3)) for w, lp in expected]
+    ids = out.pieces[0].token_ids  # English forced: no `language X<asr_text>` header among them
+    assert scored.text == out.text and len(scored.logprobs) == len(ids) > 0
+    assert [bytes(int(b) for b in p.bytes) for p in scored.logprobs] == [asr.tokenizer.token_bytes(t) for t in ids]
+    assert all(p.logprob <= 0 for p in scored.logprobs)
+    # (tests/test_file_passes.py checks the probabilities against a cache-free forward of the model)
 
 
-def test_streamed_deltas_add_up_to_the_text(server, reference):
+def test_streamed_deltas_add_up_to_the_offline_text(server, offline):
     with SAMPLE.open("rb") as f:
         events = list(_client(server).audio.transcriptions.create(model=MODEL, file=f, language="en", stream=True))
     kinds = [e.type for e in events]
     assert kinds[-1] == "transcript.text.done" and set(kinds[:-1]) == {"transcript.text.delta"}
-    assert len(kinds) > 3  # the text arrives as the file is decoded, not at once
-    assert "".join(e.delta for e in events[:-1]) == events[-1].text == events_text(reference)
+    assert len(kinds) >= 2  # a delta per pass (a 20-s file is one pass)
+    assert "".join(e.delta for e in events[:-1]) == events[-1].text == offline[1].text
 
 
 def test_errors_are_openais(server, tmp_path):
@@ -286,53 +299,67 @@ def test_a_client_written_for_vllms_realtime_endpoint_works_unchanged(server):
                                                                 SessionOptions())))
 
 
-def test_file_requests_past_the_lane_and_its_queue_get_429_with_retry_after(server, tmp_path):
-    """The server transcribes 1 file at a time and holds 4 more waiting (`--file-lanes 1`, the
-    queue's default): of 9 requests sent at once through OpenAI's client, 5 are admitted and get the
-    engine's text for the file, 4 get the client's RateLimitError with a Retry-After hint."""
-    import threading
+def test_files_together_are_one_by_one_and_past_the_queue_get_429(server, tmp_path):
+    """Files sent together are each the text `harken transcribe` gives alone. The server
+    transcribes 2 files together and holds 1 more waiting (`--max-files 2 --file-queue 1`): with 3
+    requests in (their uploads stalled: a request takes its place as it arrives), OpenAI's client
+    gets a RateLimitError with a Retry-After hint; once they leave, files are taken again."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from harken.cloud.embedded import stream_audio
-    from harken.cloud.inference.engine import Engine, EngineConfig
+    from harken.cloud.inference.offline import transcribe_audio
     from harken.cloud.model.asr import Qwen3ASR
-    from harken.cloud.adapters.openai_api import ApiLimits
-    from harken.cloud.inference.decoder_stream import SessionOptions
     from harken.edge.audio import load_audio, peak_normalize
 
-    clip = tmp_path / "clip.wav"
-    pcm = (np.clip(peak_normalize(load_audio(str(SAMPLE))), -1, 1) * 32767).astype("<i2")[:16000 * 6]
-    with wave.open(str(clip), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(pcm.tobytes())
-    options = SessionOptions(language="English")
-    engine = Engine(Qwen3ASR.load(MODEL), EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
-    expected = events_text(list(stream_audio(peak_normalize(load_audio(str(clip))), engine, options)))
-    assert expected
+    audio = peak_normalize(load_audio(str(SAMPLE)))
+    clips = []
+    for i, seconds in enumerate((4, 9, 14)):
+        clip = tmp_path / f"clip{i}.wav"
+        with wave.open(str(clip), "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16000)
+            w.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2")[:16000 * seconds].tobytes())
+        clips.append(clip)
+    asr = Qwen3ASR.load(MODEL)
+    expected = [transcribe_audio(asr, peak_normalize(load_audio(str(c))), "English").text for c in clips]
+    assert all(expected)
 
-    limits = ApiLimits()
-    n = limits.lanes + limits.queue + 4
-    together = threading.Barrier(n)
+    def request(clip):
+        with clip.open("rb") as f:
+            return _client(server).audio.transcriptions.create(model=MODEL, file=f, language="en").text
 
-    def request():
-        client = _client(server)
-        together.wait()
+    with ThreadPoolExecutor(3) as pool:  # 2 together, 1 waiting: none refused
+        assert list(pool.map(request, clips)) == expected
+
+    host, port = server.split("//")[1].split("/")[0].split(":")
+    stalled = []
+    for _ in range(3):
+        s = socket.create_connection((host, int(port)))
+        s.sendall(f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {KEY}\r\n"
+                  "Content-Type: multipart/form-data; boundary=xyz\r\nContent-Length: 100000\r\n\r\n"
+                  "--xyz\r\n".encode())
+        stalled.append(s)
+    try:
+        deadline = time.time() + 30
+        while True:  # until the stalled requests hold their places (they arrive asynchronously)
+            try:
+                request(clips[0])
+            except openai.RateLimitError as e:
+                refused = e
+                break
+            assert time.time() < deadline, "never refused"
+            time.sleep(0.05)
+        assert refused.status_code == 429 and int(refused.response.headers["retry-after"]) > 0
+        assert refused.body["code"] == "rate_limit_exceeded" and refused.body["type"] == "rate_limit_exceeded"
+        assert "2 file(s) at once and holds 1 more waiting" in refused.body["message"]
+    finally:
+        for s in stalled:
+            s.close()
+    deadline = time.time() + 30
+    while True:  # the places come back as the stalled requests end
         try:
-            with clip.open("rb") as f:
-                return client.audio.transcriptions.create(model=MODEL, file=f, language="en").text
-        except openai.RateLimitError as e:
-            return e
-
-    with ThreadPoolExecutor(n) as pool:
-        results = list(pool.map(lambda _: request(), range(n)))
-    refused = [r for r in results if isinstance(r, openai.RateLimitError)]
-    admitted = [r for r in results if isinstance(r, str)]
-    assert len(refused) == n - limits.lanes - limits.queue and len(admitted) == limits.lanes + limits.queue
-    assert admitted == [expected] * len(admitted)
-    for e in refused:
-        assert e.status_code == 429 and int(e.response.headers["retry-after"]) > 0
-        assert e.body["code"] == "rate_limit_exceeded" and e.body["type"] == "rate_limit_exceeded"
-    with clip.open("rb") as f:  # the lane is free again
-        assert _client(server).audio.transcriptions.create(model=MODEL, file=f, language="en").text == expected
+            assert request(clips[0]) == expected[0]
+            break
+        except openai.RateLimitError:
+            assert time.time() < deadline
+            time.sleep(0.05)
