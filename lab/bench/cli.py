@@ -382,6 +382,29 @@ def run_web(args: argparse.Namespace) -> int | None:
     return bench_web_command(WebBenchOptions(model=args.model, speech_wav=args.input))
 
 
+def _register_files(bsub: Subparsers) -> None:
+    b = bsub.add_parser("files", help="file uploads (OpenAI API) batched in the serving engine, beside a live stream",
+                        description="An in-process server; N uploads of S seconds through the openai package, "
+                                    "one after another vs all at once (batching_gain), their texts against "
+                                    "harken transcribe's, and a live stream's p95 update alone vs beside them.")
+    b.add_argument("--model", default="synth-en", help="model (default synth-en)")
+    b.add_argument("--uploads", type=int, default=8, help="uploads (default 8; the server's --max-files)")
+    b.add_argument("--seconds", type=float, default=20.0, help="audio per upload (default 20)")
+    b.add_argument("--live-seconds", type=float, default=20.0, help="the live stream's audio (default 20)")
+    b.add_argument("--no-live", action="store_true", help="skip the live stream's part")
+    b.add_argument("--language", default="English", help="forced language ('' to detect; default English)")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b.set_defaults(run=run_files)
+
+
+def run_files(args: argparse.Namespace) -> int | None:
+    from harken.bench.files import FilesBenchOptions, bench_files_command
+
+    return bench_files_command(FilesBenchOptions(model=args.model, uploads=args.uploads, seconds=args.seconds,
+                                                 live_seconds=args.live_seconds, language=args.language,
+                                                 live=not args.no_live))
+
+
 _BENCH_PARSERS = (_register_edge, _register_model, _register_stream, _register_ray,
-                  _register_load, _register_engine_load, _register_fuzz, _register_soak, _register_overload,
+                  _register_load, _register_files, _register_engine_load, _register_fuzz, _register_soak, _register_overload,
                   _register_wer, _register_web)
