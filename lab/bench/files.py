@@ -74,7 +74,9 @@ def upload(base_url: str, model: str, path: Path, language: str) -> str:
 
     client = openai.OpenAI(base_url=base_url, api_key="harken-bench", max_retries=0, timeout=600)
     with path.open("rb") as f:
-        return client.audio.transcriptions.create(model=model, file=f, language=language or openai.NOT_GIVEN).text
+        if not language:
+            return client.audio.transcriptions.create(model=model, file=f).text
+        return client.audio.transcriptions.create(model=model, file=f, language=language).text
 
 
 async def send(base_url: str, model: str, paths: list[Path], language: str, together: bool) -> tuple[float, list[str]]:
