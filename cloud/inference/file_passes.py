@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -172,6 +173,7 @@ class FilePasses:
         self._rotor = 0
         self._unit: list[FileJob] = []  # the files of the unit under way (a model failure fails these)
         self.units = {"encode": 0, "prefill": 0, "decode": 0}  # units run so far, by kind
+        self.unit_s = {"encode": 0.0, "prefill": 0.0, "decode": 0.0}  # their wall time
         self._kinds = itertools.cycle(("encode", "prefill", "decode"))
         self.decode_step = self._decode_step  # a test may wrap it to fail a step
 
@@ -240,6 +242,7 @@ class FilePasses:
             return j.cancelled or j.pass_ is not None or (j.next_features is not None and j.next_features.done())
         return any(can_go(j) for j in work) or (head is not None and can_go(head))
 
+    @torch.no_grad()
     def step(self) -> str | None:
         """Run one unit (an encoder batch, a prefill chunk or a decode step across the files in that
         phase), the kinds in turn; returns its kind, or None when no file could move (its features
@@ -260,6 +263,7 @@ class FilePasses:
                 continue
             run = {"encode": self._encode, "prefill": self._prefill, "decode": self._decode}[kind]
             self._unit = []
+            t0 = time.perf_counter()
             try:
                 unit = run(jobs)
             except Exception as e:  # noqa: BLE001 - the model failed on this unit: its files only
@@ -267,6 +271,7 @@ class FilePasses:
                     self._fail(job, e)
                 return kind
             self.units[kind] += 1
+            self.unit_s[kind] += time.perf_counter() - t0
             self._rotor += 1
             for job in unit:
                 if job.phase is Phase.DECODE and job.pass_ is not None and self._decode_over(job.pass_):
@@ -390,14 +395,17 @@ class FilePasses:
         self._unit = [j for j, _, _ in chunks]
         logits = prefill(self.asr.decoder, self.cache, [j.slot for j, _, _ in chunks],  # type: ignore[misc]
                          [j.pass_.embeds[a:b] for j, a, b in chunks])  # type: ignore[union-attr,index]
-        for (job, _, b), row in zip(chunks, logits):
+        done: list[tuple[FilePass, int]] = []  # passes whose prompt is in, with their logits row
+        for i, (job, _, b) in enumerate(chunks):
             p = job.pass_
             assert p is not None and p.prompt is not None
             p.prefilled = b
             if b == len(p.prompt.ids):
                 p.embeds = None  # in the cache now
                 if p.budget > 0:
-                    self._take(p, row[None])
+                    done.append((p, i))
+        if done:
+            self._take([p for p, _ in done], logits[torch.tensor([i for _, i in done], device=logits.device)])
         return [j for j, _, _ in chunks]
 
     def _decode(self, jobs: list[FileJob]) -> list[FileJob]:
@@ -406,25 +414,26 @@ class FilePasses:
         self._unit = jobs
         feed = torch.tensor([j.pass_.tokens[-1] for j in jobs], device=self.asr.device)  # type: ignore[union-attr]
         logits = self.decode_step([j.slot for j in jobs], feed)  # type: ignore[misc]
-        for job, row in zip(jobs, logits):
-            assert job.pass_ is not None
-            self._take(job.pass_, row[None])
+        self._take([j.pass_ for j in jobs], logits)  # type: ignore[misc]
         return jobs
 
     def _decode_step(self, slots: list[int], feed: torch.Tensor) -> torch.Tensor:
         assert self.cache is not None
         return decode_step(self.asr.decoder, self.cache, slots, feed)
 
-    def _take(self, p: FilePass, logits: torch.Tensor) -> None:
-        """The greedy token of `logits` [1, vocab] and its probability; the loop guard as `greedy_decode`."""
+    def _take(self, passes: list[FilePass], logits: torch.Tensor) -> None:
+        """Each pass's greedy token from its row of `logits` [len(passes), vocab], with its
+        probability (one batched softmax); the loop guard as `greedy_decode` applies it."""
         picked = logits.argmax(-1)
-        p.tokens.append(int(picked[0]))
-        p.probs.append(chosen_probabilities(logits, picked, self.asr.decoder.lm_head)[0])
-        if p.loop_guard and p.tokens[-1] not in self.asr.eos_ids:
-            cut = DecodeLimits().loop_cut(p.tokens)
-            if cut is not None:
-                del p.tokens[cut:], p.probs[cut:]
-                p.budget = len(p.tokens)  # over: the loop's repeats are dropped, as greedy_decode drops them
+        probs = chosen_probabilities(logits, picked, self.asr.decoder.lm_head)
+        for p, t, prob in zip(passes, picked.tolist(), probs):
+            p.tokens.append(t)
+            p.probs.append(prob)
+            if p.loop_guard and t not in self.asr.eos_ids:
+                cut = DecodeLimits().loop_cut(p.tokens)
+                if cut is not None:
+                    del p.tokens[cut:], p.probs[cut:]
+                    p.budget = len(p.tokens)  # over: the loop's repeats dropped, as greedy_decode drops them
 
     def _decode_over(self, p: FilePass) -> bool:
         if p.budget <= 0:
