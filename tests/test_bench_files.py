@@ -18,13 +18,14 @@ CONTRACT = ("model", "uploads", "seconds", "sequential_s", "together_s", "batchi
 
 def test_bench_files_at_toy_size(capsys):
     assert main(["bench", "files", "--model", "tiny-untied", "--uploads", "2", "--seconds", "3",
-                 "--live-seconds", "3", "--json"]) in (0, None)
+                 "--live-seconds", "3", "--live-repeats", "1", "--nonstop", "--json"]) in (0, None)
     out = json.loads(capsys.readouterr().out)
     assert set(CONTRACT) <= set(out)
     assert out["uploads"] == 2 and out["texts_total"] == 4
     assert out["texts_equal"] == out["texts_total"]  # every upload's text is harken transcribe's
     assert out["sequential_s"] > 0 and out["together_s"] > 0 and out["batching_gain"] > 0
     assert out["file_units"] > 0 and out["files_during_live_s"] > 0
+    assert out["files_nonstop"] >= 2 and "live_p95_ratio_nonstop" in out
 
 
 def test_options_refuse_nonsense():

@@ -392,6 +392,10 @@ def _register_files(bsub: Subparsers) -> None:
     b.add_argument("--seconds", type=float, default=20.0, help="audio per upload (default 20)")
     b.add_argument("--live-seconds", type=float, default=20.0, help="the live stream's audio (default 20)")
     b.add_argument("--no-live", action="store_true", help="skip the live stream's part")
+    b.add_argument("--live-repeats", type=int, default=2,
+                   help="live stream alone / beside the uploads, this many times in turn; medians count (default 2)")
+    b.add_argument("--nonstop", action="store_true",
+                   help="also: the live stream beside uploads sent back to back for its whole length")
     b.add_argument("--language", default="English", help="forced language ('' to detect; default English)")
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.set_defaults(run=run_files)
@@ -402,7 +406,8 @@ def run_files(args: argparse.Namespace) -> int | None:
 
     return bench_files_command(FilesBenchOptions(model=args.model, uploads=args.uploads, seconds=args.seconds,
                                                  live_seconds=args.live_seconds, language=args.language,
-                                                 live=not args.no_live))
+                                                 live=not args.no_live, live_repeats=args.live_repeats,
+                                                 nonstop=args.nonstop))
 
 
 _BENCH_PARSERS = (_register_edge, _register_model, _register_stream, _register_ray,
