@@ -3,8 +3,9 @@
     harken serve --model synth-en --http-port 8080 &     # in another terminal
     python examples/openai_client.py talk.wav [--url http://localhost:8080/v1] [--key KEY]
 
-Transcribes the file three ways through the `openai` package: the whole text, WebVTT subtitles, and
-streamed (`stream=True`: `transcript.text.delta` events as the server goes, then `.done`).
+Transcribes the file three ways through the `openai` package: the whole text (`harken transcribe`'s),
+WebVTT subtitles (the streaming engine's segments), and streamed (`stream=True`: a
+`transcript.text.delta` per pass as the server goes, then `.done`).
 Needs `pip install openai`.
 """
 

@@ -128,7 +128,7 @@ def test_meeting_tracks_labels_each_participants_lines_in_time_order(asr):
     assert [(line.speaker, line.text) for line in lines] == [(who, t) for _, _, who, t in expected]
 
 
-def test_openai_client_gets_the_engines_text_subtitles_and_stream(asr, audio, wav):
+def test_openai_client_gets_the_offline_text_the_engines_subtitles_and_stream(asr, audio, wav):
     script = example("openai_client")
 
     async def main():
@@ -140,7 +140,7 @@ def test_openai_client_gets_the_engines_text_subtitles_and_stream(asr, audio, wa
             await server.stop(0)
 
     got = asyncio.run(main())
-    text = events_text(_events(asr, audio))
+    text = transcribe_audio(asr, peak_normalize(load_audio(wav)), LANGUAGE).text  # harken transcribe's
     assert text and got["text"] == text
     assert got["streamed"] == got["done"] == text
     cues = webvtt.read_buffer(io.StringIO(got["vtt"]))  # an independent WebVTT parser
