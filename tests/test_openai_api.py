@@ -363,3 +363,47 @@ def test_files_together_are_one_by_one_and_past_the_queue_get_429(server, tmp_pa
         except openai.RateLimitError:
             assert time.time() < deadline
             time.sleep(0.05)
+
+
+def test_a_file_whose_client_goes_away_gives_its_place_back(tmp_path):
+    """In-process: the engine's thread held (the scheduler stopped), a request's file waits in the
+    engine; its client closes the connection: the file leaves the queue and its place comes back."""
+    import asyncio
+
+    from harken.cloud.server import ServerOptions, start_server
+
+    clip = tmp_path / "clip.wav"
+    with wave.open(str(clip), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes((np.random.default_rng(1).normal(0, 0.1, 16000 * 3) * 32767).astype("<i2").tobytes())
+    body = (b"--xyz\r\nContent-Disposition: form-data; name=\"file\"; filename=\"clip.wav\"\r\n"
+            b"Content-Type: audio/wav\r\n\r\n" + clip.read_bytes() + b"\r\n--xyz\r\n"
+            b"Content-Disposition: form-data; name=\"model\"\r\n\r\nx\r\n--xyz--\r\n")
+
+    async def main():
+        server = await start_server(MODEL, ServerOptions(host="127.0.0.1", port=0, http_port=0))
+        files = server._scheduler.files
+        try:
+            await server._scheduler.stop()  # nothing moves: the file stays queued
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+            writer.write(b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\n"
+                         b"Content-Type: multipart/form-data; boundary=xyz\r\n"
+                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            await writer.drain()
+            for _ in range(600):
+                if files.pending() == 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert files.pending() == 1 and files._admitted == 1
+            writer.close()
+            for _ in range(600):
+                if files._admitted == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert files.pending() == 0 and files._admitted == 0
+        finally:
+            await server.stop(0)
+
+    asyncio.run(main())

@@ -206,9 +206,11 @@ class FilePasses:
         """Stop a file (its client went away): it leaves at the next unit, its slot freed then."""
         with self._lock:
             job.cancelled = True
-            if job in self._waiting:
+            waiting = job in self._waiting
+            if waiting:
                 self._waiting.remove(job)
-                job.ticket.release()
+        if waiting:  # (a job in work gives its place back as it leaves, at the next unit)
+            job.ticket.release()
 
     def pending(self) -> int:
         """Files in work or waiting (not cancelled)."""
