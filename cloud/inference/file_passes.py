@@ -131,12 +131,12 @@ class FileJob:
 
     @property
     def phase(self) -> Phase:
-        if self.pass_ is None:
+        p = self.pass_
+        if p is None:
             return Phase.WAIT
-        if len(self.pass_.outputs) < len(self.pass_.windows):
+        if p.prompt is None:
             return Phase.ENCODE
-        assert self.pass_.prompt is not None
-        return Phase.PREFILL if self.pass_.prefilled < len(self.pass_.prompt.ids) else Phase.DECODE
+        return Phase.PREFILL if p.prefilled < len(p.prompt.ids) else Phase.DECODE
 
 
 class FileTicket:
@@ -226,9 +226,6 @@ class FilePasses:
         for job in jobs:
             self._fail(job, error)
 
-    def close(self) -> None:
-        self._features.shutdown(wait=False, cancel_futures=True)
-
     # -- the engine thread -------------------------------------------------------------------------
 
     def has_work(self) -> bool:
@@ -240,6 +237,7 @@ class FilePasses:
         with self._lock:
             work = list(self._work)
             head = self._waiting[0] if self._waiting and len(work) < self.config.max_files else None
+
         def can_go(j: FileJob) -> bool:
             return j.cancelled or j.pass_ is not None or (j.next_features is not None and j.next_features.done())
         return any(can_go(j) for j in work) or (head is not None and can_go(head))
@@ -251,7 +249,7 @@ class FilePasses:
         not ready yet). A unit the model fails on fails its files only (`FileListener.failed`)."""
         self._drop_cancelled()
         self._take_waiting()
-        for job in self._work:
+        for job in list(self._work):  # (a file whose features failed leaves the list)
             if job.pass_ is None:
                 self._start_pass(job)
         by_phase: dict[str, list[FileJob]] = {"encode": [], "prefill": [], "decode": []}
@@ -374,8 +372,7 @@ class FilePasses:
         embeds = self.asr.decoder.embed(ids).clone()
         embeds[p.prompt.audio_start:p.prompt.audio_start + p.prompt.audio_len] = audio.to(embeds.dtype)
         p.embeds = embeds
-        p.outputs = [audio]  # one tensor: the windows are all in
-        p.windows = p.windows[:1]
+        p.outputs = []  # in the embeddings now
         self._cache_for(len(p.prompt.ids) + p.budget)
         assert self.cache is not None and job.slot is not None
         self.cache.truncate(job.slot, 0)
