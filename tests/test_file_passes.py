@@ -91,6 +91,7 @@ def test_every_files_tokens_are_transcribe_audios_alone(untied, audio, config):
         assert_same(untied, r, c.out)
         assert [p.token_ids for p in c.pieces] == [p.token_ids for p in c.out.pieces]  # each piece heard once
     assert files.units["decode"] > 0 and files.units["encode"] > 0
+    assert files.units["features"] >= sum(-(-len(r.audio) // (8 * 16000)) for r in reqs)  # 8 s of log-mel a unit
     if config.unit_positions == 64:  # prompts of ~280 positions: several prefill units each
         assert files.units["prefill"] >= 2 * len(reqs)
     assert files.cache is not None and files.cache.num_free() == config.max_files
@@ -186,8 +187,6 @@ def test_one_file_unit_then_the_engine_when_live_work_is_due(untied, audio):
                           files=FileConfig(max_files=2))
     c = Collect()
     scheduler.files.submit(FileRequest(audio, "English"), c)
-    while not scheduler.files.ready():
-        pass
     edge = FeatureStream()
     packets = edge.push(audio[:16000 * 6]) + edge.flush()
     halves = [packets[:len(packets) // 2], packets[len(packets) // 2:]]

@@ -9,8 +9,9 @@ batched across every file in flight, in units of bounded cost between which the 
     files.cancel(job)                                    # the client went away: its slot is freed
 
 A file is cut at quiet points as `transcribe_audio` cuts it; each piece is one pass, and a pass goes
-through three phases, each run for all the files in it at once:
+through four phases, each but the first run for all the files in it at once:
 
+  features its log-mel, streamed 8 s of audio per unit (the values `log_mel` gives);
   encode   the piece's 8-s encoder windows, `unit_windows` of them per unit across the files;
   prefill  its prompt (audio written over the pads, as `Qwen3ASR.prompt_embeddings` builds it) in
            chunks of at most `unit_positions` positions per unit across the files (a chunk after
@@ -19,13 +20,13 @@ through three phases, each run for all the files in it at once:
            the loop guard, the token budget `Qwen3ASR.transcribe` gives the piece).
 
 So every file's tokens are those `transcribe_audio` gives it alone (tests check it), and a unit costs
-about one window, one chunk or one step: the Scheduler (cloud/inference/scheduler.py) runs live ticks
+about one window, one chunk or one step (on a CPU: tens of ms), all of it in the engine's thread,
+the files' host work (log-mel) included: the Scheduler (cloud/inference/scheduler.py) runs live ticks
 first and file units between them, so a live pass waits at most one unit.
 
 Each file in work holds a slot of the files' own KV cache (not the live sessions'), as long as the
 longest pass in work needs: the cache grows by copy between units. Files past `max_files` wait
-(`queue` of them) for a slot; past that `admit` says Overloaded (HTTP 429). A piece's log-mel is
-computed off the engine's thread, one piece ahead. Threads: `admit`, `submit`, `cancel` from any
+(`queue` of them) for a slot; past that `admit` says Overloaded (HTTP 429). Threads: `admit`, `submit`, `cancel` from any
 thread (the event loop); `step` from the engine's thread only; listeners are called there.
 """
 
@@ -36,7 +37,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -44,9 +44,9 @@ import numpy as np
 import torch
 
 from ...edge.audio import MAX_PASS_SECONDS, split_at_quiet_points
-from ...edge.features import log_mel
+from ...edge.features import LogMelOnnx, StreamingLogMel
 from ...shared.errors import Overloaded, StreamInputError
-from ...shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
+from ...shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE, normalize
 from ...shared.text import transcript_text
 from ..model.decode_limits import DecodeLimits
 from ..model.decoder import decode_step, prefill
@@ -55,6 +55,10 @@ from ..model.kv_cache import KVCache
 from ..model.prompt import Prompt, build_prompt, forced_language, parse_transcript
 from .decode_pass import chosen_probabilities
 from .offline import OfflinePiece, OfflineTranscript, piece_audio
+
+
+KINDS = ("features", "encode", "prefill", "decode")  # the units, in a pass's order
+FEATURE_PIECE_S = 8.0  # audio per log-mel unit: about an encoder window's cost on a CPU
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,8 @@ class FileListener:
 
 
 class Phase(Enum):
-    WAIT = "wait"  # for a slot, or for its piece's features
+    WAIT = "wait"  # for a slot
+    FEATURES = "features"
     ENCODE = "encode"
     PREFILL = "prefill"
     DECODE = "decode"
@@ -99,15 +104,20 @@ class Phase(Enum):
 
 @dataclass
 class FilePass:
-    """One piece's pass in work: what `Qwen3ASR.transcribe` does for it, kept between units."""
+    """One piece's pass in work: what `transcribe_audio` and `Qwen3ASR.transcribe` do for it, kept
+    between units."""
 
     index: int
     span: tuple[int, int]  # samples of the file
-    features: torch.Tensor  # [mel, T] in the model's dtype and device
+    audio: np.ndarray  # the piece's samples (a short last piece padded, as `piece_audio` pads it)
     forced: str | None
-    budget: int
     loop_guard: bool  # the decode limits' loop guard (`FileRequest.decode_limits`)
-    windows: list[tuple[int, int]]  # the encoder's attention windows (frames)
+    mel: StreamingLogMel | None  # the streaming log-mel; None once the features are in
+    pushed: int = 0  # samples through `mel` so far
+    raw: list[np.ndarray] = field(default_factory=list)  # raw log-mel frames so far
+    features: torch.Tensor | None = None  # [mel, T] in the model's dtype and device, once computed
+    budget: int = 0
+    windows: list[tuple[int, int]] = field(default_factory=list)  # the encoder's attention windows (frames)
     outputs: list[torch.Tensor] = field(default_factory=list)  # encoded windows so far
     prompt: Prompt | None = None
     embeds: torch.Tensor | None = None  # [L, hidden] once encoded
@@ -125,7 +135,6 @@ class FileJob:
     ticket: "FileTicket"
     slot: int | None = None
     pass_: FilePass | None = None
-    next_features: Future | None = None  # the next piece's log-mel, computed off the engine thread
     pieces: list[OfflinePiece] = field(default_factory=list)
     cancelled: bool = False
 
@@ -134,6 +143,8 @@ class FileJob:
         p = self.pass_
         if p is None:
             return Phase.WAIT
+        if p.features is None:
+            return Phase.FEATURES
         if p.prompt is None:
             return Phase.ENCODE
         return Phase.PREFILL if p.prefilled < len(p.prompt.ids) else Phase.DECODE
@@ -164,17 +175,17 @@ class FilePasses:
         self.unit_windows = config.unit_windows or (16 if gpu else 1)
         self.unit_positions = config.unit_positions or (4096 if gpu else 256)
         self.cache: KVCache | None = None  # made (and grown) when a pass needs it
+        self._log_mel: LogMelOnnx | None = None  # made when a pass needs it
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._admitted = 0  # tickets out: files in work, waiting, or on their way in
         self._waiting: deque[FileJob] = deque()
         self._work: list[FileJob] = []  # files holding a slot (engine thread), in arrival order
-        self._features = ThreadPoolExecutor(1, thread_name_prefix="harken-file-features")
         self._rotor = 0
         self._unit: list[FileJob] = []  # the files of the unit under way (a model failure fails these)
-        self.units = {"encode": 0, "prefill": 0, "decode": 0}  # units run so far, by kind
-        self.unit_s = {"encode": 0.0, "prefill": 0.0, "decode": 0.0}  # their wall time
-        self._kinds = itertools.cycle(("encode", "prefill", "decode"))
+        self.units = {kind: 0 for kind in KINDS}  # units run so far, by kind
+        self.unit_s = {kind: 0.0 for kind in KINDS}  # their wall time
+        self._kinds = itertools.cycle(KINDS)
         self.decode_step = self._decode_step  # a test may wrap it to fail a step
 
     # -- admission (any thread) ----------------------------------------------------------------
@@ -197,7 +208,6 @@ class FilePasses:
             raise StreamInputError("max_pass_s must be > 0")
         ticket = ticket or self.admit()
         job = FileJob(next(self._ids), request, listener, split_at_quiet_points(request.audio, limit), ticket)
-        job.next_features = self._prepare(job, 0)
         with self._lock:
             self._waiting.append(job)
         return job
@@ -232,36 +242,27 @@ class FilePasses:
         with self._lock:
             return bool(self._waiting) or any(not j.cancelled for j in self._work)
 
-    def ready(self) -> bool:
-        """Whether `step` would move a file now (not only wait for a piece's features)."""
-        with self._lock:
-            work = list(self._work)
-            head = self._waiting[0] if self._waiting and len(work) < self.config.max_files else None
-
-        def can_go(j: FileJob) -> bool:
-            return j.cancelled or j.pass_ is not None or (j.next_features is not None and j.next_features.done())
-        return any(can_go(j) for j in work) or (head is not None and can_go(head))
-
     @torch.no_grad()
     def step(self) -> str | None:
-        """Run one unit (an encoder batch, a prefill chunk or a decode step across the files in that
-        phase), the kinds in turn; returns its kind, or None when no file could move (its features
-        not ready yet). A unit the model fails on fails its files only (`FileListener.failed`)."""
+        """Run one unit (a piece of one file's log-mel, an encoder batch, a prefill chunk or a decode
+        step across the files in that phase), the kinds in turn; returns its kind, or None when no
+        file is in work. A unit that fails (the model, a file's audio) fails its files only
+        (`FileListener.failed`)."""
         self._drop_cancelled()
         self._take_waiting()
-        for job in list(self._work):  # (a file whose features failed leaves the list)
+        for job in self._work:
             if job.pass_ is None:
                 self._start_pass(job)
-        by_phase: dict[str, list[FileJob]] = {"encode": [], "prefill": [], "decode": []}
+        by_phase: dict[str, list[FileJob]] = {kind: [] for kind in KINDS}
         for job in self._rotated():
-            if job.pass_ is not None:
-                by_phase[job.phase.value].append(job)
-        for _ in range(3):
+            by_phase[job.phase.value].append(job)
+        for _ in range(len(KINDS)):
             kind = next(self._kinds)
             jobs = by_phase[kind]
             if not jobs:
                 continue
-            run = {"encode": self._encode, "prefill": self._prefill, "decode": self._decode}[kind]
+            run = {"features": self._features, "encode": self._encode, "prefill": self._prefill,
+                   "decode": self._decode}[kind]
             self._unit = []
             t0 = time.perf_counter()
             try:
@@ -304,8 +305,6 @@ class FilePasses:
         if job.slot is not None and self.cache is not None:
             self.cache.free(job.slot)
             job.slot = None
-        if job.next_features is not None:
-            job.next_features.cancel()
         job.ticket.release()
 
     def _fail(self, job: FileJob, error: BaseException) -> None:
@@ -315,27 +314,37 @@ class FilePasses:
 
     # -- a pass: features -> encoder windows -> prompt -> prefill chunks -> decode steps -------------
 
-    def _prepare(self, job: FileJob, i: int) -> Future:
-        """Piece i's log-mel, off the engine's thread (the same `log_mel` as `transcribe_audio`)."""
-        return self._features.submit(lambda: log_mel(piece_audio(job.request.audio, job.spans, i)))
-
     def _start_pass(self, job: FileJob) -> None:
         i = len(job.pieces)
-        future = job.next_features
-        if future is None or not future.done():
-            return  # its features are still being computed: the others go on
-        try:
-            feats = self.asr.as_features(future.result())
-        except Exception as e:  # noqa: BLE001 - the file's audio, not the engine
-            self._fail(job, e)
-            return
-        job.next_features = self._prepare(job, i + 1) if i + 1 < len(job.spans) else None
         req = job.request
-        budget = self.asr.max_new_tokens
-        if req.decode_limits:
-            budget = min(budget, DecodeLimits().budget(feats.shape[-1] / FRAMES_PER_SECOND))
-        job.pass_ = FilePass(i, job.spans[i], feats, forced_language(req.language), budget, req.decode_limits,
-                             window_spans(int(feats.shape[-1]), self.asr.encoder.window_frames))
+        if self._log_mel is None:
+            self._log_mel = LogMelOnnx()  # one ONNX session for every pass (only this thread runs it)
+        job.pass_ = FilePass(i, job.spans[i], piece_audio(req.audio, job.spans, i), forced_language(req.language),
+                             req.decode_limits, StreamingLogMel(self._log_mel))
+
+    def _features(self, jobs: list[FileJob]) -> list[FileJob]:
+        """The next `FEATURE_PIECE_S` of one file's streaming log-mel (the values `log_mel` gives:
+        streaming is bit-exact however the audio is cut); at its end, the features normalised as
+        `log_mel` normalises them, its windows and its token budget as `Qwen3ASR.transcribe` sets it."""
+        job = jobs[0]
+        p = job.pass_
+        assert p is not None and p.mel is not None
+        self._unit = [job]
+        step = int(FEATURE_PIECE_S * SAMPLE_RATE)
+        p.raw.append(p.mel.push(p.audio[p.pushed:p.pushed + step]))
+        p.pushed += step
+        if p.pushed < len(p.audio):
+            return [job]
+        p.raw.append(p.mel.flush())
+        raw = np.concatenate(p.raw, axis=1)
+        p.mel, p.raw = None, []
+        feats = self.asr.as_features(normalize(raw, float(raw.max())).astype(np.float32))
+        p.budget = self.asr.max_new_tokens
+        if job.request.decode_limits:
+            p.budget = min(p.budget, DecodeLimits().budget(feats.shape[-1] / FRAMES_PER_SECOND))
+        p.windows = window_spans(int(feats.shape[-1]), self.asr.encoder.window_frames)
+        p.features = feats
+        return [job]
 
     def _encode(self, jobs: list[FileJob]) -> list[FileJob]:
         """Up to `unit_windows` encoder windows of the files encoding, as one batch."""
@@ -347,7 +356,7 @@ class FilePasses:
             if left:
                 picked.append((job, *left[0]))
         self._unit = [j for j, _, _ in picked]
-        outs = self.asr.encoder.encode_windows([j.pass_.features[:, a:b] for j, a, b in picked],  # type: ignore[union-attr]
+        outs = self.asr.encoder.encode_windows([j.pass_.features[:, a:b] for j, a, b in picked],  # type: ignore[union-attr,index]
                                                [a == 0 for _, a, _ in picked])
         for (job, _, _), out in zip(picked, outs):
             p = job.pass_

@@ -238,9 +238,6 @@ class Scheduler:
             await self._wake.wait()
             self._wake.clear()
             while not self._stopping and self._has_work():
-                if not self._live_work() and not self.files.ready():
-                    await asyncio.sleep(0.002)  # files wait for their features (computed off this thread)
-                    continue
                 self.ticking = True
                 try:
                     try:
