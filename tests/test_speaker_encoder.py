@@ -52,3 +52,22 @@ def test_one_voice_is_closer_to_itself_than_to_another(encoders, utterances):
     ours, _ = encoders
     e = {k: ours.embed(v) for k, v in utterances.items()}
     assert float(e["a1"] @ e["a2"]) > float(e["a1"] @ e["b1"])
+
+
+def test_features_path_equals_the_audio_path(encoders, utterances):
+    """The server's input (the edge's floored 128-band log10-mel, through the codec) gives the
+    embedding of the audio itself at the fixed level, at any gain."""
+    from harken.edge.features import log_mel_raw
+    from harken.shared.codec import decode_frames, encode_frames
+    from harken.shared.features_spec import RunningMaxFloor
+
+    ours, _ = encoders
+    for name in ("a1", "b1", "short"):
+        for gain in (0.03, 1.0):
+            wav = utterances[name] * gain
+            reference = ours.embed_at_level(wav)
+            floored = RunningMaxFloor()(log_mel_raw(wav))
+            assert float(reference @ ours.embed_features(floored)) >= 0.999, (name, gain)
+            assert float(reference @ ours.embed_features(decode_frames(encode_frames(floored)))) >= 0.99, (name, gain)
+    quiet, loud = (ours.embed_features(RunningMaxFloor()(log_mel_raw(utterances["a1"] * g))) for g in (0.03, 1.0))
+    assert float(quiet @ loud) >= 0.999  # the level step: a voice does not move with its loudness

@@ -23,6 +23,17 @@ librosa and webrtcvad, which harken does not), so the package is a data dependen
 `pip install resemblyzer==0.1.4 --no-deps`. Not converted into the repo: the file is its authors'
 release, its licence travels with its wheel, and harken's checkout and wheel stay free of 6 MB of
 someone else's weights.
+
+On the cloud's features (`embed_features`): the server never has the audio, only the edge's 128-band
+log10-mel (floored, through the codec). Both banks are Slaney triangles on the same FFT bins, so the
+40-band power mel is, to a close approximation, a fixed linear map of the 128-band one: the matrix
+`feature_map()` is the least-squares solution of bank40 = bank128 @ M (201 bins), applied to
+10 ** log10-mel. Frame i of the edge's features and of Resemblyzer's mel are both centred on sample
+160 i. The power mel depends on the input's gain and the LSTM is not gain-invariant, while the edge's
+level is whatever the microphone gives: both `embed_features` and `embed_at_level` (the audio path)
+first scale the power mel to a fixed mean (`LEVEL`, the mean of speech at -30 dBFS RMS, the level
+Resemblyzer's own preprocessing normalises to), so a voice's embedding does not move with its
+loudness. `embed` stays the package's own (no level step), for the reference test.
 """
 
 from __future__ import annotations
@@ -47,6 +58,8 @@ MIN_COVERAGE = 0.75
 HIDDEN = 256
 LAYERS = 3
 EMBEDDING = 256
+# the mean 40-band power mel of espeak-ng and LibriVox speech at -30 dBFS RMS (see `embed_at_level`)
+LEVEL = 0.009
 
 
 def weights_path() -> Path:
@@ -128,3 +141,49 @@ class SpeakerEncoder(nn.Module):
         partials = self(torch.from_numpy(np.stack([mel[s] for s in slices])))
         mean = partials.mean(dim=0).numpy()
         return (mean / np.linalg.norm(mean)).astype(np.float32)
+
+    @torch.no_grad()
+    def embed_mel(self, mel: np.ndarray) -> np.ndarray:
+        """A [frames, 40] power mel (any level; scaled to `LEVEL`) -> its [256] unit embedding, with
+        the partial windows of audio as long as the frames cover."""
+        mel = np.asarray(mel, dtype=np.float32)
+        n = mel.shape[0]
+        if n == 0:
+            raise ValueError("no frames to embed")
+        mel = mel * np.float32(LEVEL / max(float(mel.mean()), 1e-20))
+        slices = partial_slices((n - 1) * HOP)
+        mel = np.pad(mel, ((0, max(0, slices[-1].stop - n)), (0, 0)))
+        partials = self(torch.from_numpy(np.stack([mel[s] for s in slices])))
+        mean = partials.mean(dim=0).numpy()
+        return (mean / np.linalg.norm(mean)).astype(np.float32)
+
+    def embed_at_level(self, samples: np.ndarray) -> np.ndarray:
+        """The audio path at a fixed level: `embed`'s features, scaled as `embed_features` scales
+        its (what the features path is held to)."""
+        return self.embed_mel(power_mel(samples))
+
+    def embed_features(self, log10_mel: np.ndarray) -> np.ndarray:
+        """The edge's raw (floored) log10-mel [128, frames], as the server decodes it -> the [256] unit
+        embedding of the speech it holds (see the module docstring)."""
+        return self.embed_mel(features_power_mel(log10_mel))
+
+
+def features_power_mel(log10_mel: np.ndarray) -> np.ndarray:
+    """[128, frames] log10-mel (the feature contract's bank) -> [frames, 40] power mel on this
+    encoder's bank (`feature_map`), non-negative."""
+    power = np.power(10.0, np.asarray(log10_mel, dtype=np.float64).T)
+    return np.maximum(power @ feature_map(), 0.0).astype(np.float32)
+
+
+_MAP: np.ndarray | None = None
+
+
+def feature_map() -> np.ndarray:
+    """[128, 40] float64: the least-squares M with slaney_bank(40) ~= slaney_bank(128) @ M over the
+    201 FFT bins (both banks from 0 to 8 kHz, area-normalised)."""
+    global _MAP
+    if _MAP is None:
+        b128 = slaney_mel_filters(N_FFT // 2 + 1, 128, 0.0, SAMPLE_RATE / 2, SAMPLE_RATE)
+        b40 = slaney_mel_filters(N_FFT // 2 + 1, N_MELS, 0.0, SAMPLE_RATE / 2, SAMPLE_RATE)
+        _MAP = np.linalg.lstsq(b128, b40, rcond=None)[0]
+    return _MAP
