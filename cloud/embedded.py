@@ -22,7 +22,8 @@ from .inference.decoder_stream import SessionOptions, EngineEvent
 from ..shared.codec import DEFAULT_MODE
 from ..shared.features_spec import SAMPLE_RATE
 from ..shared.protocol import Configure, Finalize, model_context
-from ..shared.transcript import TurnEvent
+from ..shared.codec import decode_frames
+from ..shared.transcript import SpeakerChange, TranscriptEvent, TurnEvent
 from ..edge.pipeline import FeatureStream
 from ..edge.vad import VadOptions
 from ..edge.audio import load_audio, peak_normalize
@@ -131,12 +132,18 @@ def transcript_text(events: list[EngineEvent]) -> str:
 
 
 def stream_with_word_timings(pieces, engine, options, timings: SegmentAligner, codec_mode: str | None = None,
-                             turns: bool = False):
+                             turns: bool = False, on_packet=None):
     """`stream_pieces` that also yields a `SegmentWords` after each final event: the words of
-    that segment's committed text (never changed) with their times on the stream's timeline."""
+    that segment's committed text (never changed) with their times on the stream's timeline.
+    `on_packet` sees each edge packet too (speaker labels keep the segments' features)."""
     tap = SegmentTap()
     key = "embedded"
-    for event in stream_pieces(pieces, engine, options, codec_mode or DEFAULT_MODE, on_packet=tap.add, turns=turns):
+
+    def seen(packet) -> None:
+        tap.add(packet)
+        on_packet is not None and on_packet(packet)
+
+    for event in stream_pieces(pieces, engine, options, codec_mode or DEFAULT_MODE, on_packet=seen, turns=turns):
         if isinstance(event, TurnEvent):
             yield event
             continue
@@ -149,3 +156,79 @@ def stream_with_word_timings(pieces, engine, options, timings: SegmentAligner, c
             while timings.pending():
                 for _, words in timings.step():
                     yield words
+
+
+class SpeakerTap:
+    """Speaker labels in-process (`harken stream --diarize`, `harken transcribe --diarize`): `add` sees
+    each edge packet (pass it as `on_packet`), `label` the events that come out: each final event with
+    its `speaker`, then the `SpeakerChange`s it decided (cloud/inference/diarization.py, as a server
+    labels a session's segments)."""
+
+    def __init__(self, diarizer=None):
+        from .inference.diarization import SegmentFrames, session_diarizer
+
+        self.frames = SegmentFrames()
+        self.diarizer = diarizer if diarizer is not None else session_diarizer()
+
+    def add(self, packet) -> None:
+        if packet.frame_count:
+            self.frames.add(packet.segment_id, decode_frames(packet.payload))
+
+    def label(self, events) -> Iterator:
+        for event in events:
+            if isinstance(event, TranscriptEvent) and event.is_final:
+                speaker, changes = self.diarizer.label(event.segment_id, self.frames.take(event.segment_id),
+                                                       event.start_s, event.end_s)
+                yield replace(event, speaker=speaker)
+                yield from changes
+            else:
+                yield event
+
+
+def relabelled(items) -> list:
+    """A finished stream's items with every `SpeakerChange` applied to its segment's final event (and
+    dropped): the final labels, for output written after the stream (`harken transcribe`)."""
+    items = list(items)
+    latest = {c.segment_id: c.speaker for c in items if isinstance(c, SpeakerChange)}
+    return [replace(e, speaker=latest.get(e.segment_id, e.speaker)) if isinstance(e, TranscriptEvent) and e.is_final
+            else e for e in items if not isinstance(e, SpeakerChange)]
+
+
+def speaker_turns(audio: np.ndarray, diarizer=None) -> list[tuple[float, float, str]]:
+    """Who spoke when in a file, without its text: the edge's VAD segments of 16 kHz `audio`, each
+    labelled as a live session's finals are (after every relabel): [(start_s, end_s, speaker)] in order.
+    For APIs whose text comes from another pass (Deepgram's pre-recorded words: `speaker_at`)."""
+    from .inference.diarization import SegmentFrames, session_diarizer
+
+    d = diarizer if diarizer is not None else session_diarizer()
+    edge = FeatureStream(VadOptions())
+    frames = SegmentFrames()
+    first: dict[int, int] = {}
+    step = int(PIECE_SECONDS * SAMPLE_RATE)
+    packets = [p for i in range(0, len(audio), step) for p in edge.push(audio[i:i + step])] + edge.flush()
+    ends = []
+    for p in packets:
+        first.setdefault(p.segment_id, p.first_frame)
+        if p.frame_count:
+            frames.add(p.segment_id, decode_frames(p.payload))
+        if p.segment_end:
+            ends.append((p.segment_id, (p.first_frame + p.frame_count) / 100))
+    labels: dict[int, str] = {}
+    spans = {}
+    for sid, end_s in ends:
+        start_s = first[sid] / 100
+        name, changes = d.label(sid, frames.take(sid), start_s, end_s)
+        labels[sid] = name
+        labels.update({c.segment_id: c.speaker for c in changes})
+        spans[sid] = (start_s, end_s)
+    return [(spans[k][0], spans[k][1], labels[k]) for k in sorted(spans)]
+
+
+def speaker_at(turns: list[tuple[float, float, str]], t: float) -> str:
+    """The speaker of the turn holding time `t`, else of the nearest one ("" without turns)."""
+    best, gap = "", float("inf")
+    for start, end, who in turns:
+        d = 0.0 if start <= t <= end else min(abs(t - start), abs(t - end))
+        if d < gap:
+            best, gap = who, d
+    return best

@@ -38,7 +38,7 @@ class KeepAlive(_message.Message):
     def __init__(self) -> None: ...
 
 class Start(_message.Message):
-    __slots__ = ("language", "context", "codec", "session_id", "seed", "last_event_seq", "word_timings", "turn_events", "keyterms")
+    __slots__ = ("language", "context", "codec", "session_id", "seed", "last_event_seq", "word_timings", "turn_events", "keyterms", "diarize")
     LANGUAGE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class Start(_message.Message):
     WORD_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     TURN_EVENTS_FIELD_NUMBER: _ClassVar[int]
     KEYTERMS_FIELD_NUMBER: _ClassVar[int]
+    DIARIZE_FIELD_NUMBER: _ClassVar[int]
     language: str
     context: str
     codec: str
@@ -57,7 +58,8 @@ class Start(_message.Message):
     word_timings: bool
     turn_events: bool
     keyterms: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, language: _Optional[str] = ..., context: _Optional[str] = ..., codec: _Optional[str] = ..., session_id: _Optional[str] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., last_event_seq: _Optional[int] = ..., word_timings: _Optional[bool] = ..., turn_events: _Optional[bool] = ..., keyterms: _Optional[_Iterable[str]] = ...) -> None: ...
+    diarize: bool
+    def __init__(self, language: _Optional[str] = ..., context: _Optional[str] = ..., codec: _Optional[str] = ..., session_id: _Optional[str] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., last_event_seq: _Optional[int] = ..., word_timings: _Optional[bool] = ..., turn_events: _Optional[bool] = ..., keyterms: _Optional[_Iterable[str]] = ..., diarize: _Optional[bool] = ...) -> None: ...
 
 class SessionSeed(_message.Message):
     __slots__ = ("present", "running_max_log10", "context_tail", "next_segment_id", "front_end_state", "audio_sample")
@@ -118,39 +120,43 @@ class End(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("ready", "transcript", "ack", "error", "word_timings", "turn")
+    __slots__ = ("ready", "transcript", "ack", "error", "word_timings", "turn", "speaker_label")
     READY_FIELD_NUMBER: _ClassVar[int]
     TRANSCRIPT_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     WORD_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     TURN_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_LABEL_FIELD_NUMBER: _ClassVar[int]
     ready: Ready
     transcript: Transcript
     ack: Ack
     error: Error
     word_timings: WordTimings
     turn: Turn
-    def __init__(self, ready: _Optional[_Union[Ready, _Mapping]] = ..., transcript: _Optional[_Union[Transcript, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., word_timings: _Optional[_Union[WordTimings, _Mapping]] = ..., turn: _Optional[_Union[Turn, _Mapping]] = ...) -> None: ...
+    speaker_label: SpeakerLabel
+    def __init__(self, ready: _Optional[_Union[Ready, _Mapping]] = ..., transcript: _Optional[_Union[Transcript, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., word_timings: _Optional[_Union[WordTimings, _Mapping]] = ..., turn: _Optional[_Union[Turn, _Mapping]] = ..., speaker_label: _Optional[_Union[SpeakerLabel, _Mapping]] = ...) -> None: ...
 
 class Ready(_message.Message):
-    __slots__ = ("session_id", "resume_after_seq", "last_final_segment", "keep_alive", "word_timings", "turn_events")
+    __slots__ = ("session_id", "resume_after_seq", "last_final_segment", "keep_alive", "word_timings", "turn_events", "diarize")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     RESUME_AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_FINAL_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     KEEP_ALIVE_FIELD_NUMBER: _ClassVar[int]
     WORD_TIMINGS_FIELD_NUMBER: _ClassVar[int]
     TURN_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    DIARIZE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     resume_after_seq: int
     last_final_segment: int
     keep_alive: bool
     word_timings: bool
     turn_events: bool
-    def __init__(self, session_id: _Optional[str] = ..., resume_after_seq: _Optional[int] = ..., last_final_segment: _Optional[int] = ..., keep_alive: _Optional[bool] = ..., word_timings: _Optional[bool] = ..., turn_events: _Optional[bool] = ...) -> None: ...
+    diarize: bool
+    def __init__(self, session_id: _Optional[str] = ..., resume_after_seq: _Optional[int] = ..., last_final_segment: _Optional[int] = ..., keep_alive: _Optional[bool] = ..., word_timings: _Optional[bool] = ..., turn_events: _Optional[bool] = ..., diarize: _Optional[bool] = ...) -> None: ...
 
 class Transcript(_message.Message):
-    __slots__ = ("segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final", "seed", "event_seq", "from_finalize", "word_confidence")
+    __slots__ = ("segment_id", "committed_delta", "partial", "stability", "start_s", "end_s", "language", "is_final", "seed", "event_seq", "from_finalize", "word_confidence", "speaker")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_DELTA_FIELD_NUMBER: _ClassVar[int]
     PARTIAL_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +169,7 @@ class Transcript(_message.Message):
     EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     FROM_FINALIZE_FIELD_NUMBER: _ClassVar[int]
     WORD_CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
     segment_id: int
     committed_delta: str
     partial: str
@@ -175,7 +182,18 @@ class Transcript(_message.Message):
     event_seq: int
     from_finalize: bool
     word_confidence: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, segment_id: _Optional[int] = ..., committed_delta: _Optional[str] = ..., partial: _Optional[str] = ..., stability: _Optional[float] = ..., start_s: _Optional[float] = ..., end_s: _Optional[float] = ..., language: _Optional[str] = ..., is_final: _Optional[bool] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., event_seq: _Optional[int] = ..., from_finalize: _Optional[bool] = ..., word_confidence: _Optional[_Iterable[float]] = ...) -> None: ...
+    speaker: str
+    def __init__(self, segment_id: _Optional[int] = ..., committed_delta: _Optional[str] = ..., partial: _Optional[str] = ..., stability: _Optional[float] = ..., start_s: _Optional[float] = ..., end_s: _Optional[float] = ..., language: _Optional[str] = ..., is_final: _Optional[bool] = ..., seed: _Optional[_Union[SessionSeed, _Mapping]] = ..., event_seq: _Optional[int] = ..., from_finalize: _Optional[bool] = ..., word_confidence: _Optional[_Iterable[float]] = ..., speaker: _Optional[str] = ...) -> None: ...
+
+class SpeakerLabel(_message.Message):
+    __slots__ = ("segment_id", "speaker", "event_seq")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEAKER_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    speaker: str
+    event_seq: int
+    def __init__(self, segment_id: _Optional[int] = ..., speaker: _Optional[str] = ..., event_seq: _Optional[int] = ...) -> None: ...
 
 class Turn(_message.Message):
     __slots__ = ("segment_id", "kind", "audio_s", "event_seq")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .features_spec import FRAMES_PER_SECOND
-from .transcript import SPEECH_STARTED, UTTERANCE_END, SegmentTimings, TranscriptEvent, TurnEvent
+from .transcript import SPEECH_STARTED, UTTERANCE_END, SegmentTimings, SpeakerChange, TranscriptEvent, TurnEvent
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class Start:
     word_timings: bool = False  # send each final segment's word times (`WordTimings`)
     turn_events: bool = False  # send the VAD's turn events (`Turn`: speech started, utterance end)
     keyterms: tuple[str, ...] = ()  # words and names to expect (Qwen3-ASR's context, after `context`)
+    diarize: bool = False  # label each final segment's speaker (`Transcript.speaker`, `SpeakerLabel`)
 
     @property
     def model_context(self) -> str:
@@ -146,6 +147,7 @@ class Ready:
     keep_alive: bool = False  # the server takes KeepAlive: the client writes them only then
     word_timings: bool = False  # the session asked for word timings and this server sends them
     turn_events: bool = False  # the session asked for turn events and this server sends them
+    diarize: bool = False  # the session asked for speaker labels and this server gives them
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,19 @@ class Turn:
 
 
 @dataclass(frozen=True)
+class SpeakerLabel:
+    """A better speaker for a segment already final (sessions that asked, `Start.diarize`): in the
+    event log with the Transcripts. Additive: the segment's text never changes."""
+
+    change: SpeakerChange
+    event_seq: int
+
+    @property
+    def segment_id(self) -> int:
+        return self.change.segment_id
+
+
+@dataclass(frozen=True)
 class Ack:
     seq: int  # the highest client seq applied
     last_final_segment: int = -1  # the highest segment id final (-1: none)
@@ -199,6 +214,6 @@ class ServerError:
     message: str
 
 
-ServerMessage = Ready | Transcript | WordTimings | Turn | Ack | ServerError
+ServerMessage = Ready | Transcript | WordTimings | Turn | SpeakerLabel | Ack | ServerError
 # what a session's event log holds (and replays after a resume), in event_seq order
-LoggedEvent = Transcript | WordTimings | Turn
+LoggedEvent = Transcript | WordTimings | Turn | SpeakerLabel

@@ -8,7 +8,8 @@
 
 A cue's times are its segment's: from the segment's start to the end of the audio its final
 covers, on the stream's timeline. A long segment is one cue (its text wrapped into lines of at most
-`LINE_CHARS`), never split at guessed times. Segments that end with no words make no cue. Cues are
+`LINE_CHARS`), never split at guessed times. With speaker labels a cue names its segment's speaker:
+"S1: " before its text in SRT, a voice span `<v S1>` in WebVTT. Segments that end with no words make no cue. Cues are
 numbered 1, 2, ... in the order segments finish (segments of one stream finish in order).
 
 Word-level cues (`WordCues`, `harken stream --format srt|vtt --word-cues`): with word timings (the
@@ -35,6 +36,7 @@ class Cue:
     start_s: float
     end_s: float
     text: str
+    speaker: str = ""  # with speaker labels: who said it (SRT "S1: " before the text, WebVTT <v S1>)
 
 
 class SubtitleCues:
@@ -49,7 +51,8 @@ class SubtitleCues:
         if not event.is_final or not words:
             return None
         self.count += 1
-        return Cue(self.count, max(0.0, event.start_s), max(event.start_s, event.end_s), words)
+        return Cue(self.count, max(0.0, event.start_s), max(event.start_s, event.end_s), words,
+                   getattr(event, "speaker", ""))
 
 
 class WordCues:
@@ -110,8 +113,9 @@ def _lines(text: str) -> str:
 
 
 def srt_cue(cue: Cue) -> str:
+    text = f"{cue.speaker}: {cue.text}" if cue.speaker else cue.text
     return (f"{cue.index}\n{timestamp(cue.start_s, ',')} --> {timestamp(cue.end_s, ',')}\n"
-            f"{_lines(cue.text)}\n\n")
+            f"{_lines(text)}\n\n")
 
 
 def vtt_header() -> str:
@@ -119,7 +123,11 @@ def vtt_header() -> str:
 
 
 def vtt_cue(cue: Cue) -> str:
-    return f"{cue.index}\n{timestamp(cue.start_s, '.')} --> {timestamp(cue.end_s, '.')}\n{_lines(cue.text)}\n\n"
+    # a voice span (WebVTT's <v>) names the speaker; its name may not hold '>' or a line break
+    text = _lines(cue.text)
+    if cue.speaker:
+        text = f"<v {cue.speaker.replace('>', '')}>{text}"
+    return f"{cue.index}\n{timestamp(cue.start_s, '.')} --> {timestamp(cue.end_s, '.')}\n{text}\n\n"
 
 
 def srt(cues: list[Cue]) -> str:

@@ -32,13 +32,19 @@ class TranscriptEvent:
     # (the mean probability the model gave the word's tokens: in the pass that committed each one);
     # () where unknown (the vLLM decoder)
     word_confidence: tuple[float, ...] = ()
+    # on final events of sessions that asked for speaker labels (`Start.diarize`): who said the
+    # segment, "S1", "S2", ... (stable for the session; a later `SpeakerChange` may move it); else ""
+    speaker: str = ""
 
     def as_dict(self) -> dict:
-        """The JSON form (`harken stream --json`): exactly these nine keys."""
-        return {"segment_id": self.segment_id, "committed_delta": self.committed_delta,
-                "partial": self.partial, "stability": self.stability, "start_s": self.start_s,
-                "end_s": self.end_s, "language": self.language, "is_final": self.is_final,
-                "from_finalize": self.from_finalize}
+        """The JSON form (`harken stream --json`): these nine keys, and "speaker" when labelled."""
+        out = {"segment_id": self.segment_id, "committed_delta": self.committed_delta,
+               "partial": self.partial, "stability": self.stability, "start_s": self.start_s,
+               "end_s": self.end_s, "language": self.language, "is_final": self.is_final,
+               "from_finalize": self.from_finalize}
+        if self.speaker:
+            out["speaker"] = self.speaker
+        return out
 
 
 SPEECH_STARTED = "speech_started"
@@ -91,3 +97,17 @@ class SegmentTimings:
     def as_dict(self) -> dict:
         """The JSON form (`harken stream --json --word-timings`, inside {"word_timings": ...})."""
         return {"segment_id": self.segment_id, "words": [w.as_dict() for w in self.words]}
+
+
+@dataclass(frozen=True)
+class SpeakerChange:
+    """A better speaker label for a final segment sent before (sessions that asked, `Start.diarize`):
+    the segment `segment_id` was said by `speaker`. Additive: the segment's text and times stay as
+    they are; only who said it changes. Later changes of one segment replace earlier ones."""
+
+    segment_id: int
+    speaker: str
+
+    def as_dict(self) -> dict:
+        """The JSON form (`harken stream --json --diarize`, inside {"relabel": ...})."""
+        return {"segment_id": self.segment_id, "speaker": self.speaker}

@@ -34,9 +34,10 @@ from .front_end_checkpoint import FrontEndCheckpoint
 from .integrity import payload_crc32c
 from .protocol import (Ack, Audio, ClientMessage, Configure, End, FeaturePacket, Features, Finalize,
                                     KeepAlive,
-                                    Ready, ServerError, ServerMessage, SessionSeed, Start, Transcript, Turn,
-                                    WordTimings)
-from .transcript import SPEECH_STARTED, UTTERANCE_END, SegmentTimings, TimedWord, TranscriptEvent, TurnEvent
+                                    Ready, ServerError, ServerMessage, SessionSeed, SpeakerLabel, Start, Transcript,
+                                    Turn, WordTimings)
+from .transcript import (SPEECH_STARTED, UTTERANCE_END, SegmentTimings, SpeakerChange, TimedWord, TranscriptEvent,
+                         TurnEvent)
 
 # Checks a thin client's seeded front-end state against the server's own front end (ValueError if not)
 FrontEndCheck = Callable[[FrontEndCheckpoint], None]
@@ -67,7 +68,7 @@ def client_message_to_proto(msg: ClientMessage) -> pb.ClientMessage:
     if isinstance(msg, Start):
         start = pb.Start(language=msg.language, context=msg.context, codec=msg.codec, session_id=msg.session_id,
                          last_event_seq=msg.last_event_seq, word_timings=msg.word_timings,
-                         turn_events=msg.turn_events, keyterms=list(msg.keyterms))
+                         turn_events=msg.turn_events, keyterms=list(msg.keyterms), diarize=msg.diarize)
         if msg.seed is not None:
             start.seed.CopyFrom(seed_to_proto(msg.seed))
         return pb.ClientMessage(start=start)
@@ -168,7 +169,8 @@ def _parse_start(s: pb.Start, front_end: FrontEndCheck | None) -> Start:
         raise MalformedMessage("start: a resume (session_id) takes no seed; a seed starts a new session")
     return Start(language=s.language, context=s.context, codec=s.codec, session_id=s.session_id,
                  last_event_seq=int(s.last_event_seq), seed=seed, word_timings=bool(s.word_timings),
-                 turn_events=bool(s.turn_events), keyterms=_keyterms(s.keyterms, "start"))
+                 turn_events=bool(s.turn_events), keyterms=_keyterms(s.keyterms, "start"),
+                 diarize=bool(s.diarize))
 
 
 def _check_front_end(seed: pb.SessionSeed, front_end: FrontEndCheck | None) -> None:
@@ -269,13 +271,16 @@ def server_message_to_proto(msg: ServerMessage) -> pb.ServerMessage:
         return word_timings_to_proto(msg)
     if isinstance(msg, Turn):
         return turn_to_proto(msg)
+    if isinstance(msg, SpeakerLabel):
+        return pb.ServerMessage(speaker_label=pb.SpeakerLabel(segment_id=msg.change.segment_id,
+                                                              speaker=msg.change.speaker, event_seq=msg.event_seq))
     if isinstance(msg, Ack):
         return pb.ServerMessage(ack=pb.Ack(seq=msg.seq, last_final_segment=msg.last_final_segment))
     if isinstance(msg, Ready):
         return pb.ServerMessage(ready=pb.Ready(session_id=msg.session_id, resume_after_seq=msg.resume_after_seq,
                                                last_final_segment=msg.last_final_segment,
                                                keep_alive=msg.keep_alive, word_timings=msg.word_timings,
-                                               turn_events=msg.turn_events))
+                                               turn_events=msg.turn_events, diarize=msg.diarize))
     return pb.ServerMessage(error=pb.Error(code=msg.code, message=msg.message))
 
 
@@ -284,7 +289,7 @@ def transcript_to_proto(t: Transcript) -> pb.ServerMessage:
     out = pb.Transcript(segment_id=e.segment_id, committed_delta=e.committed_delta, partial=e.partial,
                         stability=e.stability, start_s=e.start_s, end_s=e.end_s, language=e.language,
                         is_final=e.is_final, event_seq=t.event_seq, from_finalize=e.from_finalize,
-                        word_confidence=list(e.word_confidence))
+                        word_confidence=list(e.word_confidence), speaker=e.speaker)
     if t.seed is not None:
         out.seed.CopyFrom(seed_to_proto(t.seed))
     return pb.ServerMessage(transcript=out)
@@ -317,7 +322,7 @@ def server_message_from_proto(msg: pb.ServerMessage) -> ServerMessage | None:
         event = TranscriptEvent(segment_id=t.segment_id, committed_delta=t.committed_delta, partial=t.partial,
                                 stability=t.stability, start_s=t.start_s, end_s=t.end_s, language=t.language,
                                 is_final=t.is_final, from_finalize=t.from_finalize,
-                                word_confidence=tuple(round(c, 4) for c in t.word_confidence))
+                                word_confidence=tuple(round(c, 4) for c in t.word_confidence), speaker=t.speaker)
         return Transcript(event, event_seq=t.event_seq, seed=seed_from_proto(t.seed))
     if kind == "word_timings":
         w = msg.word_timings
@@ -329,13 +334,16 @@ def server_message_from_proto(msg: pb.ServerMessage) -> ServerMessage | None:
         if name is None:  # a kind from a newer server: nothing this client knows to show
             return None
         return Turn(TurnEvent(name, u.segment_id, u.audio_s), event_seq=u.event_seq)
+    if kind == "speaker_label":
+        label = msg.speaker_label
+        return SpeakerLabel(SpeakerChange(label.segment_id, label.speaker), event_seq=label.event_seq)
     if kind == "ack":
         return Ack(seq=msg.ack.seq, last_final_segment=msg.ack.last_final_segment)
     if kind == "ready":
         r = msg.ready
         return Ready(session_id=r.session_id, resume_after_seq=r.resume_after_seq,
                      last_final_segment=r.last_final_segment, keep_alive=r.keep_alive,
-                     word_timings=r.word_timings, turn_events=r.turn_events)
+                     word_timings=r.word_timings, turn_events=r.turn_events, diarize=r.diarize)
     if kind == "error":
         return ServerError(code=msg.error.code, message=msg.error.message)
     return None

@@ -90,6 +90,21 @@ def words_of(transcript: str, start_s: float, end_s: float, confidence: tuple[fl
     return out
 
 
+def speaker_number(speaker: str) -> int:
+    """harken's S1, S2, ... as Deepgram numbers speakers: 0, 1, ..."""
+    return int(speaker[1:]) - 1 if speaker[1:].isdigit() else 0
+
+
+def label_words(words: list[dict], audio: np.ndarray) -> None:
+    """Pre-recorded `diarize=true`: each word's `speaker`, the one speaking at its middle (the file's
+    VAD segments labelled as a live session's are: `speaker_turns`)."""
+    from ..embedded import speaker_at, speaker_turns
+
+    turns = speaker_turns(audio)
+    for w in words:
+        w["speaker"] = speaker_number(speaker_at(turns, (w["start"] + w["end"]) / 2) or "S1")
+
+
 def model_info(model_id: str) -> tuple[str, dict]:
     model_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, "harken:" + model_id))
     return model_uuid, {"name": model_id, "version": "1", "arch": "harken"}
@@ -215,8 +230,10 @@ class DeepgramListen:
         model_uuid, info = model_info(self.model_id)
         duration = round(max(c.size for c in channels) / SAMPLE_RATE, 3)
         results = []
-        for out in outs:
+        for out, audio in zip(outs, channels):
             words = [w for p in out.pieces for w in words_of(p.text, p.start_s, p.end_s)]
+            if params.diarize:
+                await asyncio.get_running_loop().run_in_executor(None, label_words, words, audio)
             alternative = {"transcript": out.text, "confidence": 1.0, "words": words}
             channel: dict[str, Any] = {"alternatives": [alternative]}
             if out.language:
@@ -337,7 +354,8 @@ class _Live:
     def _started(self, ch: _Channel) -> asyncio.Task:
         """The channel's harken stream, its Start first in line (begun with the channel's first audio)."""
         if ch.task is None:
-            start = Start(language=self.params.language or "", keyterms=self.params.keyterms, turn_events=True)
+            start = Start(language=self.params.language or "", keyterms=self.params.keyterms, turn_events=True,
+                          diarize=self.params.diarize)
             ch.requests.put(wire.client_message_to_proto(start).SerializeToString())
             ch.task = asyncio.get_running_loop().create_task(self._stream(ch))
         return ch.task
@@ -487,15 +505,20 @@ class _Live:
         # it); from_finalize: a Finalize cut the segment, or came while its final was due
         await self.send(self._results(ch, e.start_s, e.end_s, seg.text.strip(), is_final=True,
                                       speech_final=self.params.endpointing and not e.from_finalize,
-                                      from_finalize=e.from_finalize or seg.finalize_asked, confidence=seg.confidence))
+                                      from_finalize=e.from_finalize or seg.finalize_asked, confidence=seg.confidence,
+                                      speaker=e.speaker if self.params.diarize else ""))
         if self.params.utterance_end and seg.text.strip():
             last = seg.ended_at_s if seg.ended_at_s is not None else e.end_s
             await self.send({"type": "UtteranceEnd", "channel": [ch.index, len(self.channels)],
                              "last_word_end": round(min(last, e.end_s), 3)})
 
     def _results(self, ch: _Channel, start_s: float, end_s: float, transcript: str, is_final: bool,
-                 speech_final: bool, from_finalize: bool, confidence: tuple[float, ...] = ()) -> dict:
+                 speech_final: bool, from_finalize: bool, confidence: tuple[float, ...] = (),
+                 speaker: str = "") -> dict:
         words = words_of(transcript, start_s, end_s, confidence)
+        if speaker:  # Deepgram's speakers are integers from 0; its live API has no relabels (harken's are dropped)
+            for w in words:
+                w["speaker"] = speaker_number(speaker)
         overall = round(sum(w["confidence"] for w in words) / len(words), 4) if words else 0.0
         return {"type": "Results", "channel_index": [ch.index, len(self.channels)], "start": round(start_s, 3),
                 "duration": round(max(0.0, end_s - start_s), 3), "is_final": is_final, "speech_final": speech_final,

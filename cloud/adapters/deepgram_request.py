@@ -65,7 +65,7 @@ class ListenParams:
     utterance_end: bool = False  # `utterance_end_ms` set
     vad_events: bool = False
     keyterms: tuple[str, ...] = ()
-    diarize: bool = False  # accepted; no speaker labels yet
+    diarize: bool = False  # words[].speaker (0, 1, ...: harken's S1, S2, ...)
 
     @classmethod
     def parse(cls, query) -> ListenParams:

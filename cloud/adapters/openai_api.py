@@ -3,7 +3,7 @@ endpoints, so that code written for OpenAI's API (or for vLLM's Qwen3-ASR server
 same) works against harken unchanged:
 
     POST /v1/audio/transcriptions   multipart: file, model, language, prompt, response_format
-                                    (json | text | srt | vtt | verbose_json), stream (true: server-sent
+                                    (json | text | srt | vtt | verbose_json | diarized_json), stream (true: server-sent
                                     `transcript.text.delta` / `transcript.text.done` events)
     GET  /v1/models                 the served model
 
@@ -18,6 +18,13 @@ past that a request gets 429 with Retry-After. Errors have OpenAI's shape,
 `{"error": {"message", "type", "code"}}`, with the HTTP status OpenAI uses: 400 (bad request, audio
 too long), 401 (API keys as Bearer tokens, as on gRPC), 413 (upload too large), 429 (files full),
 500 (the model failed on the file).
+
+`diarized_json` (OpenAI's speaker-labelled form): `verbose_json`'s segments, each labelled as a live
+harken session labels its finals (cloud/inference/diarization.py), after every relabel: the file's VAD
+segments, which are the engine's segments, labelled from their features (`speaker_turns`, in the
+executor). The speakers are named as OpenAI names speakers it was not told about: "A", "B", ... for
+harken's S1, S2, ...; `{"task", "duration", "text", "segments": [{"type": "transcript.text.segment", "id",
+"start", "end", "text", "speaker"}], "usage"}`.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from ..inference.file_passes import FileTicket
 from ..inference.offline import OfflineTranscript
 from ..inference.scheduler import Scheduler
 from ..hosting.file_stream import stream_file_events
+from ..embedded import speaker_at, speaker_turns
 from ..model.prompt import forced_language
 from ..model.tokenizer import ASR_TEXT
 from ...edge.audio import load_audio, peak_normalize
@@ -51,7 +59,7 @@ log = logging.getLogger(__name__)
 
 TRANSCRIPTIONS_PATH = "/v1/audio/transcriptions"
 MODELS_PATH = "/v1/models"
-FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 RETRY_AFTER_S = 5  # the hint a 429 carries
 DISCONNECT_POLL_S = 0.25  # how often a request in work looks whether its client is still there
 MAX_FIELD_BYTES = 64_000  # a form field other than the file
@@ -143,6 +151,9 @@ class TranscriptionAPI:
             except Overloaded as e:  # the engine's sessions are all taken
                 raise ApiError(429, str(e), "rate_limit_exceeded", "rate_limit_exceeded",
                                retry_after_s=RETRY_AFTER_S) from None
+            if req.response_format == "diarized_json":
+                turns = await asyncio.get_running_loop().run_in_executor(None, speaker_turns, req.audio)
+                return _diarized_response(req, events, turns)
             return _response(req, events)
         except ApiError as e:
             return web.json_response(e.body(), status=e.status, headers=e.headers)
@@ -362,6 +373,36 @@ def _response(req: Request, events: list):
     return web.json_response({"task": "transcribe", "language": language.lower(),
                               "duration": round(len(req.audio) / SAMPLE_RATE, 3), "text": text.text,
                               "segments": segments}, dumps=_dumps)
+
+
+def _diarized_response(req: Request, events: list, turns: list[tuple[float, float, str]]):
+    """diarized_json: the engine's segments, each with the speaker of the VAD segment it is."""
+    from aiohttp import web
+
+    duration = round(len(req.audio) / SAMPLE_RATE, 3)
+    segments = [{"type": "transcript.text.segment", "id": f"seg_{i}", "start": round(c.start_s, 3),
+                 "end": round(c.end_s, 3), "text": c.text,
+                 "speaker": _letter(speaker_at(turns, (c.start_s + c.end_s) / 2) or "S1")}
+                for i, c in enumerate(cues_of(events))]
+    return web.json_response({"task": "transcribe", "duration": duration, "text": _text(events), "segments": segments,
+                              "usage": {"type": "duration", "seconds": duration}}, dumps=_dumps)
+
+
+def _text(events: list) -> str:
+    text = TranscriptText()
+    for e in events:
+        text.add(e)
+    return text.text
+
+
+def _letter(speaker: str) -> str:
+    """harken's S1, S2, ... as OpenAI names speakers it was not told about: A, B, ..., Z, AA, AB, ..."""
+    n = int(speaker[1:]) if speaker[1:].isdigit() else 1
+    out = ""
+    while n > 0:
+        n, r = divmod(n - 1, 26)
+        out = chr(ord("A") + r) + out
+    return out
 
 
 def _dumps(obj: Any) -> str:

@@ -56,6 +56,7 @@ from .server_session import Attachment, AudioPace, ServerLifecycle, ServerSessio
 from ...shared.protocol import (Audio, ClientMessage, Configure, End, FeaturePacket, Features, Finalize,
                                     KeepAlive, LoggedEvent, Start, model_context)
 from ..inference.decoder_stream import SessionOptions
+from ..inference.diarization import SegmentFrames, SessionDiarizer, encoder_available, session_diarizer
 from ..inference.word_timings import SegmentTap
 from ..inference.word_timings import SegmentWords, segment_language
 
@@ -76,6 +77,12 @@ class HostedSession:
         self.core = ServerSession(session_id, key_id, start, limits, clock(), word_timings=timings)
         # each segment's frames and text until its final, for the aligner (sessions that asked only)
         self._tap: SegmentTap | None = SegmentTap() if timings else None
+        # speaker labels (sessions that asked, on a server with the speaker encoder): each segment's
+        # frames until its final; the diarizer (its encoder loaded by the first such session) is made
+        # at the first final, off the event loop
+        self.diarize = start.diarize and encoder_available()
+        self._speaker_frames: SegmentFrames | None = SegmentFrames() if self.diarize else None
+        self._diarizer: SessionDiarizer | None = None
         policy = {} if limits.policy is None else {"policy": limits.policy}
         options = SessionOptions(language=start.language or None, context=start.model_context, resume=start.seed,
                                  **policy)
@@ -165,6 +172,11 @@ class HostedSession:
         return self.core.start.turn_events
 
     @property
+    def speaker_labels(self) -> bool:
+        """This session gets speaker labels (it asked, and the server has the speaker encoder)."""
+        return self.diarize
+
+    @property
     def word_timings(self) -> bool:
         """This session gets word timings (it asked, and the server has an aligner)."""
         return self.core.word_timings
@@ -242,6 +254,8 @@ class HostedSession:
                                   p.segment_end, p.running_max_log10)
         if self._tap is not None and n:  # what the engine applied: a resent overlap is not kept twice
             self._tap.add_frames(p.segment_id, frames[:, frames.shape[1] - n:])
+        if self._speaker_frames is not None and n:
+            self._speaker_frames.add(p.segment_id, frames[:, frames.shape[1] - n:])
 
     def _configure(self, c: Configure) -> None:
         """The client's Configure: the model's context from the next audio item on."""
@@ -296,7 +310,13 @@ class HostedSession:
                 self.metrics.events_out.inc()
                 self._report_if_ended()
                 continue
-            _, latency = self.core.record(item, item.resume, time.monotonic())
+            speaker, relabels = "", []
+            if self._speaker_frames is not None and item.is_final:
+                frames = self._speaker_frames.take(item.segment_id)
+                speaker, relabels = await _run(self.executor, self._label, item.segment_id, frames, item.start_s,
+                                               item.end_s)
+            _, latency = self.core.record(item, item.resume, time.monotonic(), speaker)
+            self.core.record_relabels(relabels)
             if self._tap is not None and (final := self._tap.on_event(item)) is not None:
                 features, text = final
                 self.scheduler.align(self.session_id, item.segment_id, features, text, item.start_s,
@@ -309,6 +329,12 @@ class HostedSession:
             if latency.update_s is not None:
                 self.metrics.update_latency.observe(latency.update_s)
             self._report_if_ended()
+
+    def _label(self, segment_id: int, frames, start_s: float, end_s: float):
+        """A final segment's speaker and the relabels it decided (in the executor: the encoder's pass)."""
+        if self._diarizer is None:
+            self._diarizer = session_diarizer()
+        return self._diarizer.label(segment_id, frames, start_s, end_s)
 
     def _report_if_ended(self) -> None:
         if self.core.lifecycle is ServerLifecycle.ENDED and not self._reported_ended:

@@ -47,8 +47,8 @@ from ...shared.wire import MAX_SEGMENT_ID
 from ...shared.front_end_checkpoint import FrontEndCheckpoint
 from ...shared.features_spec import FRAMES_PER_SECOND, SAMPLE_RATE
 from ...shared.protocol import (Audio, ClientMessage, Configure, End, FeaturePacket, Features, Finalize, KeepAlive,
-                                    LoggedEvent, SessionSeed, Start, Transcript, Turn, WordTimings)
-from ...shared.transcript import UTTERANCE_END, SegmentTimings, TranscriptEvent, TurnEvent
+                                    LoggedEvent, SessionSeed, SpeakerLabel, Start, Transcript, Turn, WordTimings)
+from ...shared.transcript import UTTERANCE_END, SegmentTimings, SpeakerChange, TranscriptEvent, TurnEvent
 
 if TYPE_CHECKING:
     import asyncio
@@ -483,9 +483,11 @@ class ServerSession:
 
     # ---- output ----------------------------------------------------------------------------------
 
-    def record(self, ev: TranscriptEvent, seed: SessionSeed | None, now: float) -> tuple[Transcript, Latency]:
+    def record(self, ev: TranscriptEvent, seed: SessionSeed | None, now: float,
+               speaker: str = "") -> tuple[Transcript, Latency]:
         """An engine event (with the engine's seed on finals) -> the event log, its event_seq and,
-        on finals of thin clients, the front end's checkpoint on the seed. Wakes the stream."""
+        on finals of thin clients, the front end's checkpoint on the seed; `speaker` on a final of a
+        session that asked for speaker labels. Wakes the stream."""
         t = self._timing
         if seed is not None and ev.is_final:
             seed = self._with_front_end(seed, ev.segment_id)
@@ -493,7 +495,8 @@ class ServerSession:
         out = Transcript(TranscriptEvent(segment_id=ev.segment_id, committed_delta=ev.committed_delta,
                                          partial=ev.partial, stability=ev.stability, start_s=ev.start_s,
                                          end_s=ev.end_s, language=ev.language, is_final=ev.is_final,
-                                         from_finalize=from_finalize, word_confidence=ev.word_confidence),
+                                         from_finalize=from_finalize, word_confidence=ev.word_confidence,
+                                         speaker=speaker if ev.is_final else ""),
                          event_seq=self.next_event_seq, seed=seed if ev.is_final else None)
         self.next_event_seq += 1
         self.events.append(out)
@@ -531,6 +534,17 @@ class ServerSession:
             self.attachment.notify()
         self._check_ended()
         return out
+
+    def record_relabels(self, changes: list[SpeakerChange]) -> None:
+        """Better speakers for segments already final -> the event log (sessions that asked for
+        speaker labels), right after the final that decided them. Wakes the stream."""
+        for change in changes:
+            self.events.append(SpeakerLabel(change, event_seq=self.next_event_seq))
+            self.next_event_seq += 1
+        if changes:
+            self._trim_events()
+            if self.attachment is not None:
+                self.attachment.notify()
 
     def fail(self, error: BaseException) -> None:
         """The engine took the session out with `error`: the attached stream, and any stream that

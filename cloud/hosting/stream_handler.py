@@ -145,7 +145,8 @@ class StreamHandler:
             attachment.reader = asyncio.get_running_loop().create_task(
                 _read(requests, self.table, session, attachment), name=f"reader-{session.session_id[:6]}")
             yield Ready(session.session_id, session.applied_seq, session.last_final_segment, keep_alive=True,
-                        word_timings=session.word_timings, turn_events=session.turn_events)
+                        word_timings=session.word_timings, turn_events=session.turn_events,
+                        diarize=session.speaker_labels)
             async for message in _outgoing(session, attachment):
                 yield message
             # every event of the ended session went out on this stream: nothing left to resume

@@ -108,7 +108,9 @@ class TranscriptionClient:
         `SegmentTimings` follows the segment's final event (a server without an aligner sends none
         and says so: `stats.word_timings` is then False, and a warning is logged). With
         `turn_events`, `TurnEvent`s (speech started, utterance end) come as soon as the server's
-        VAD or this edge's knows them. A source may yield `FINALIZE` between its pieces: the open
+        VAD or this edge's knows them. With `ClientOptions(diarize=True)`, each final event says its
+        `speaker` ("S1", ...) and a `SpeakerChange` comes when the server moves a recent segment to
+        another speaker (`stats.diarize` False: this server gives no labels). A source may yield `FINALIZE` between its pieces: the open
         segment's final then comes at once, `from_finalize`.
 
         Leaving the loop early stops the stream once the generator is closed: use

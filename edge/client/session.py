@@ -66,102 +66,19 @@ import random
 import secrets
 from dataclasses import dataclass, field, replace
 
+from .options import ClientOptions, StreamProgress, TransportStats
 from .errors import BufferOverflowError, ServerRejectedError, ServerUnavailableError, TransportSecurityError
 from .replay import AudioBuffer, FeatureBuffer, PendingMessage, ReplayFilter, ResendBuffer
-from ...shared.codec import DEFAULT_MODE
 from ...shared.features_spec import SAMPLE_RATE
 from ...shared.protocol import (Ack, ClientMessage, Configure, End, FeaturePacket, Finalize, KeepAlive, Ready,
-                                    ServerMessage, SessionSeed, Start, Transcript, Turn, WordTimings)
-from ...shared.transcript import SegmentTimings, TimedWord, TranscriptEvent, TurnEvent
+                                    ServerMessage, SessionSeed, SpeakerLabel, Start, Transcript, Turn, WordTimings)
+from ...shared.transcript import SegmentTimings, SpeakerChange, TimedWord, TranscriptEvent, TurnEvent
 
 log = logging.getLogger("harken.transport")
 
 # Status codes after which the same request may succeed later: the connection, not the request,
 # was the problem. Everything else except NOT_FOUND (session lost -> replacement) is final.
 RETRYABLE_STATUS = frozenset({"UNAVAILABLE", "INTERNAL", "UNKNOWN", "CANCELLED", "DEADLINE_EXCEEDED", "ABORTED"})
-
-
-@dataclass
-class ClientOptions:
-    """How a `TranscriptionClient` streams, buffers and reconnects."""
-
-    language: str = ""  # force a language ("English"); "" = detect
-    context: str = ""  # context text for the model: hot words, names, topic
-    send_audio: bool = False  # thin client: PCM16 `Audio` messages, the server runs VAD + features
-    codec_mode: str = DEFAULT_MODE
-    packet_frames: int = 20  # frames per `Features` message (20 = 200 ms)
-    audio_piece_ms: int = 100  # thin client: audio per `Audio` message
-    max_offline_s: float = 120.0  # give up when the server stays away this long
-    max_buffer_bytes: int = 64 << 20  # bound on buffered, not yet final, payload bytes
-    connect_timeout_s: float = 10.0  # one attempt's wait for `Ready`
-    # a connection over which nothing arrives for this long while the server owes us something
-    # (acks, transcripts of unfinished segments, the end) is taken for dead and resumed: a network
-    # that drops packets without a reset would otherwise hang the stream
-    silence_timeout_s: float = 30.0
-    # a call that has written nothing for this long writes a `KeepAlive` (a feature client in a
-    # long silence sends no packets, and the server ends streams idle past its --idle-timeout-s,
-    # 30 s by default); 0 = never
-    keepalive_s: float = 10.0
-    backoff_initial_s: float = 0.05
-    backoff_max_s: float = 2.0
-    backoff_multiplier: float = 2.0
-    tls_server_name: str | None = None  # TLS: check the certificate for this name, not the host's
-    # the stream's session-affinity key (`ClientSession.route_key`); "" = a random one per stream.
-    # Streams given the same key share a server behind a session-affine router.
-    route_key: str = ""
-    # ask for each final segment's word timings (`SegmentTimings`, after its final event); a server
-    # without an aligner says no in its Ready (`TransportStats.word_timings`). The SDK sets it per
-    # stream: `TranscriptionClient.stream(source, word_timings=True)`
-    word_timings: bool = False
-    # ask for the VAD's turn events (`TurnEvent`: speech started, utterance end), sent as soon as
-    # the server has applied the frames that decide them. The SDK sets it per stream:
-    # `TranscriptionClient.stream(source, turn_events=True)`
-    turn_events: bool = False
-    # words and names to expect (Qwen3-ASR's context after `context`); `ClientSession.configure`
-    # changes them (and the context) mid-stream, from the next segment on
-    keyterms: tuple[str, ...] = ()
-
-    def __post_init__(self):
-        if self.max_offline_s <= 0 or self.max_buffer_bytes <= 0:
-            raise ValueError("max_offline_s and max_buffer_bytes must be positive")
-        if self.backoff_initial_s <= 0 or self.backoff_max_s < self.backoff_initial_s:
-            raise ValueError("need 0 < backoff_initial_s <= backoff_max_s")
-
-
-@dataclass
-class TransportStats:
-    """What the client did to get the transcript through: read it after (or during) a stream."""
-
-    sessions_opened: int = 0  # 1 + replacement sessions after NOT_FOUND
-    resumes: int = 0  # reconnects that resumed the same session
-    failed_attempts: int = 0  # stream attempts that ended in a retryable error
-    last_failure: str = ""  # why the latest of them failed
-    messages_sent: int = 0  # Features/Audio messages written, resends included
-    messages_resent: int = 0
-    frames_sent: int = 0  # feature frames written, resends included
-    frames_resent: int = 0
-    keepalives_sent: int = 0  # `KeepAlive` messages written (nothing else to send for keepalive_s)
-    frames_produced: int = 0  # feature frames the edge produced (each counted once)
-    payload_bytes_produced: int = 0  # codec payload bytes of those frames (each counted once)
-    duplicate_events: int = 0  # transcript events dropped as already seen (event_seq replay)
-    replayed_text_chars: int = 0  # committed text re-sent by a replacement session and dropped
-    replay_mismatches: int = 0  # a replacement session's committed text disagreed with ours
-    route_key: str = ""  # the stream's session-affinity key (`ClientSession.route_key`)
-    # the server's answer to `ClientOptions.word_timings` (its latest Ready): True: timings come;
-    # False: this server has no aligner (none come); None: not asked, or no Ready yet
-    word_timings: bool | None = None
-    word_timings_received: int = 0  # SegmentTimings passed on (after de-duplication)
-    turn_events: bool | None = None  # the server's answer to `ClientOptions.turn_events` (its latest Ready)
-    finalizes_sent: int = 0  # thin client: `Finalize` messages written
-
-
-@dataclass(frozen=True)
-class StreamProgress:
-    """In band with the events (`stream(..., progress=True)`): no final event with
-    start_s < `bound_s` will come from this stream any more (feature mode; the meeting merger
-    orders tracks with it)."""
-
-    bound_s: float
 
 
 class ClientLifecycle(enum.Enum):
@@ -185,9 +102,9 @@ class InputState(enum.Enum):
     END_HELD = "end_held"  # the server refused a repeated End: it holds ours, only the finals are due
 
 
-# what the user sees of a stream, in order: transcript events, word timings and turn events (when
-# asked for), progress
-SessionOutput = TranscriptEvent | SegmentTimings | TurnEvent | StreamProgress
+# what the user sees of a stream, in order: transcript events, word timings, turn events and speaker
+# relabels (when asked for), progress
+SessionOutput = TranscriptEvent | SegmentTimings | TurnEvent | SpeakerChange | StreamProgress
 
 
 @dataclass(frozen=True)
@@ -317,7 +234,7 @@ class ClientSession:
         return Start(language=o.language, context=o.context, codec=self.buffer.codec, session_id=self.session_id,
                      last_event_seq=self.last_event_seq if self.session_id else 0,
                      seed=None if self.session_id else self.seed, word_timings=o.word_timings,
-                     turn_events=o.turn_events, keyterms=o.keyterms)
+                     turn_events=o.turn_events, keyterms=o.keyterms, diarize=o.diarize)
 
     def on_server_message(self, msg: ServerMessage | None, now: float) -> list[SessionOutput]:
         """A message from the server (None: an empty one) at clock time `now`; returns what the
@@ -335,6 +252,8 @@ class ClientSession:
             return self._on_word_timings(msg)
         if isinstance(msg, Turn):
             return self._on_turn(msg)
+        if isinstance(msg, SpeakerLabel):
+            return self._on_speaker_label(msg)
         if isinstance(msg, Ack):
             return self._on_ack(msg)
         return []  # an Error: the call's status follows with the same code, and is handled there
@@ -489,6 +408,11 @@ class ClientSession:
             self.stats.word_timings = ready.word_timings
         if self.options.turn_events:
             self.stats.turn_events = ready.turn_events
+        if self.options.diarize:
+            if not ready.diarize and self.stats.diarize is not False:
+                log.warning("the server at %s gives no speaker labels (no speaker encoder: pip install "
+                            "resemblyzer==0.1.4 --no-deps)", self.target)
+            self.stats.diarize = ready.diarize
         self._last_written = self._now = self.last_heard
         if self._configure is not None and self._configure_after is None:
             self._configure_after = self.sent_through  # sent on an earlier call: again, first on this one
@@ -531,6 +455,14 @@ class ClientSession:
             return [t]
         return [SegmentTimings(t.segment_id, tuple(TimedWord(x.text, x.start_s + offset, x.end_s + offset)
                                                     for x in t.words))]
+
+    def _on_speaker_label(self, label: SpeakerLabel) -> list[SessionOutput]:
+        """A better speaker for a final segment: once (event_seq)."""
+        if label.event_seq and label.event_seq <= self.last_event_seq:
+            self.stats.duplicate_events += 1
+            return []
+        self.last_event_seq = max(self.last_event_seq, label.event_seq)
+        return [label.change]
 
     def _on_turn(self, t: Turn) -> list[SessionOutput]:
         """A turn event: once (event_seq, and per segment and kind across sessions), on the user's

@@ -58,6 +58,11 @@ def register(sub: Subparsers) -> None:
     s.add_argument("--aligner", default=DEFAULT_ALIGNER,
                    help=f"in-process aligner for --word-timings / --word-cues: checkpoint dir, Hugging Face id "
                         f"or 'tiny' (default {DEFAULT_ALIGNER}); with --server the server's is used")
+    s.add_argument("--diarize", action="store_true",
+                   help='speaker labels (one microphone, several people): each final says who spoke ("speaker": '
+                        '"S1", "S2", ... in --json; "S1: " in SRT, <v S1> in WebVTT); with --json a line '
+                        '{"relabel": {"segment_id", "speaker"}} when a recent segment is found to be another '
+                        "speaker's (the text never changes)")
     s.set_defaults(run=run)
 
 
@@ -69,22 +74,25 @@ def run(args: argparse.Namespace) -> int | None:
                                      api_key=args.api_key, tls_ca=args.tls_ca, language=args.language,
                                      context=args.context, max_offline_s=args.max_offline_s,
                                      transport=args.transport, codec=args.codec, word_timings=args.word_timings,
-                                     word_cues=args.word_cues)
+                                     word_cues=args.word_cues, diarize=args.diarize)
     return stream_command(args.input, args.model, language=args.language, context=args.context,
                           output_format=output_format(args), mic=args.mic, server=args.server,
                           device=args.device, dtype=args.dtype, codec=args.codec, decoder=args.decoder,
-                          word_timings=args.word_timings, aligner=args.aligner, word_cues=args.word_cues)
+                          word_timings=args.word_timings, aligner=args.aligner, word_cues=args.word_cues,
+                          diarize=args.diarize)
 
 
 def stream_server_command(input_path: str | None, server: str, mic: bool = False, output_format: str = "text",
                           api_key: str | None = None, tls_ca: str | None = None, language: str | None = None,
                           context: str = "", max_offline_s: float = 120.0, transport: str = "grpc",
-                          codec: str = "balanced", word_timings: bool = False, word_cues: bool = False) -> int:
+                          codec: str = "balanced", word_timings: bool = False, word_cues: bool = False,
+                          diarize: bool = False) -> int:
     """`harken stream IN.wav|--mic --server HOST:PORT`: the edge pipeline here, the transcript from
     a harken server, printed as the embedded path prints it (`TranscriptPrinter`: live text, JSON
     events, or SRT / WebVTT cues as segments finish). The API key comes from `api_key` or $HARKEN_API_KEY.
     `word_timings` / `word_cues`: the server's word timings (`harken serve --aligner`) as JSON lines / a
-    subtitle cue per word; a server without an aligner says so (one line on stderr), the rest goes on."""
+    subtitle cue per word; a server without an aligner says so (one line on stderr), the rest goes on.
+    `diarize`: speaker labels from the server (a server without the speaker encoder says so)."""
     import asyncio
     import os
 
@@ -108,7 +116,7 @@ def stream_server_command(input_path: str | None, server: str, mic: bool = False
     client = client_class(server, api_key=api_key or os.environ.get("HARKEN_API_KEY") or None,
                                  tls=tls_ca, options=ClientOptions(language=language or "", context=context,
                                                                    max_offline_s=max_offline_s,
-                                                                   codec_mode=codec))
+                                                                   codec_mode=codec, diarize=diarize))
     return asyncio.run(_print_stream(client, source, printer))
 
 
@@ -143,6 +151,7 @@ async def _print_stream(client, source, printer: TranscriptPrinter) -> int:
         source = _microphone_until_interrupted()
     done = False
     told = False  # said that no timings come
+    told_speakers = False
     try:
         async for event in client.stream(source, word_timings=printer.asks_timings, turn_events=printer.asks_turns):
             if printer.asks_timings and client.stats.word_timings is False and not told:
@@ -150,6 +159,10 @@ async def _print_stream(client, source, printer: TranscriptPrinter) -> int:
                 print("harken stream: the server sends no word timings (it has no aligner: harken serve "
                       "--aligner MODEL); the transcript goes on without them", file=sys.stderr, flush=True)
                 printer.no_timings()
+            if client.options.diarize and client.stats.diarize is False and not told_speakers:
+                told_speakers = True
+                print("harken stream: the server gives no speaker labels (no speaker encoder there); the "
+                      "transcript goes on without them", file=sys.stderr, flush=True)
             printer.show(event)
         done = True
     finally:
@@ -161,10 +174,11 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
                    output_format: str = "text", mic: bool = False, server: str | None = None,
                    device: str | None = None, dtype: str | None = None, codec: str = "balanced",
                    decoder: str = "own", word_timings: bool = False, aligner: str | None = None,
-                   word_cues: bool = False) -> int:
+                   word_cues: bool = False, diarize: bool = False) -> int:
     """`harken stream IN.wav --model M`: the edge pipeline (codec mode `codec`) and the streaming
     engine in-process, on audio time. Prints what `output_format` says (harken/commands/stream.py
-    `TranscriptPrinter`: live text, JSON events, SRT or WebVTT cues as segments finish)."""
+    `TranscriptPrinter`: live text, JSON events, SRT or WebVTT cues as segments finish). `diarize`:
+    speaker labels, as a server gives them (cloud/inference/diarization.py)."""
     if server:
         raise HarkenError("--server is not available yet; without it the engine runs in-process (--model)")
     if bool(mic) == bool(input_path):
@@ -196,14 +210,23 @@ def stream_command(input_path: str | None, model: str, language: str | None = No
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)
     options = SessionOptions(language=language, context=context or "")
     engine = engine_class(decoder)(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
-    events = stream_pieces(source, engine, options, codec_mode=codec, turns=printer.asks_turns)
+    speakers = None
+    if diarize:
+        from ..cloud.embedded import SpeakerTap
+
+        speakers = SpeakerTap()
+    on_packet = speakers.add if speakers is not None else None
+    events = stream_pieces(source, engine, options, codec_mode=codec, turns=printer.asks_turns, on_packet=on_packet)
     if word_timings:
         from ..cloud.model.aligner import DEFAULT_ALIGNER, Qwen3ForcedAligner
         from ..cloud.embedded import stream_with_word_timings
         from ..cloud.inference.word_timings import SegmentAligner, SegmentWords
 
         timings = SegmentAligner(Qwen3ForcedAligner.load(aligner or DEFAULT_ALIGNER, dtype=dtype, device=device))
-        events = stream_with_word_timings(source, engine, options, timings, codec_mode=codec, turns=printer.asks_turns)
+        events = stream_with_word_timings(source, engine, options, timings, codec_mode=codec, turns=printer.asks_turns,
+                                          on_packet=on_packet)
+    if speakers is not None:
+        events = speakers.label(events)
     done = False
     try:
         for event in events:

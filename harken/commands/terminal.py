@@ -18,7 +18,8 @@ class TranscriptPrinter:
     json  one object per event (`TranscriptEvent.as_dict`), then `{"final": true, "text": ...}`;
           with word timings, after each final segment `{"word_timings": SegmentTimings.as_dict()}`;
           the VAD's turn events as they come, `{"type": "speech_started" | "utterance_end", ...}`
-          (`TurnEvent.as_dict`)
+          (`TurnEvent.as_dict`); with speaker labels, finals carry "speaker" and a relabel of a
+          recent segment is `{"relabel": SpeakerChange.as_dict()}`
     srt   one SubRip cue per segment, written when the segment is final (shared/subtitles.py);
           `word_cues`: one cue per word, once the segment's word timings are in (`WordCues`)
     vtt   the same as WebVTT (its header first)
@@ -49,9 +50,13 @@ class TranscriptPrinter:
             out.flush()
 
     def show(self, event) -> None:
-        """A `TranscriptEvent`, a final segment's `SegmentTimings`, or a `TurnEvent`."""
-        from ..shared.transcript import SegmentTimings, TurnEvent
+        """A `TranscriptEvent`, a final segment's `SegmentTimings`, a `TurnEvent` or a `SpeakerChange`."""
+        from ..shared.transcript import SegmentTimings, SpeakerChange, TurnEvent
 
+        if isinstance(event, SpeakerChange):  # (subtitles and the live view keep the label a cue went out with)
+            if self.format == "json":
+                print(json.dumps({"relabel": event.as_dict()}), file=self.out, flush=True)
+            return
         if isinstance(event, TurnEvent):
             if self.format == "json":
                 print(json.dumps(event.as_dict()), file=self.out, flush=True)
@@ -115,6 +120,8 @@ class LiveView:
     def show(self, event) -> None:
         text = self.text.get(event.segment_id, "") + event.committed_delta
         self.text[event.segment_id] = text
+        if event.is_final and getattr(event, "speaker", ""):
+            text = f"{event.speaker}: {text}"
         partial = event.partial.strip()
         sep = " " if text and partial else ""
         if not self.tty:

