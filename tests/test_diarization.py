@@ -1,0 +1,254 @@
+"""Live speaker labels (issue 61; cloud/inference/diarization.py) with the real speaker encoder:
+
+- the diarizer's decision on given vectors: a new speaker only past the threshold and the minimum
+  duration, names stable, a recent segment moved by a later one (a relabel), a freed name reused;
+- real people (Debian's pocketsphinx-testdata, `make sysdeps`): one LibriVox reader keeps one label
+  over five clips, another speaker between them gets another;
+- live through a real server (gRPC, the SDK's `ClientOptions(diarize=True)`) following two espeak-ng
+  voices turn by turn: each final carries its speaker, and with the relabels applied each voice has one
+  label of its own; a session that does not ask gets no labels;
+- `harken transcribe --diarize` (JSON segments, SRT "S1: ", WebVTT <v S1>);
+- Deepgram's SDK (`diarize=True`) live and pre-recorded: words[].speaker, integers from 0;
+- the `openai` client's `response_format="diarized_json"`.
+
+Which voice said a segment is read off the turns' times (a segment lies inside one turn). The recogniser
+is the tiny random model with English forced (its text plays no part in who spoke).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from harken.cloud.inference.diarization import Background, DiarizeSettings, SessionDiarizer
+from harken.shared.transcript import SpeakerChange, TranscriptEvent
+from signals import silence, speech
+
+TURNS = [("en-us", "Good morning everyone, let us start the meeting about the new budget."),
+         ("en-gb+f3", "Thank you. I have looked at the numbers from last quarter and they are not good."),
+         ("en-us", "What exactly went wrong with the sales in the north region this year?"),
+         ("en-gb+f3", "Two of our largest customers moved their orders to the spring."),
+         ("en-us", "Then we should plan for a slower winter and keep the hiring freeze."),
+         ("en-gb+f3", "I agree, and I will send a new forecast to the whole team by Friday.")]
+GAP_S = 1.2
+
+
+@pytest.fixture(scope="module")
+def meeting() -> tuple[np.ndarray, list[tuple[float, float, str]]]:
+    """Two voices turn by turn: (16 kHz audio, [(start_s, end_s, voice)])."""
+    parts, turns, t = [silence(0.5)], [], 0.5
+    for voice, text in TURNS:
+        a = speech(text, voice=voice)
+        parts += [a, silence(GAP_S)]
+        turns.append((t, t + len(a) / 16000, voice))
+        t += len(a) / 16000 + GAP_S
+    return np.concatenate(parts), turns
+
+
+def voice_at(turns, start_s: float, end_s: float) -> str:
+    middle = (start_s + end_s) / 2
+    return min(turns, key=lambda x: 0 if x[0] <= middle <= x[1] else min(abs(middle - x[0]), abs(middle - x[1])))[2]
+
+
+def check_one_label_per_voice(labelled: list[tuple[float, float, str]], turns) -> None:
+    """[(start_s, end_s, speaker)]: every voice's segments share one label, the two voices' differ."""
+    by_voice: dict[str, set[str]] = {}
+    for start, end, who in labelled:
+        by_voice.setdefault(voice_at(turns, start, end), set()).add(who)
+    assert len(by_voice) == 2 and all(len(v) == 1 for v in by_voice.values()), by_voice
+    assert len(set.union(*by_voice.values())) == 2, by_voice
+
+
+def finals_with_relabels(items) -> list[tuple[float, float, str]]:
+    """A stream's final events with every later SpeakerChange applied: [(start_s, end_s, speaker)]."""
+    finals = {e.segment_id: e for e in items if isinstance(e, TranscriptEvent) and e.is_final}
+    latest = {c.segment_id: c.speaker for c in items if isinstance(c, SpeakerChange)}
+    assert all(e.speaker for e in finals.values()), "every final comes with its speaker"
+    return [(e.start_s, e.end_s, latest.get(k, e.speaker)) for k, e in sorted(finals.items())]
+
+
+# ---- the decision --------------------------------------------------------------------------------
+
+def _unit(*xs: float) -> np.ndarray:
+    v = np.zeros(256, np.float32)
+    v[:len(xs)] = xs
+    return v / np.linalg.norm(v)
+
+
+def test_the_decision_opens_joins_and_relabels():
+    d = SessionDiarizer(None, Background.none(), DiarizeSettings(threshold=0.6, min_new_s=2.0, lookback=4))
+    a, b = _unit(1, 0, 0), _unit(0, 1, 0)
+    assert d.add(0, a, 3.0) == ("S1", [])
+    assert d.add(1, _unit(1, 0.1, 0), 3.0) == ("S1", [])  # near A: joins
+    assert d.add(2, b, 1.0) == ("S1", [])  # far from A but too short to open a speaker: the nearest
+    assert d.add(3, None, 0.05) == ("S1", [])  # nothing to embed: the last segment's speaker
+    name, changes = d.add(4, b, 4.0)  # far and long enough: a new speaker, and segment 2 moves to it
+    assert name == "S2" and changes == [SpeakerChange(2, "S2")]
+    assert d.speakers == 2
+    assert d.add(5, _unit(0.1, 1, 0), 3.0) == ("S2", [])
+
+
+def test_a_freed_name_goes_to_the_next_new_speaker():
+    d = SessionDiarizer(None, Background.none(), DiarizeSettings(threshold=0.6, min_new_s=2.0, lookback=4))
+    a = _unit(1, 0, 0)
+    d.add(0, a, 3.0)
+    d.add(1, a, 3.0)
+    d.add(2, _unit(0.55, 0.835, 0), 2.5)  # cosine 0.55 to A: a new speaker S2 ...
+    name, changes = d.add(3, _unit(1, 0.3, 0), 6.0)  # ... until A's centroid leans its way: it joins S1
+    assert name == "S1" and changes == [SpeakerChange(2, "S1")] and d.speakers == 1
+    assert d.add(4, _unit(0, 0, 1), 3.0)[0] == "S2"  # the name S2 was freed
+
+
+# ---- real people ---------------------------------------------------------------------------------
+
+def test_one_librivox_reader_keeps_one_label_another_speaker_gets_another():
+    from harken.bench.real_speakers import interleaved_readers
+    from harken.cloud.embedded import speaker_turns
+
+    talk = interleaved_readers()
+    if talk is None:
+        pytest.fail("Debian's pocketsphinx-testdata is not installed (make sysdeps)")
+    audio, truth = talk
+    turns = speaker_turns(audio)
+    assert len(turns) == len(truth)  # one VAD segment per clip (1.5 s of silence between them)
+    reader = {who for (_, _, who), t in zip(turns, truth) if t == "librivox"}
+    other = {who for (_, _, who), t in zip(turns, truth) if t == "cmu"}
+    assert len(reader) == 1 and len(other) == 1 and reader != other, (reader, other)
+
+
+# ---- live, through a server ------------------------------------------------------------------------
+
+def test_live_labels_through_a_server_follow_two_voices(asr, meeting):
+    from harken.cloud.server import ServerOptions, start_server
+    from harken.edge.client import ClientOptions, TranscriptionClient
+
+    audio, turns = meeting
+
+    async def main():
+        server = await start_server(asr, ServerOptions(host="127.0.0.1", port=0))
+        try:
+            labelled = TranscriptionClient(server.address, options=ClientOptions(language="English", diarize=True))
+            items = [x async for x in labelled.stream(audio)]
+            plain = TranscriptionClient(server.address, options=ClientOptions(language="English"))
+            unlabelled = [x async for x in plain.stream(audio[:16000 * 8])]
+            return items, labelled.stats, unlabelled
+        finally:
+            await server.stop(0)
+
+    items, stats, unlabelled = asyncio.run(main())
+    assert stats.diarize is True
+    check_one_label_per_voice(finals_with_relabels(items), turns)
+    assert all(isinstance(e, TranscriptEvent) and not e.speaker for e in unlabelled)
+
+
+# ---- harken transcribe --diarize ------------------------------------------------------------------
+
+def test_transcribe_diarize_json_srt_and_vtt(meeting, tmp_path, capsys):
+    import srt
+    import webvtt
+
+    from harken.commands.transcribe import transcribe_command
+    from signals import write_wav
+
+    audio, turns = meeting
+    wav = tmp_path / "meeting.wav"
+    write_wav(wav, audio)
+    outs = {}
+    for fmt in ("json", "srt", "vtt"):
+        transcribe_command(str(wav), "tiny", language="English", output_format=fmt, diarize=True)
+        outs[fmt] = capsys.readouterr().out
+    doc = json.loads(outs["json"])
+    assert doc["speakers"] == 2 and doc["segments"]
+    check_one_label_per_voice([(s["start_s"], s["end_s"], s["speaker"]) for s in doc["segments"]], turns)
+    subs = list(srt.parse(outs["srt"]))
+    assert [c.content.split(":", 1)[0] for c in subs] == [s["speaker"] for s in doc["segments"]]
+    (tmp_path / "m.vtt").write_text(outs["vtt"])
+    cues = list(webvtt.read(str(tmp_path / "m.vtt")))
+    assert [c.voice for c in cues] == [s["speaker"] for s in doc["segments"]]
+
+
+# ---- Deepgram and OpenAI -------------------------------------------------------------------------
+
+def test_deepgram_sdk_diarize_live_and_prerecorded(meeting, tmp_path):
+    import soundfile as sf
+    import torch
+    from deepgram import AsyncDeepgramClient
+    from deepgram.core.events import EventType
+
+    from harken.cloud.embedded import speaker_at, speaker_turns
+    from harken.cloud.model.asr import Qwen3ASR
+    from harken.cloud.server import ServerOptions, start_server
+    from test_deepgram_api import _environment
+
+    torch.set_num_threads(1)
+    words_asr = Qwen3ASR.load("tiny-untied", dtype="fp32", device="cpu")  # a random model that writes words
+    audio, turns = meeting
+    pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2")
+    wav = tmp_path / "meeting.wav"
+    sf.write(str(wav), pcm, 16000, subtype="PCM_16")
+
+    async def main():
+        server = await start_server(words_asr, ServerOptions(host="127.0.0.1", port=0, http_port=0))
+        try:
+            client = AsyncDeepgramClient(api_key="any", environment=_environment(server.http_port))
+            got: list = []
+            async with client.listen.v1.connect(model="nova-3", encoding="linear16", sample_rate=16000,
+                                                language="en", diarize=True) as socket:
+                socket.on(EventType.MESSAGE, got.append)
+                listening = asyncio.create_task(socket.start_listening())
+                for i in range(0, pcm.size, 1600):
+                    await socket.send_media(pcm[i:i + 1600].tobytes())
+                await socket.send_close_stream()
+                await asyncio.wait_for(listening, 120)
+            file = await client.listen.v1.media.transcribe_file(request=wav.read_bytes(), model="nova-3",
+                                                                language="en", diarize=True)
+            return got, file
+        finally:
+            await server.stop(0)
+
+    got, file = asyncio.run(main())
+    finals = [m for m in got if getattr(m, "type", None) == "Results" and m.is_final]
+    live = [(w.start, w.end, f"S{w.speaker + 1}") for m in finals for w in m.channel.alternatives[0].words]
+    assert live and all(isinstance(w.speaker, int) for m in finals for w in m.channel.alternatives[0].words)
+    check_one_label_per_voice(live, turns)
+    # pre-recorded: the text is the offline pass's (no segments: the random model's words are spread over
+    # the file), each word the speaker of the VAD segment at its middle, as the file's segments are labelled
+    words = file.results.channels[0].alternatives[0].words
+    assert words and all(isinstance(w.speaker, int) and w.speaker >= 0 for w in words)
+    spans = speaker_turns(pcm.astype(np.float32) / 32768.0)
+    check_one_label_per_voice(spans, turns)
+    assert [w.speaker for w in words] == [int(speaker_at(spans, (w.start + w.end) / 2)[1:]) - 1 for w in words]
+
+
+def test_openai_client_diarized_json(asr, meeting, tmp_path):
+    import openai
+
+    from harken.cloud.server import ServerOptions, start_server
+    from signals import write_wav
+
+    audio, turns = meeting
+    wav = tmp_path / "meeting.wav"
+    write_wav(wav, audio)
+
+    async def main():
+        server = await start_server(asr, ServerOptions(host="127.0.0.1", port=0, http_port=0))
+        try:
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.http_port}/v1", api_key="any", max_retries=0,
+                                   timeout=300)
+
+            def create():
+                with wav.open("rb") as f:
+                    return client.audio.transcriptions.create(model="tiny", file=f, language="en",
+                                                              response_format="diarized_json")
+
+            return await asyncio.to_thread(create)
+        finally:
+            await server.stop(0)
+
+    got = asyncio.run(main())
+    assert got.segments and all(s.type == "transcript.text.segment" for s in got.segments)
+    assert {s.speaker for s in got.segments} == {"A", "B"}
+    check_one_label_per_voice([(s.start, s.end, s.speaker) for s in got.segments], turns)
