@@ -22,14 +22,16 @@ venv: $(STAMP)
 
 # espeak-ng speaks the generated test audio and the synth-en corpus; fortunes and the KJV Bible are
 # the corpus text; Debian's chromium runs the browser page's test; node and npm build and test the
-# TypeScript edge (edge/web/); jemalloc is synth-en training's allocator (`make train`).
+# TypeScript edge (edge/web/); jemalloc is synth-en training's allocator (`make train`); pocketsphinx-testdata
+# is real speech (LibriVox and CMU recordings) for the speaker-label tests, read where Debian installs it.
 JEMALLOC = $(firstword $(wildcard /usr/lib/*/libjemalloc.so.2))
 sysdeps:
 	@command -v espeak-ng >/dev/null && command -v chromium >/dev/null && command -v bible >/dev/null && \
 	  command -v node >/dev/null && command -v npm >/dev/null && test -n "$(JEMALLOC)" && \
-	  test -f /usr/share/games/fortunes/fortunes && test -f /usr/share/wordnet/data.noun || { apt-get update -qq && \
+	  test -f /usr/share/games/fortunes/fortunes && test -f /usr/share/wordnet/data.noun && \
+	  test -d /usr/share/pocketsphinx/test/data/librivox || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng chromium fortunes fortunes-min \
-	  libjemalloc2 bible-kjv wordnet-base $$(command -v node >/dev/null || echo nodejs) $$(command -v npm >/dev/null || echo npm) >/dev/null; }
+	  libjemalloc2 bible-kjv wordnet-base pocketsphinx-testdata $$(command -v node >/dev/null || echo nodejs) $$(command -v npm >/dev/null || echo npm) >/dev/null; }
 
 demo: $(STAMP)
 	$(VENV)/bin/harken demo

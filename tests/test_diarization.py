@@ -252,3 +252,52 @@ def test_openai_client_diarized_json(asr, meeting, tmp_path):
     assert got.segments and all(s.type == "transcript.text.segment" for s in got.segments)
     assert {s.speaker for s in got.segments} == {"A", "B"}
     check_one_label_per_voice([(s.start, s.end, s.speaker) for s in got.segments], turns)
+
+
+def test_meeting_room_track_is_labelled_beside_named_tracks(asr, meeting):
+    """The meeting SDK: a room's one microphone (`diarize=True`) gives `room/S1`, `room/S2` lines
+    beside a participant's own named track."""
+    from harken.cloud.server import ServerOptions, start_server
+    from harken.edge.client import Meeting
+    from harken.edge.client.grpc_client import ClientOptions, audio_pieces
+
+    audio, turns = meeting
+    remote = np.concatenate([silence(3.0), speech("I am calling in from the other office.", voice="en-us+m3"),
+                             silence(1.0)])
+
+    async def main():
+        server = await start_server(asr, ServerOptions(host="127.0.0.1", port=0))
+        try:
+            m = Meeting(server.address, options=ClientOptions(language="English"))
+            m.add_track("room", audio_pieces(audio), diarize=True)
+            m.add_track("carol", audio_pieces(remote))
+            return [line async for line in m.lines()]
+        finally:
+            await server.stop(0)
+
+    lines = asyncio.run(main())
+    assert {line.speaker for line in lines if not line.speaker.startswith("room/")} == {"carol"}
+    room = [(line.start_s, line.end_s, line.speaker) for line in lines if line.speaker.startswith("room/")]
+    assert {who for _, _, who in room} == {"room/S1", "room/S2"}
+    check_one_label_per_voice(room, turns)
+    starts = [line.start_s for line in lines]
+    assert starts == sorted(starts)
+
+
+def test_harken_stream_diarize_json(meeting, tmp_path, capsys):
+    """`harken stream IN --diarize --json` (in-process): finals carry "speaker"; relabels are lines of
+    their own; with them applied each voice has one label."""
+    from harken.commands.stream import stream_command
+    from signals import write_wav
+
+    audio, turns = meeting
+    wav = tmp_path / "meeting.wav"
+    write_wav(wav, audio)
+    stream_command(str(wav), "tiny", language="English", output_format="json", diarize=True)
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    finals = [x for x in lines if x.get("is_final")]
+    assert finals and all(x["speaker"].startswith("S") for x in finals)
+    assert all("speaker" not in x for x in lines if x.get("is_final") is False)
+    latest = {x["relabel"]["segment_id"]: x["relabel"]["speaker"] for x in lines if "relabel" in x}
+    check_one_label_per_voice([(x["start_s"], x["end_s"], latest.get(x["segment_id"], x["speaker"]))
+                               for x in finals], turns)

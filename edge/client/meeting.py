@@ -11,6 +11,11 @@ async for line in meeting.lines():
 Each track streams through its own `TranscriptionClient` (so each gets resume, replay and the
 nothing-lost guarantee on its own); a line is a final segment of one track.
 
+A track of several people (a room's one microphone): `add_track("room", source, diarize=True)` asks the
+server for speaker labels, and that track's lines are `room/S1`, `room/S2`, ... beside the named
+per-participant tracks. A relabel (the server found a recent segment to be another speaker's) changes
+a line still held by the ordering rule; a line already out keeps the label it went out with.
+
 Ordering rule. Lines come out sorted by (start_s, track order): exactly the order a sort of the
 complete transcript would give, however the tracks' finals interleave in time. A line is held
 until no other track can still produce a line that sorts before it. To know that, every track
@@ -42,6 +47,7 @@ from pathlib import Path
 
 from .grpc_client import (AudioSource, ClientOptions, StreamProgress, TranscriptEvent,
                                    TranscriptionClient, TransportStats)
+from ...shared.transcript import SpeakerChange
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class _Track:
     source: AudioSource
     bound_s: float = 0.0  # no line from this track will start before this any more
     client: TranscriptionClient | None = None
+    diarize: bool = False  # several people: lines are `speaker/S1`, `speaker/S2`, ...
 
 
 @dataclass
@@ -75,6 +82,13 @@ class _TrackFinal:
 class _TrackBound:
     index: int
     bound_s: float
+
+
+@dataclass
+class _TrackRelabel:
+    index: int
+    segment_id: int
+    speaker: str
 
 
 @dataclass
@@ -103,14 +117,16 @@ class Meeting:
     _tracks: list[_Track] = field(default_factory=list, init=False, repr=False)
     _started: bool = field(default=False, init=False, repr=False)
 
-    def add_track(self, speaker: str, source: AudioSource) -> None:
+    def add_track(self, speaker: str, source: AudioSource, diarize: bool = False) -> None:
         """Add a participant: `speaker` labels its lines; `source` is anything
-        `TranscriptionClient.stream` accepts. Add every track before iterating `lines()`."""
+        `TranscriptionClient.stream` accepts. Add every track before iterating `lines()`. `diarize`: the
+        track holds several people (a room's microphone): its lines are labelled `speaker/S1`,
+        `speaker/S2`, ... by the server's speaker labels."""
         if self._started:
             raise RuntimeError("add every track before iterating lines()")
         if any(t.speaker == speaker for t in self._tracks):
             raise ValueError(f"a track named {speaker!r} exists already")
-        self._tracks.append(_Track(len(self._tracks), speaker, source))
+        self._tracks.append(_Track(len(self._tracks), speaker, source, diarize=diarize))
 
     @property
     def active_speakers(self) -> list[str]:
@@ -145,6 +161,10 @@ class Meeting:
                 if isinstance(item, _TrackEnded):
                     track.bound_s = math.inf
                     running -= 1
+                elif isinstance(item, _TrackRelabel):  # a line still held takes its better label
+                    for i, (start, index, segment_id, line) in enumerate(held):
+                        if index == item.index and segment_id == item.segment_id:
+                            held[i] = (start, index, segment_id, replace(line, speaker=item.speaker))
                 else:
                     if isinstance(item, _TrackFinal) and item.line is not None:
                         heapq.heappush(held, (item.line.start_s, item.index, item.line.segment_id, item.line))
@@ -163,7 +183,7 @@ class Meeting:
 
     async def _run_track(self, track: _Track, inbox: asyncio.Queue) -> None:
         track.client = TranscriptionClient(self.target, api_key=self.api_key, tls=self.tls,
-                                           options=replace(self.options))
+                                           options=replace(self.options, diarize=track.diarize))
         committed: dict[int, str] = {}
         try:
             async with aclosing(track.client.stream(track.source, progress=True)) as items:
@@ -171,12 +191,17 @@ class Meeting:
                     if isinstance(item, StreamProgress):
                         inbox.put_nowait(_TrackBound(track.index, item.bound_s))
                         continue
-                    event: TranscriptEvent = item
+                    if isinstance(item, SpeakerChange):
+                        inbox.put_nowait(_TrackRelabel(track.index, item.segment_id, f"{track.speaker}/{item.speaker}"))
+                        continue
+                    if not isinstance(item, TranscriptEvent):
+                        continue
+                    event = item
                     committed[event.segment_id] = committed.get(event.segment_id, "") + event.committed_delta
                     if event.is_final:
                         text = committed.pop(event.segment_id).strip()
-                        line = MeetingLine(track.speaker, event.start_s, event.end_s, text, event.segment_id) \
-                            if text else None
+                        who = f"{track.speaker}/{event.speaker}" if track.diarize and event.speaker else track.speaker
+                        line = MeetingLine(who, event.start_s, event.end_s, text, event.segment_id) if text else None
                         # its own later segments start after this one: a bound even in thin-client mode
                         inbox.put_nowait(_TrackFinal(track.index, line, math.nextafter(event.start_s, math.inf)))
         except Exception as e:  # handed to the meeting's owner, which raises it
