@@ -238,7 +238,8 @@ def wire_cases() -> dict:
               Start(codec="harken-mel/1", session_id="abc123", last_event_seq=7),
               Start(codec="harken-mel/1", seed=seed), Start(codec="harken-mel/1", word_timings=True),
               Start(codec="harken-mel/1", turn_events=True),
-              Start(language="English", codec="harken-mel/1", word_timings=True, turn_events=True)]
+              Start(language="English", codec="harken-mel/1", word_timings=True, turn_events=True),
+              Start(codec="harken-mel/1", turn_events=True, diarize=True)]
 
     def seed_json(x: SessionSeed | None) -> dict | None:
         return None if x is None else {"running_max_log10": x.running_max_log10, "context_tail": x.context_tail,
@@ -247,7 +248,8 @@ def wire_cases() -> dict:
     client = [{"start": {"language": m.language, "context": m.context, "codec": m.codec, "session_id": m.session_id,
                          "last_event_seq": m.last_event_seq, "seed": seed_json(m.seed),
                          **({"word_timings": True} if m.word_timings else {}),
-                         **({"turn_events": True} if m.turn_events else {})},
+                         **({"turn_events": True} if m.turn_events else {}),
+                         **({"diarize": True} if m.diarize else {})},
                "bytes": wire.client_message_to_proto(m).SerializeToString().hex()} for m in starts]
     client.append({"end": {}, "bytes": wire.client_message_to_proto(End()).SerializeToString().hex()})
     client.append({"keep_alive": {}, "bytes": wire.client_message_to_proto(KeepAlive()).SerializeToString().hex()})
@@ -284,6 +286,10 @@ def wire_cases() -> dict:
         pb.ServerMessage(turn=pb.Turn(segment_id=4, kind=pb.Turn.SPEECH_STARTED, audio_s=3.5, event_seq=13)),
         pb.ServerMessage(turn=pb.Turn(segment_id=4, kind=pb.Turn.UTTERANCE_END, audio_s=4.26, event_seq=14)),
         pb.ServerMessage(turn=pb.Turn(segment_id=0, kind=pb.Turn.SPEECH_STARTED)),
+        pb.ServerMessage(ready=pb.Ready(session_id="sid-5", keep_alive=True, diarize=True)),
+        pb.ServerMessage(transcript=pb.Transcript(segment_id=6, committed_delta="yes.", start_s=5.0, end_s=5.5,
+                                                  language="English", is_final=True, event_seq=20, speaker="S2")),
+        pb.ServerMessage(speaker_label=pb.SpeakerLabel(segment_id=5, speaker="S1", event_seq=21)),
     ]
     newer = pb.ServerMessage(turn=pb.Turn(segment_id=5, event_seq=17)).SerializeToString() + bytes.fromhex("32021009")
     unknown = [pb.ServerMessage(), pb.ServerMessage(turn=pb.Turn(segment_id=5, audio_s=1.0, event_seq=16)),

@@ -4,9 +4,10 @@
 // protobuf runtime writes: the same message gives the same bytes (tests compare them).
 //
 // Written: Start (1 language, 2 context, 3 codec, 4 session_id, 5 seed, 6 last_event_seq,
-// 7 word_timings, 8 turn_events), Features (1..9, 10 finalized: with segment_end, the client cut
-// its segment on request), End, KeepAlive. Read: Ready (... 5 word_timings, 6 turn_events),
-// Transcript (... 10 event_seq, 11 from_finalize), Ack, Error, WordTimings, and Turn
+// 7 word_timings, 8 turn_events, 10 diarize), Features (1..9, 10 finalized: with segment_end, the client cut
+// its segment on request), End, KeepAlive. Read: Ready (... 5 word_timings, 6 turn_events, 7 diarize),
+// Transcript (... 10 event_seq, 11 from_finalize, 13 speaker), Ack, Error, WordTimings, SpeakerLabel
+// (ServerMessage 7: 1 segment_id, 2 speaker, 3 event_seq), and Turn
 // (ServerMessage 6: 1 segment_id, 2 kind enum (1 SPEECH_STARTED, 2 UTTERANCE_END), 3 audio_s
 // double, 4 event_seq); a Turn of a kind this client does not know reads as null, as in Python.
 
@@ -110,6 +111,7 @@ export function encodeClientMessage(msg: ClientMessage): Uint8Array {
     s.uint(6, msg.lastEventSeq);
     s.bool(7, msg.wordTimings ?? false);
     s.bool(8, msg.turnEvents ?? false);
+    s.bool(10, msg.diarize ?? false);
     w.bytesField(1, s.finish(), true);
   } else if (msg.kind === "features") {
     w.bytesField(2, featuresBytes(msg.seq, msg.packet), true);
@@ -179,15 +181,16 @@ export function decodeServerMessage(buf: Uint8Array): ServerMessage | null {
   if ((f = sub(m, 1))) {
     return {
       kind: "ready", sessionId: str(f, 1), resumeAfterSeq: uint(f, 2), lastFinalSegment: int64(f, 3), keepAlive: uint(f, 4) !== 0,
-      wordTimings: uint(f, 5) !== 0, turnEvents: uint(f, 6) !== 0,
+      wordTimings: uint(f, 5) !== 0, turnEvents: uint(f, 6) !== 0, diarize: uint(f, 7) !== 0,
     };
   }
   if ((f = sub(m, 2))) {
+    const speaker = str(f, 13); // only on finals of sessions that asked for speaker labels
     return {
       kind: "transcript", eventSeq: uint(f, 10), seed: seed(sub(f, 9)),
       event: { segmentId: uint(f, 1), committedDelta: str(f, 2), partial: str(f, 3), stability: real(f, 4),
                startS: real(f, 5), endS: real(f, 6), language: str(f, 7), isFinal: !!uint(f, 8),
-               fromFinalize: !!uint(f, 11) },
+               fromFinalize: !!uint(f, 11), ...(speaker ? { speaker } : {}) },
     };
   }
   if ((f = sub(m, 5))) {
@@ -202,6 +205,7 @@ export function decodeServerMessage(buf: Uint8Array): ServerMessage | null {
     if (kind === undefined) return null; // a kind from a newer server: nothing this client knows to show
     return { kind: "turn", turn: { kind, segmentId: uint(f, 1), audioS: real(f, 3) }, eventSeq: uint(f, 4) };
   }
+  if ((f = sub(m, 7))) return { kind: "speaker_label", segmentId: uint(f, 1), speaker: str(f, 2), eventSeq: uint(f, 3) };
   if ((f = sub(m, 3))) return { kind: "ack", seq: uint(f, 1), lastFinalSegment: int64(f, 2) };
   if ((f = sub(m, 4))) return { kind: "error", code: str(f, 1), message: str(f, 2) };
   return null;

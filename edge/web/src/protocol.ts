@@ -43,6 +43,9 @@ export interface TranscriptEvent {
   /** On finals: the segment ended because the client asked to finalize (a `finalized` packet),
    * not by the VAD's end of speech or the input's end. */
   fromFinalize: boolean;
+  /** On finals of sessions that asked (`diarize`): who said the segment, "S1", "S2", ... (a later
+   * SpeakerChange may move it); "" otherwise. */
+  speaker?: string;
 }
 
 /** A turn boundary as the VAD knows it, sent at once, never waiting for text (shared/transcript.py
@@ -59,6 +62,10 @@ export interface TimedWord { text: string; startS: number; endS: number }
  * the words of its committed text as the aligner splits them. Empty words: nothing to time. */
 export interface SegmentTimings { kind: "word_timings"; segmentId: number; words: TimedWord[] }
 
+/** A better speaker for a segment whose final came before (sessions that asked, `diarize`): additive,
+ * its text never changes, only who said it; a later one for the same segment replaces this. */
+export interface SpeakerChange { kind: "relabel"; segmentId: number; speaker: string }
+
 export interface Start {
   kind: "start";
   language: string;
@@ -71,6 +78,8 @@ export interface Start {
   wordTimings?: boolean;
   /** Ask for the VAD's turn events (`Turn`: speech started, utterance end). */
   turnEvents?: boolean;
+  /** Ask for speaker labels: finals say their `speaker`, relabels come as `SpeakerLabel`s. */
+  diarize?: boolean;
 }
 export interface Features { kind: "features"; seq: number; packet: FeaturePacket }
 export interface End { kind: "end" }
@@ -82,13 +91,15 @@ export type ClientMessage = Start | Features | End | KeepAlive;
  * wordTimings / turnEvents: the session asked for word timings / turn events and this server sends them. */
 export interface Ready {
   kind: "ready"; sessionId: string; resumeAfterSeq: number; lastFinalSegment: number; keepAlive: boolean; wordTimings: boolean;
-  turnEvents: boolean;
+  turnEvents: boolean; diarize: boolean;
 }
 export interface Transcript { kind: "transcript"; event: TranscriptEvent; eventSeq: number; seed: SessionSeed | null }
 /** A final segment's word timings as the wire carries them: in the event log, eventSeq counting on with the Transcripts'. */
 export interface WordTimings { kind: "word_timings"; eventSeq: number; segmentId: number; words: TimedWord[] }
 /** A turn event as the wire carries it: in the event log, eventSeq counting on with the Transcripts'. */
 export interface Turn { kind: "turn"; turn: TurnEvent; eventSeq: number }
+/** A relabel as the wire carries it: in the event log, eventSeq counting on with the Transcripts'. */
+export interface SpeakerLabel { kind: "speaker_label"; segmentId: number; speaker: string; eventSeq: number }
 export interface Ack { kind: "ack"; seq: number; lastFinalSegment: number }
 export interface ServerError { kind: "error"; code: string; message: string }
-export type ServerMessage = Ready | Transcript | WordTimings | Turn | Ack | ServerError;
+export type ServerMessage = Ready | Transcript | WordTimings | Turn | SpeakerLabel | Ack | ServerError;

@@ -6,7 +6,7 @@
 //   session.endInput()                                    the source is exhausted
 //   call: write(session.startMessage())
 //         session.onServerMessage(msg, now) -> [TranscriptEvent | SegmentTimings | TurnEvent
-//                                                | StreamProgress]                    (Ready first)
+//                                                | SpeakerChange | StreamProgress]    (Ready first)
 //         while ((msg = session.nextMessage())) { write(msg); session.sent(msg) }
 //         session.checkSilence(now) -> reason to give the call up, or null
 //         session.onCallClosed() -> true when the stream is done
@@ -23,11 +23,13 @@
 // segment and kind across sessions (a replacement session repeats those of unfinished segments),
 // none for segments already final. Finalize: a feature client cuts its segment in its pipeline
 // (FeatureStream.finalize: the packet that ends it is `finalized`); the final says `fromFinalize`.
+// Speaker labels (`diarize: true`): the Start asks for them, `stats.diarize` is the Ready's answer;
+// each final says its `speaker`, and a SpeakerChange (kind "relabel") is passed on once, by event_seq.
 
 import { CODEC_NAME } from "./protocol.js";
 import type {
-  ClientMessage, FeaturePacket, SegmentTimings, ServerMessage, SessionSeed, Start, Transcript, TranscriptEvent, Turn, TurnEvent,
-  WordTimings,
+  ClientMessage, FeaturePacket, SegmentTimings, ServerMessage, SessionSeed, SpeakerChange, SpeakerLabel, Start, Transcript,
+  TranscriptEvent, Turn, TurnEvent, WordTimings,
 } from "./protocol.js";
 
 const FRAMES_PER_SECOND = 100;
@@ -52,6 +54,9 @@ export interface ClientOptions {
   /** Ask for the VAD's turn events (TurnEvent: speech started, utterance end), sent as soon as the
    * server has applied the frames that decide them (`stats.turnEvents`: the server's answer). */
   turnEvents?: boolean;
+  /** Ask for speaker labels (one microphone, several people): each final says its `speaker`, and a
+   * SpeakerChange relabels a recent segment (`stats.diarize`: the server's answer). */
+  diarize?: boolean;
 }
 
 export const DEFAULT_CLIENT_OPTIONS: ClientOptions = {
@@ -227,11 +232,13 @@ export interface TransportStats {
   wordTimings: boolean | null;
   /** The server's answer to `turnEvents` (its latest Ready); null: not asked, or no Ready yet. */
   turnEvents: boolean | null;
+  /** The server's answer to `diarize` (its latest Ready); null: not asked, or no Ready yet. */
+  diarize: boolean | null;
 }
 
 // what the user sees of a stream, in order: transcript events, word timings and turn events (when
 // asked for), progress
-export type SessionOutput = TranscriptEvent | StreamProgress | SegmentTimings | TurnEvent;
+export type SessionOutput = TranscriptEvent | StreamProgress | SegmentTimings | TurnEvent | SpeakerChange;
 
 /** One stream's state, from the first Start to the last final (see the top of this file). */
 export class ClientSession {
@@ -254,7 +261,7 @@ export class ClientSession {
   readonly stats: TransportStats = {
     sessionsOpened: 0, resumes: 0, failedAttempts: 0, lastFailure: "", messagesSent: 0, messagesResent: 0,
     framesSent: 0, framesProduced: 0, payloadBytesProduced: 0, duplicateEvents: 0, keepalivesSent: 0, wordTimings: null,
-    turnEvents: null,
+    turnEvents: null, diarize: null,
   };
   private offlineSince: number | null = null;
   private failures = 0;
@@ -302,6 +309,7 @@ export class ClientSession {
       kind: "start", language: this.options.language, context: this.options.context, codec: this.buffer.codec,
       sessionId: this.sessionId, lastEventSeq: this.sessionId ? this.lastEventSeq : 0, seed: this.sessionId ? null : this.seed,
       wordTimings: this.options.wordTimings ?? false, turnEvents: this.options.turnEvents ?? false,
+      diarize: this.options.diarize ?? false,
     };
   }
 
@@ -312,11 +320,13 @@ export class ClientSession {
       this.onReady(msg.sessionId, msg.resumeAfterSeq, msg.keepAlive);
       if (this.options.wordTimings) this.stats.wordTimings = msg.wordTimings;
       if (this.options.turnEvents) this.stats.turnEvents = msg.turnEvents;
+      if (this.options.diarize) this.stats.diarize = msg.diarize;
       return [];
     }
     if (msg?.kind === "transcript") return this.onTranscript(msg);
     if (msg?.kind === "word_timings") return this.onWordTimings(msg);
     if (msg?.kind === "turn") return this.onTurn(msg);
+    if (msg?.kind === "speaker_label") return this.onSpeakerLabel(msg);
     if (msg?.kind === "ack") return this.onAck(msg.seq, msg.lastFinalSegment);
     return [];
   }
@@ -465,6 +475,16 @@ export class ClientSession {
     }
     this.lastEventSeq = Math.max(this.lastEventSeq, w.eventSeq);
     return [{ kind: "word_timings", segmentId: w.segmentId, words: w.words }];
+  }
+
+  /** A better speaker for a final segment: once (eventSeq). */
+  private onSpeakerLabel(l: SpeakerLabel): SessionOutput[] {
+    if (l.eventSeq && l.eventSeq <= this.lastEventSeq) {
+      this.stats.duplicateEvents += 1;
+      return [];
+    }
+    this.lastEventSeq = Math.max(this.lastEventSeq, l.eventSeq);
+    return [{ kind: "relabel", segmentId: l.segmentId, speaker: l.speaker }];
   }
 
   /** A turn event: once (eventSeq, and per segment and kind across sessions), on the user's timeline

@@ -18,7 +18,7 @@ function transcript(segmentId, eventSeq, delta = "", partial = "", { final = fal
                                                         isFinal: final, fromFinalize } };
 }
 const ready = (sessionId, resumeAfterSeq, keepAlive = false) => ({ kind: "ready", sessionId, resumeAfterSeq, lastFinalSegment: -1, keepAlive,
-                                                                   wordTimings: false, turnEvents: false });
+                                                                   wordTimings: false, turnEvents: false, diarize: false });
 const turn = (kind, segmentId, audioS, eventSeq) => ({ kind: "turn", turn: { kind, segmentId, audioS }, eventSeq });
 const ack = (seq, lastFinalSegment) => ({ kind: "ack", seq, lastFinalSegment });
 
@@ -44,7 +44,7 @@ test("a whole stream", () => {
   assert.deepEqual(s.onPackets(p.slice(0, 2), 0.05), { kind: "progress", boundS: 0.05 });
   const start = connect(s, ready("sid", 0), 1.0);
   assert.deepEqual(start, { kind: "start", language: "English", context: "names", codec: CODEC, sessionId: "", lastEventSeq: 0, seed: null,
-                            wordTimings: false, turnEvents: false });
+                            wordTimings: false, turnEvents: false, diarize: false });
   assert.deepEqual(writeAll(s).map((m) => [m.kind, m.seq]), [["features", 1], ["features", 2]]);
   assert.equal(s.nextMessage(), null);
   assert.deepEqual(shown(s.onServerMessage(transcript(0, 1, "Hel", "lo"), 1.1)), [["Hel", "lo"]]);
@@ -298,4 +298,26 @@ test("turn events: asked in Start, once each (across a replacement session too),
   const plain = new ClientSession();
   assert.equal(connect(plain, { ...ready("sid", 0), turnEvents: true }).turnEvents, false);
   assert.equal(plain.stats.turnEvents, null);
+});
+
+test("speaker labels: asked in the Start, the Ready's answer, finals with speakers, relabels once by event_seq", () => {
+  const s = new ClientSession({ diarize: true });
+  const start = connect(s, { ...ready("sid", 0), diarize: true });
+  assert.equal(start.diarize, true);
+  assert.equal(s.stats.diarize, true);
+  s.onPackets([packet(0, 0, { start: true, end: true }), packet(1, 20, { start: true, end: true })], 0.5);
+  writeAll(s);
+  const final0 = transcript(0, 1, "one.", "", { final: true, endS: 0.1 });
+  final0.event.speaker = "S1";
+  assert.equal(s.onServerMessage(final0, 1.0)[0].speaker, "S1");
+  const final1 = transcript(1, 2, "two.", "", { final: true, startS: 0.2, endS: 0.3 });
+  final1.event.speaker = "S2";
+  s.onServerMessage(final1, 1.1);
+  const relabel = { kind: "speaker_label", segmentId: 0, speaker: "S2", eventSeq: 3 };
+  assert.deepEqual(s.onServerMessage(relabel, 1.2), [{ kind: "relabel", segmentId: 0, speaker: "S2" }]);
+  assert.deepEqual(s.onServerMessage(relabel, 1.3), []); // replayed after a resume: once
+  assert.equal(s.stats.duplicateEvents, 1);
+  const plain = new ClientSession({});
+  assert.equal(connect(plain, { ...ready("sid", 0), diarize: true }).diarize, false);
+  assert.equal(plain.stats.diarize, null);
 });

@@ -15,6 +15,7 @@ const bytes = (h) => new Uint8Array(Buffer.from(h, "hex"));
 test("Start, End, KeepAlive and finalized Features messages are the Python wire's bytes", () => {
   assert.ok(wire.client.some((c) => c.start?.turn_events), "a Start with turn_events (tests/web_vectors.py)");
   assert.ok(wire.client.some((c) => c.features?.finalized), "a finalized Features (tests/web_vectors.py)");
+  assert.ok(wire.client.some((c) => c.start?.diarize), "a Start with diarize (tests/web_vectors.py)");
   for (const c of wire.client) {
     const f = c.features;
     const msg = c.end ? { kind: "end" } : c.keep_alive ? { kind: "keep_alive" } : f ? { kind: "features", seq: f.seq, packet: {
@@ -27,6 +28,7 @@ test("Start, End, KeepAlive and finalized Features messages are the Python wire'
                               nextSegmentId: c.start.seed.next_segment_id },
       ...(c.start.word_timings ? { wordTimings: true } : {}),
       ...(c.start.turn_events ? { turnEvents: true } : {}),
+      ...(c.start.diarize ? { diarize: true } : {}),
     };
     assert.equal(hex(encodeClientMessage(msg)), c.bytes, JSON.stringify(c));
   }
@@ -36,7 +38,7 @@ test("server messages decode, negative int64 included", () => {
   const m = wire.server.map((c) => decodeServerMessage(bytes(c.bytes)));
   assert.deepEqual(m.map((x) => x.kind), wire.server.map((c) => c.kind));
   assert.deepEqual(m[0], { kind: "ready", sessionId: "sid-1", resumeAfterSeq: 5, lastFinalSegment: -1, keepAlive: false,
-                           wordTimings: false, turnEvents: false });
+                           wordTimings: false, turnEvents: false, diarize: false });
   assert.deepEqual(m[1], { kind: "ack", seq: 12, lastFinalSegment: -1 });
   assert.deepEqual(m[2], { kind: "ack", seq: 300, lastFinalSegment: 2 });
   assert.deepEqual(m[3], { kind: "transcript", eventSeq: 9, seed: null, event: { segmentId: 2, committedDelta: "héllo ",
@@ -46,7 +48,7 @@ test("server messages decode, negative int64 included", () => {
   assert.deepEqual(m[4].seed, { runningMaxLog10: 1.25, contextTail: "hello", nextSegmentId: 3 });
   assert.deepEqual(m[5], { kind: "error", code: "INVALID_ARGUMENT", message: "bad payload" });
   assert.deepEqual(m[6], { kind: "ready", sessionId: "sid-2", resumeAfterSeq: 0, lastFinalSegment: 3, keepAlive: true,
-                           wordTimings: false, turnEvents: false });
+                           wordTimings: false, turnEvents: false, diarize: false });
   assert.equal(m[7].wordTimings, true);
   assert.equal(m[7].turnEvents, false);
   assert.deepEqual(m[8], { kind: "word_timings", segmentId: 2, eventSeq: 11, words: [
@@ -58,7 +60,7 @@ test("server messages decode, negative int64 included", () => {
 test("turn events, Ready.turn_events and Transcript.from_finalize decode; unknown turn kinds read as null", () => {
   const m = wire.server.map((c) => decodeServerMessage(bytes(c.bytes)));
   assert.deepEqual(m[10], { kind: "ready", sessionId: "sid-4", resumeAfterSeq: 0, lastFinalSegment: 0, keepAlive: true,
-                            wordTimings: false, turnEvents: true });
+                            wordTimings: false, turnEvents: true, diarize: false });
   assert.deepEqual(m[11], { kind: "transcript", eventSeq: 15, seed: null, event: { segmentId: 4, committedDelta: "stop.",
     partial: "", stability: 0, startS: 3.5, endS: 4.25, language: "English", isFinal: true, fromFinalize: true } });
   assert.deepEqual(m[12], { kind: "turn", turn: { kind: "speech_started", segmentId: 4, audioS: 3.5 }, eventSeq: 13 });
@@ -66,4 +68,13 @@ test("turn events, Ready.turn_events and Transcript.from_finalize decode; unknow
   assert.deepEqual(m[14], { kind: "turn", turn: { kind: "speech_started", segmentId: 0, audioS: 0 }, eventSeq: 0 });
   assert.ok(wire.server_none.length >= 3);
   for (const h of wire.server_none) assert.equal(decodeServerMessage(bytes(h)), null, h);
+});
+
+test("speaker labels: Ready.diarize, a final's speaker, a SpeakerLabel", () => {
+  const m = wire.server.map((c) => decodeServerMessage(bytes(c.bytes)));
+  assert.deepEqual(m[15], { kind: "ready", sessionId: "sid-5", resumeAfterSeq: 0, lastFinalSegment: 0, keepAlive: true,
+                            wordTimings: false, turnEvents: false, diarize: true });
+  assert.deepEqual(m[16], { kind: "transcript", eventSeq: 20, seed: null, event: { segmentId: 6, committedDelta: "yes.",
+    partial: "", stability: 0, startS: 5, endS: 5.5, language: "English", isFinal: true, fromFinalize: false, speaker: "S2" } });
+  assert.deepEqual(m[17], { kind: "speaker_label", segmentId: 5, speaker: "S1", eventSeq: 21 });
 });

@@ -5,6 +5,10 @@
 //   const t = s.addTrack(mediaStreamTrack, { speaker: "Alice", language: "English" });
 //   s.on("transcript", (event, { speaker }) => ...);   // every track's events
 //   s.on("word_timings", (timings, { speaker }) => ...); // with { wordTimings: true } in the track's options
+//   s.on("relabel", (change, { speaker }) => ...);     // with { diarize: true } (a room's microphone):
+//                                                      // finals carry event.speaker ("S1", ...), and a
+//                                                      // recent segment's better speaker comes as
+//                                                      // {segmentId, speaker}
 //   s.on("turn", (turn, { speaker }) => ...);          // with { turnEvents: true }: turn.kind is
 //                                                      // "speech_started" | "utterance_end" (also
 //                                                      // emitted under those names)
@@ -81,8 +85,8 @@ class CallEnded extends Error {
 /** One track's stream: its capture, its session, its calls. Events: "ready" (session id, on every
  * call's Ready), "transcript" (event, info; a final cut by `finalize()` says `fromFinalize`),
  * "word_timings" (timings, info), "turn" (TurnEvent, info; then the same under its kind's name,
- * "speech_started" or "utterance_end"), "progress" (boundS), "end" (text), "error" (StreamError),
- * "bytes" (n, on every write). */
+ * "speech_started" or "utterance_end"), "relabel" (SpeakerChange, info: with `diarize`), "progress"
+ * (boundS), "end" (text), "error" (StreamError), "bytes" (n, on every write). */
 export class TrackStream extends Emitter {
   readonly session: ClientSession;
   readonly speaker: string;
@@ -186,6 +190,12 @@ export class TrackStream extends Emitter {
         const info: TrackInfo = { speaker: this.speaker, track: this };
         this.emit("word_timings", item, info);
         this.conn.emitFromTrack("word_timings", item, info);
+        continue;
+      }
+      if ("kind" in item && item.kind === "relabel") {
+        const info: TrackInfo = { speaker: this.speaker, track: this };
+        this.emit("relabel", item, info);
+        this.conn.emitFromTrack("relabel", item, info);
         continue;
       }
       if ("kind" in item && item.kind === "progress") {
@@ -337,8 +347,8 @@ export class TrackStream extends Emitter {
 }
 
 /** A connection to one harken server: the shared audio context and edge worker of its tracks.
- * Events: "transcript" (event, {speaker, track}), "word_timings" (timings, info), "turn" (TurnEvent,
- * info) and its kind's name ("speech_started", "utterance_end"), "end" (text, info), "error" (e, info). */
+ * Events: "transcript" (event, {speaker, track}), "word_timings" (timings, info), "relabel"
+ * (SpeakerChange, info), "turn" (TurnEvent, info) and its kind's name ("speech_started", "utterance_end"), "end" (text, info), "error" (e, info). */
 export class Connection extends Emitter {
   readonly tracks: TrackStream[] = [];
   private nextId = 1;
