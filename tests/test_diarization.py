@@ -79,7 +79,7 @@ def _unit(*xs: float) -> np.ndarray:
 
 
 def test_the_decision_opens_joins_and_relabels():
-    d = SessionDiarizer(None, Background.none(), DiarizeSettings(threshold=0.6, min_new_s=2.0, lookback=4))
+    d = SessionDiarizer(None, Background.none(), DiarizeSettings(threshold=0.6, length_term=0.0, min_new_s=2.0, lookback=4))
     a, b = _unit(1, 0, 0), _unit(0, 1, 0)
     assert d.add(0, a, 3.0) == ("S1", [])
     assert d.add(1, _unit(1, 0.1, 0), 3.0) == ("S1", [])  # near A: joins
@@ -92,7 +92,7 @@ def test_the_decision_opens_joins_and_relabels():
 
 
 def test_a_freed_name_goes_to_the_next_new_speaker():
-    d = SessionDiarizer(None, Background.none(), DiarizeSettings(threshold=0.6, min_new_s=2.0, lookback=4))
+    d = SessionDiarizer(None, Background.none(), DiarizeSettings(threshold=0.6, length_term=0.0, min_new_s=2.0, lookback=4))
     a = _unit(1, 0, 0)
     d.add(0, a, 3.0)
     d.add(1, a, 3.0)
@@ -100,6 +100,16 @@ def test_a_freed_name_goes_to_the_next_new_speaker():
     name, changes = d.add(3, _unit(1, 0.3, 0), 6.0)  # ... until A's centroid leans its way: it joins S1
     assert name == "S1" and changes == [SpeakerChange(2, "S1")] and d.speakers == 1
     assert d.add(4, _unit(0, 0, 1), 3.0)[0] == "S2"  # the name S2 was freed
+
+
+def test_a_short_segment_must_lie_further_away_to_open_a_speaker():
+    d = SessionDiarizer(None, Background.none(), DiarizeSettings(threshold=0.75, length_term=0.8, min_new_s=2.0))
+    a, near = _unit(1, 0, 0), _unit(0.55, 0.835, 0)  # cosine 0.55
+    d.add(0, a, 5.0)
+    assert d.add(1, near, 2.5)[0] == "S1"  # 2.5 s: joins above 0.75 - 0.8 / 2.5 = 0.43
+    d = SessionDiarizer(None, Background.none(), DiarizeSettings(threshold=0.75, length_term=0.8, min_new_s=2.0))
+    d.add(0, a, 5.0)
+    assert d.add(1, near, 10.0)[0] == "S2"  # 10 s: joins only above 0.67
 
 
 # ---- real people ---------------------------------------------------------------------------------

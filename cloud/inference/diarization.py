@@ -11,7 +11,8 @@ of many voices, cloud/model/speaker_background.json, written by `harken bench di
 cosines between different voices run at ~0.7; centred, they spread out) and assigned online:
 
 - the nearest speaker (cosine to the centroid, the duration-weighted mean of its segments' centred
-  embeddings) if its cosine is at least `threshold`;
+  embeddings) if its cosine is at least `threshold - length_term / duration` (a short segment's
+  embedding is noisier, so it must lie further away to count as someone else);
 - else a new speaker, if the segment lasts at least `min_new_s` (shorter ones hold too little voice to
   found a speaker on: they join the nearest);
 - then the last `lookback` segments are assigned again against the centroids as they now are (each
@@ -44,7 +45,8 @@ BACKGROUND_PATH = Path(__file__).resolve().parent.parent / "model" / "speaker_ba
 class DiarizeSettings:
     """The decision's knobs, tuned by `harken bench diarize` on meetings it does not score."""
 
-    threshold: float = 0.6  # centred cosine to a speaker's centroid that joins it
+    threshold: float = 0.6  # centred cosine to a speaker's centroid that joins it (long segments)
+    length_term: float = 0.2  # ... less this over the segment's duration in seconds
     min_new_s: float = 2.0  # a segment shorter than this never opens a new speaker
     lookback: int = 4  # segments assigned again after each new one
     max_weight_s: float = 10.0  # a segment weighs its duration in its centroid, at most this
@@ -122,7 +124,8 @@ class SessionDiarizer:
         vector = self.background.centre(embedding)
         weight = min(duration_s, s.max_weight_s)
         best, score = self._nearest(vector)
-        if best is None or (score < s.threshold and duration_s >= s.min_new_s):
+        joins = s.threshold - s.length_term / max(duration_s, 0.5)
+        if best is None or (score < joins and duration_s >= s.min_new_s):
             best = self._open()
         seg = _Segment(segment_id, vector, weight, best)
         self._join(seg, best)
@@ -227,12 +230,12 @@ _TUNED: tuple[Background, DiarizeSettings] | None = None
 
 def tuned() -> tuple[Background, DiarizeSettings]:
     """The shipped background and the settings tuned with it (cloud/model/speaker_background.json:
-    `mean`, `threshold`, `min_new_s`), read once; the defaults where the file is missing."""
+    `mean`, `threshold`, `length_term`, `min_new_s`), read once; the defaults where the file is missing."""
     global _TUNED
     if _TUNED is None:
         if BACKGROUND_PATH.is_file():
             doc = json.loads(BACKGROUND_PATH.read_text())
-            knobs = {k: float(doc[k]) for k in ("threshold", "min_new_s") if k in doc}
+            knobs = {k: float(doc[k]) for k in ("threshold", "length_term", "min_new_s") if k in doc}
             _TUNED = Background(np.asarray(doc["mean"], np.float32)), DiarizeSettings(**knobs)  # type: ignore[arg-type]
         else:
             _TUNED = Background.none(), DiarizeSettings()
