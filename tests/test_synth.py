@@ -212,13 +212,14 @@ def test_corpus_plan_starts_every_kind_then_interleaves_them_in_proportion():
     from harken.training import commands
 
     sizes = {"utterances": 16000, "phrases": 8000, "jumbles": 8000, "texts": 20000, "jumble_texts": 20000,
-             "prose_texts": 40500, "prose_utterances": 8000, "wordnet_texts": 40000, "wordnet_utterances": 4000}
+             "prose_texts": 40500, "prose_utterances": 8000, "wordnet_texts": 40000, "wordnet_utterances": 4000,
+             "manpage_texts": 20000}
     plan = commands.corpus_plan(sizes)
     want = {(f, kind, k) for size, (f, kind) in commands.CORPUS_FILES.items()
             for k in range(-(-sizes[size] // (corpus.SHARD if f == "shard" else corpus.TEXT_LINES)))}
-    assert len(plan) == len(want) == 16 + 8 + 8 + 20 + 20 + 41 + 8 + 40 + 4 and {p[:3] for p in plan} == want
+    assert len(plan) == len(want) == 16 + 8 + 8 + 20 + 20 + 41 + 8 + 40 + 4 + 20 and {p[:3] for p in plan} == want
     # (family, kind, 0): "prose" and "wordnet" each name both a shard kind and a text kind
-    assert {p[:3] for p in plan[:9]} == {(f, kind, 0) for f, kind in commands.CORPUS_FILES.values()}
+    assert {p[:3] for p in plan[:10]} == {(f, kind, 0) for f, kind in commands.CORPUS_FILES.values()}
     assert all(n == sizes[size] for (f, kind, _, n) in plan for size, fk in commands.CORPUS_FILES.items()
                if fk == (f, kind))
     for size, fk in commands.CORPUS_FILES.items():  # each kind in its own order: 0, 1, 2, ...
