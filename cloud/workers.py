@@ -16,7 +16,9 @@ any front end), their resume gets NOT_FOUND, and they replay into seeded session
 so no committed word is lost (tests/test_workers.py). Shutdown (SIGINT/SIGTERM to the engine
 process): each front end shuts down as one server does (finals first, the engine still serving),
 then the engine stops. Not with --workers: --aligner, --metrics-port (ServerOptions), --ray.
-The OpenAI and Deepgram file APIs need the model beside the HTTP port: not served by front ends.
+The file APIs (OpenAI's, Deepgram's pre-recorded POST) are served by every front end: each file goes
+to the engine process whole (cloud/hosting/file_link.py) and runs in its Scheduler's file passes; a
+front end knows the model by its tokenizer and description (`LinkedModel`, sent as it starts).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from .adapters.logs import configure_logging
 from .base.metrics import ServerMetrics
 from .hosting.engine_link import CONTROL, EngineLinks, RemoteScheduler, _control, read_message
+from .hosting.file_link import LinkedModel
 from .server import ServerOptions, _bracketed, start_engine, start_server
 from ..shared import entropy_jit
 from ..shared.errors import HarkenError
@@ -66,6 +69,7 @@ class Workers:
     scheduler: object
     links: EngineLinks
     reserved: list[socket.socket]
+    model: LinkedModel | None = None  # what the front ends know of the model
     procs: dict[int, asyncio.subprocess.Process] = field(default_factory=dict)
     restarts: int = 0
     _watches: dict[int, asyncio.Task] = field(default_factory=dict)
@@ -102,7 +106,7 @@ class Workers:
         finally:
             theirs.close()
         reader, writer = await asyncio.open_unix_connection(sock=ours)
-        writer.write(_control(("options", self.options, index)))
+        writer.write(_control(("options", self.options, index, self.model)))
         ready = asyncio.get_running_loop().create_future()
 
         def on_message(message: tuple) -> bool:
@@ -189,7 +193,7 @@ async def start_workers(asr, options: ServerOptions) -> Workers:
     links = EngineLinks(scheduler)
     links.start()
     front = replace(options, port=port, http_port=http_port, reuse_port=True, workers=0)
-    workers = Workers(front, scheduler, links, reserved)
+    workers = Workers(front, scheduler, links, reserved, LinkedModel(asr.tokenizer, asr.describe()))
 
     async def watch_engine() -> None:
         await engine_failed.wait()
@@ -244,9 +248,9 @@ async def _front_end(fd: int) -> int:
     reader, writer = await asyncio.open_unix_connection(sock=sock)
     kind, body = await read_message(reader)
     assert kind == CONTROL
-    what, options, index = pickle.loads(body)
+    what, options, index, model = pickle.loads(body)
     assert what == "options"
-    remote = RemoteScheduler(writer, options.max_sessions)
+    remote = RemoteScheduler(writer, options.max_sessions, model)
     link = asyncio.get_running_loop().create_task(remote.run(reader), name="engine-link")
     await asyncio.to_thread(entropy_jit.warm)
     running = await start_server(None, options, scheduler=remote)

@@ -193,7 +193,7 @@ class DeepgramListen:
                 raise _Refused(503, "this server has no model for pre-recorded audio", "UNAVAILABLE")
             files = self.files
             try:  # a place for the file as the request arrives (each channel is a file in the engine)
-                ticket = files.scheduler.admit_file()
+                ticket = await files.scheduler.file_place()
             except Overloaded as e:
                 raise _Refused(429, str(e), "TOO_MANY_REQUESTS") from None
         except _Refused as e:

@@ -49,7 +49,6 @@ from ..inference.decoder_stream import SessionOptions, check_context
 from ..inference.file_passes import FileTicket
 from ..inference.offline import OfflineTranscript
 from ..inference.scheduler import Scheduler
-from ..hosting.file_stream import stream_file_events
 from ..embedded import speaker_at, speaker_turns
 from ..model.prompt import forced_language
 from ..model.tokenizer import ASR_TEXT
@@ -109,10 +108,10 @@ class TranscriptionAPI:
     def close(self) -> None:
         """Nothing of its own to release: files are the scheduler's."""
 
-    def admit(self) -> FileTicket:
+    async def admit(self) -> FileTicket:
         """A place for one file (taken as the request arrives), or 429 with Retry-After."""
         try:
-            return self.scheduler.admit_file()
+            return await self.scheduler.file_place()
         except Overloaded as e:
             raise ApiError(429, str(e), "rate_limit_exceeded", "rate_limit_exceeded",
                            retry_after_s=RETRY_AFTER_S) from None
@@ -134,7 +133,7 @@ class TranscriptionAPI:
 
         try:
             self._authenticate(request)
-            ticket = self.admit()
+            ticket = await self.admit()
         except ApiError as e:
             return web.json_response(e.body(), status=e.status, headers=e.headers)
         try:
@@ -146,8 +145,8 @@ class TranscriptionAPI:
                     req.audio, req.language, req.prompt, ticket=ticket))
                 return _offline_response(req, out, self.asr.tokenizer)
             try:
-                events = await _while_connected(request, stream_file_events(
-                    self.scheduler, req.audio, SessionOptions(language=req.language, context=req.prompt)))
+                events = await _while_connected(request, self.scheduler.stream_file(
+                    req.audio, SessionOptions(language=req.language, context=req.prompt)))
             except Overloaded as e:  # the engine's sessions are all taken
                 raise ApiError(429, str(e), "rate_limit_exceeded", "rate_limit_exceeded",
                                retry_after_s=RETRY_AFTER_S) from None

@@ -5,8 +5,10 @@
     RemoteScheduler.open_session / close / ...  -->  ("open", h, sid, options) ... pickled: rare
     RemoteScheduler.ingest (every packet)       -->  FRAMES: a fixed struct + raw float32 frames
     the sessions' queues  <-- ("events", [(h, event or exception), ...])  per tick, pickled
-    the local mirror      <-- ("status", {h: (frames received, queued, working)}) per tick / 0.1 s
+    the local mirror      <-- ("status", {h: (frames received, queued, working)}, engine sessions,
+                               this front end's opens and closes taken) per tick / 0.1 s
                           <-- ("engine failed", error)
+    files (file_link.py)  --> FILE: a head, the pickled control, raw float32 audio; <-- ("file", ...)
 
 Frames are never pickled: a packet's frames go as `FRAME_HEAD` (handle, segment, first frame, frame
 count, start, end, running max) and the [128, k] float32 array's bytes. Control messages and the
@@ -16,8 +18,12 @@ length) and its body.
 `RemoteScheduler` is what the front end's sessions see in place of a `Scheduler`: it answers the
 session layer's synchronous questions (`queued_frames`, `working_on`, `ready_sessions`) from a local
 mirror (the engine's last status, plus what this front end has sent since), so no message waits for
-a round trip; what it asks of the engine goes out at once without waiting for an answer, and an
-engine-side refusal (a full engine) comes back as the session's failure on its event queue.
+a round trip; what it asks of the engine goes out at once without waiting for an answer. A session
+is refused before its Ready when the mirror counts the engine full: the engine's session count at its
+last status plus this front end's opens and closes it had not taken yet. Opens from other front ends
+since that status can still fill the engine: its refusal then comes back as the session's failure on
+its event queue (after the Ready). Files (`transcribe`, `pieces`, the subtitles' session) are
+forwarded whole to the engine process's Scheduler (file_link.py).
 `EngineLinks` is the engine process's side: it applies each front end's messages to the one
 `Scheduler`, routes events back, and closes a front end's sessions when its socket closes.
 """
@@ -36,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from ..base.errors import EngineFailed
+from .file_link import FILE, LinkedModel, LinkFiles, RemoteFiles
 from ...shared.errors import Overloaded, SessionNotFound
 from ...shared.features_spec import N_MELS
 
@@ -88,16 +95,22 @@ class _Mirror:
     working: bool = False  # ... and a pass due or in flight
 
 
-class RemoteScheduler:
+class RemoteScheduler(RemoteFiles):
     """The engine of another process, as the session layer uses a `Scheduler` (see the module
-    docstring). `engine` is itself: `queued_frames`, `working_on`, `ready_sessions` from the mirror.
-    No aligner (word timings are refused with --workers)."""
+    docstring). `engine` is itself: `queued_frames`, `working_on`, `ready_sessions` from the mirror;
+    `asr` the engine's model as far as the APIs need it (`LinkedModel`). No aligner (word timings
+    are refused with --workers)."""
 
     aligner = None
 
-    def __init__(self, writer: asyncio.StreamWriter, max_sessions: int):
+    def __init__(self, writer: asyncio.StreamWriter, max_sessions: int, asr: LinkedModel | None = None):
         self._writer = writer
         self.max_sessions = max_sessions
+        self.asr = asr
+        self._init_files()
+        self.engine_sessions = 0  # the engine's sessions at its last status (every front end's)
+        self._changes = 0  # opens and closes sent
+        self._unseen: list[tuple[int, int]] = []  # (change number, +1 open / -1 close) not in that count yet
         self.sessions: dict[int, _Mirror] = {}
         self._handles: dict[str, int] = {}
         self._next_handle = 1
@@ -113,13 +126,14 @@ class RemoteScheduler:
     def open_session(self, options: Any, session_id: str | None = None) -> tuple[str, asyncio.Queue]:
         if self.error is not None:
             raise self.error
-        if len(self.sessions) >= self.max_sessions:
+        if len(self.sessions) >= self.max_sessions or self.engine_full():
             raise Overloaded(f"the engine serves {self.max_sessions} sessions at most")
         assert session_id is not None  # the session table names every session
         h = self._next_handle
         self._next_handle += 1
         m = _Mirror(session_id, asyncio.Queue())
         self.sessions[h], self._handles[session_id] = m, h
+        self._change(+1)
         self._send(("open", h, session_id, options))
         return session_id, m.queue
 
@@ -127,7 +141,17 @@ class RemoteScheduler:
         h = self._handles.pop(sid, None)
         if h is not None:
             del self.sessions[h]
+            self._change(-1)
             self._send(("close", h))
+
+    def engine_full(self) -> bool:
+        """The engine's sessions as the mirror counts them (its last status, plus this front end's
+        opens and closes since) at its maximum."""
+        return self.engine_sessions + sum(d for _, d in self._unseen) >= self.max_sessions
+
+    def _change(self, delta: int) -> None:
+        self._changes += 1
+        self._unseen.append((self._changes, delta))
 
     def ingest(self, sid: str, segment_id: int, first_frame: int, frames: np.ndarray, segment_start: bool = False,
                segment_end: bool = False, running_max_log10: float | None = None) -> int:
@@ -187,6 +211,11 @@ class RemoteScheduler:
         if not self._writer.is_closing():
             self._writer.write(_control(message))
 
+    def _write(self, data: bytes) -> None:
+        if self.error is not None or self._writer.is_closing():
+            raise self.error or EngineFailed("the link to the engine process closed")
+        self._writer.write(data)
+
     # what the engine says
     async def run(self, reader: asyncio.StreamReader) -> None:
         """Read the engine's messages until the link closes; then every session fails."""
@@ -208,11 +237,15 @@ class RemoteScheduler:
                 m = self.sessions.get(h)
                 if m is not None:
                     m.queue.put_nowait(item)
+        elif what == "file":
+            self._on_file(message)
         elif what == "status":
             for h, (received, queued, working) in message[1].items():
                 m = self.sessions.get(h)
                 if m is not None:
                     m.received, m.queued, m.working = received, queued, working
+            self.engine_sessions, seen = message[2], message[3]
+            self._unseen = [(n, d) for n, d in self._unseen if n > seen]
             waiters, self._tick_waiters = self._tick_waiters, []
             for w in waiters:
                 if not w.done():
@@ -224,6 +257,7 @@ class RemoteScheduler:
         self.error = error
         for m in self.sessions.values():
             m.queue.put_nowait(error)
+        self._fail_files(error)
         for w in self._tick_waiters:
             if not w.done():
                 w.set_result(None)
@@ -253,6 +287,8 @@ class EngineLink:
     sids: dict[int, str] = field(default_factory=dict)  # handle -> engine session id
     received: dict[int, int] = field(default_factory=dict)  # handle -> frames taken
     outbox: list = field(default_factory=list)
+    changes: int = 0  # opens and closes taken (the front end's mirror counts them too)
+    files: LinkFiles | None = None
     _flush: asyncio.Handle | None = None
 
     def send(self, message: tuple) -> None:
@@ -276,6 +312,7 @@ class EngineLinks:
     def __init__(self, scheduler):
         self.scheduler = scheduler
         self.links: dict[int, EngineLink] = {}
+        self.statuses = 0  # status rounds sent
         self._status_task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -291,6 +328,7 @@ class EngineLinks:
         """Apply one front end's messages until its socket closes; then close its sessions.
         `on_message` sees each control message first (True: taken, e.g. the front end's "ready")."""
         link = self.links[index] = EngineLink(index, writer)
+        files = link.files = LinkFiles(self.scheduler, link.send)
         if self.scheduler.error is not None:
             link.send(("engine failed", self.scheduler.error))
         try:
@@ -298,13 +336,16 @@ class EngineLinks:
                 kind, body = await read_message(reader)
                 if kind == FRAMES:
                     self._ingest(link, body)
+                elif kind == FILE:
+                    files.file(body)
                 elif kind == CONTROL:
                     message = pickle.loads(body)
-                    if not on_message(message):
+                    if not on_message(message) and not files.control(message):
                         self._control(link, message)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
+            files.close()
             if self.links.get(index) is link:
                 del self.links[index]
             for sid in link.sids.values():
@@ -324,6 +365,8 @@ class EngineLinks:
 
     def _control(self, link: EngineLink, message: tuple) -> None:
         what, h = message[0], message[1]
+        if what in ("open", "close"):
+            link.changes += 1
         if what == "open":
             sid, options = message[2], message[3]
             try:
@@ -377,6 +420,7 @@ class EngineLinks:
                 await asyncio.wait_for(self.scheduler.next_tick(), STATUS_EVERY_S)
             except asyncio.TimeoutError:
                 pass
+            total = len(engine.sessions)
             for link in list(self.links.values()):
                 link.flush()  # events first: a status never runs ahead of the events it follows
                 status = {}
@@ -385,4 +429,6 @@ class EngineLinks:
                         status[h] = (link.received.get(h, 0), engine.queued_frames(sid), engine.working_on(sid))
                     except SessionNotFound:
                         continue
-                link.send(("status", status))  # (empty too: it answers the front end's next_tick)
+                # (empty too: it answers the front end's next_tick)
+                link.send(("status", status, total, link.changes))
+            self.statuses += 1

@@ -13,14 +13,18 @@ whoever else the engine serves. The session runs ahead of real time, so live one
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..inference.decoder_stream import EngineEvent, SessionOptions
-from ..inference.scheduler import Scheduler
 from ...edge.pipeline import FeatureStream
 from ...edge.vad import VadOptions
 from ...shared.codec import DEFAULT_MODE
 from ...shared.features_spec import SAMPLE_RATE
+
+if TYPE_CHECKING:
+    from ..inference.scheduler import Scheduler
 
 PIECE_SECONDS = 0.1  # as `stream_audio`
 
