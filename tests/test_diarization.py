@@ -112,6 +112,65 @@ def test_a_short_segment_must_lie_further_away_to_open_a_speaker():
     assert d.add(1, near, 10.0)[0] == "S2"  # 10 s: joins only above 0.67
 
 
+def _centroid_linkage_recomputed(vectors: np.ndarray, threshold: float) -> list[set[int]]:
+    """The reference: every step recomputes every pair of clusters' centroid cosine from scratch."""
+    clusters = [{i} for i in range(len(vectors))]
+    while len(clusters) > 1:
+        units = [vectors[sorted(c)].sum(0) / np.linalg.norm(vectors[sorted(c)].sum(0)) for c in clusters]
+        pairs = [(float(units[a] @ units[b]), a, b) for a in range(len(clusters)) for b in range(a + 1, len(clusters))]
+        sim, a, b = max(pairs)
+        if sim < threshold:
+            break
+        clusters[a] |= clusters.pop(b)
+    return sorted(clusters, key=min)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_centroid_linkage_equals_a_full_recompute(seed):
+    from harken.cloud.inference.diarization import centroid_linkage
+
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(4, 16))
+    vectors = centres[rng.integers(0, 4, 40)] + 0.8 * rng.normal(size=(40, 16))
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    for threshold in (0.2, 0.5, 0.8):
+        ids = centroid_linkage(vectors, threshold)
+        got = sorted(({i for i in range(40) if ids[i] == c} for c in set(ids.tolist())), key=min)
+        assert got == _centroid_linkage_recomputed(vectors, threshold)
+        assert ids[0] == 0 and all(ids[i] <= max(ids[:i], default=0) + 1 for i in range(40))  # first appearance
+
+
+def test_reclustering_founds_a_speaker_on_enough_speech_and_relabels_back():
+    from harken.cloud.inference.diarization import absorb_short
+
+    settings = DiarizeSettings(threshold=0.6, min_new_s=4.0, recluster=True)
+    d = SessionDiarizer(None, Background.none(), settings)
+    a, b = _unit(1, 0, 0), _unit(0, 1, 0)
+    assert d.add(0, a, 3.0) == ("S1", [])
+    assert d.add(1, b, 2.5) == ("S1", [])  # another voice, but 2.5 s of it founds no speaker: the nearest
+    assert d.add(2, _unit(1, 0.1, 0), 3.0) == ("S1", [])
+    name, changes = d.add(3, _unit(0.1, 1, 0), 2.0)  # 4.5 s of B now: a speaker, and segment 1 moves to it
+    assert name == "S2" and changes == [SpeakerChange(1, "S2")] and d.speakers == 2
+    assert d.add(4, None, 0.05) == ("S2", [])  # nothing to embed: the last segment's speaker
+    assert d.add(5, a, 5.0) == ("S1", [])  # names stay with their speakers
+    # absorb_short alone: the short cluster joins the nearest one holding enough speech; none holds enough: one
+    vectors = np.stack([a, _unit(1, 0.2, 0), b, _unit(0.2, 1, 0)])
+    assert absorb_short(vectors, np.array([0, 1, 2, 2]), np.array([3.0, 1.0, 3.0, 3.0]), 2.0).tolist() == [0, 0, 1, 1]
+    assert absorb_short(vectors, np.array([0, 1, 2, 2]), np.array([1.0, 1.0, 0.5, 0.5]), 2.0).tolist() == [0, 0, 0, 0]
+
+
+def test_cpwer_counts_a_segment_under_the_wrong_label():
+    from harken.bench.cpwer import cpwer
+
+    reference = {"alice": ["Good morning, everyone.", "Let us start."], "bob": ["Thank you very much."]}
+    right = cpwer(reference, {"S2": ["good morning everyone", "let us start"], "S1": ["thank you very much"]})
+    assert right.errors == 0 and right.length == 10
+    wrong = cpwer(reference, {"S1": ["good morning everyone", "let us start", "thank you very much"]})
+    assert wrong.errors == 8 and wrong.error_rate == pytest.approx(0.8)  # bob's 4 words: missed, and extra at alice
+    moved = cpwer(reference, {"S1": ["good morning everyone"], "S2": ["let us start", "thank you very much"]})
+    assert moved.errors == 6  # 3 words deleted from alice, inserted at bob
+
+
 # ---- real people ---------------------------------------------------------------------------------
 
 def test_one_librivox_reader_keeps_one_label_another_speaker_gets_another():

@@ -20,6 +20,16 @@ cosines between different voices run at ~0.7; centred, they spread out) and assi
   `SpeakerChange` says so. Labels already sent are never taken back in place: a relabel is an event of
   its own, additive, like word timings; committed text never moves.
 
+Or, with `recluster` (what `harken bench diarize` picks when it does better on its tuning meetings),
+after each segment the session's last 300 segments are clustered again as a whole: agglomerative,
+centroid linkage on the centred embeddings (the two clusters whose centroids are nearest merge while
+their cosine is at least `threshold`), then a cluster holding less than `min_new_s` seconds of speech
+joins the nearest one that holds enough (too little voice to found a speaker on). Each cluster keeps the
+name most of its segments' weight had; the new segment's label is its cluster's name, and every earlier
+segment whose name changed gets a `SpeakerChange` (the centroids a later decision compares against are
+the clusters'). A segment that founds no speaker yet is labelled with the nearest one until its voice
+has enough speech; then the earlier ones move to it.
+
 Labels are stable for the session: a speaker keeps its name while it holds segments; a name freed by
 every one of its segments moving away is given to the next new speaker. The label is computed before
 the segment's final is sent, so it comes with the final. Sessions that do not ask pay nothing: the
@@ -50,6 +60,11 @@ class DiarizeSettings:
     min_new_s: float = 2.0  # a segment shorter than this never opens a new speaker
     lookback: int = 4  # segments assigned again after each new one
     max_weight_s: float = 10.0  # a segment weighs its duration in its centroid, at most this
+    # After each segment the session's segments are clustered again (centroid linkage at `threshold`,
+    # clusters under `min_new_s` absorbed); False: the online decision above alone (`length_term` and
+    # `lookback` serve it only)
+    recluster: bool = False
+    recluster_segments: int = 300  # the most recent segments re-clustered (older ones keep their labels)
 
 
 @dataclass(frozen=True)
@@ -81,7 +96,8 @@ class _Segment:
     segment_id: int
     vector: np.ndarray  # centred, unit
     weight: float
-    speaker: int  # index into SessionDiarizer._sums
+    speaker: int  # index into SessionDiarizer._sums (re-clustering: the speaker's number)
+    duration_s: float = 0.0
 
 
 @dataclass
@@ -101,6 +117,8 @@ class SessionDiarizer:
     @property
     def speakers(self) -> int:
         """Speakers that hold segments now."""
+        if self.settings.recluster:
+            return len({x.speaker for x in self._recent})
         return sum(1 for c in self._counts if c)
 
     def label(self, segment_id: int, log10_mel: np.ndarray | None, start_s: float = 0.0,
@@ -118,11 +136,15 @@ class SessionDiarizer:
         counts nowhere."""
         s = self.settings
         if embedding is None:
+            if s.recluster:
+                return f"S{self._recent[-1].speaker if self._recent else 1}", []
             if self._recent:
                 return self._name(self._recent[-1].speaker), []
             return self._name(self._open()), []
         vector = self.background.centre(embedding)
         weight = min(duration_s, s.max_weight_s)
+        if s.recluster:
+            return self._add_clustered(_Segment(segment_id, vector, weight, -1), duration_s)
         best, score = self._nearest(vector)
         joins = s.threshold - s.length_term / max(duration_s, 0.5)
         if best is None or (score < joins and duration_s >= s.min_new_s):
@@ -132,6 +154,43 @@ class SessionDiarizer:
         self._recent.append(seg)
         del self._recent[:-s.lookback - 1]
         return self._name(seg.speaker), self._reassign(seg)
+
+    def _add_clustered(self, seg: _Segment, duration_s: float) -> tuple[str, list[SpeakerChange]]:
+        """The session's last `recluster_segments` segments clustered again with the new one; each
+        cluster keeps the name most of its segments had (by weight), the new one's cluster included;
+        segments whose name changed are relabelled."""
+        s = self.settings
+        seg.duration_s = duration_s
+        self._recent.append(seg)
+        del self._recent[:-s.recluster_segments]
+        vectors = np.stack([x.vector for x in self._recent])
+        durations = np.array([x.duration_s for x in self._recent], np.float32)
+        clusters = centroid_linkage(vectors, s.threshold)
+        clusters = absorb_short(vectors, clusters, durations, s.min_new_s)
+        names = self._cluster_names(clusters)
+        changes = []
+        for x, c in zip(self._recent, clusters):
+            name = names[int(c)]
+            if x is not seg and name != x.speaker:
+                changes.append(SpeakerChange(x.segment_id, f"S{name}"))
+            x.speaker = name
+        return f"S{seg.speaker}", changes
+
+    def _cluster_names(self, clusters: np.ndarray) -> dict[int, int]:
+        """Cluster -> speaker number: the pairs (cluster, old number) with the most weight in common
+        first; a cluster left over takes the lowest free number."""
+        overlap: dict[tuple[int, int], float] = {}
+        for x, c in zip(self._recent, clusters):
+            if x.speaker > 0:
+                overlap[int(c), x.speaker] = overlap.get((int(c), x.speaker), 0.0) + x.weight
+        names: dict[int, int] = {}
+        for (c, n), _ in sorted(overlap.items(), key=lambda kv: -kv[1]):
+            if c not in names and n not in names.values():
+                names[c] = n
+        for c in sorted(set(int(c) for c in clusters)):
+            if c not in names:
+                names[c] = next(n for n in range(1, len(names) + 2) if n not in names.values())
+        return names
 
     def _reassign(self, newest: _Segment) -> list[SpeakerChange]:
         changes: dict[int, SpeakerChange] = {}
@@ -183,6 +242,58 @@ class SessionDiarizer:
         return f"S{self._names[speaker]}"
 
 
+def centroid_linkage(vectors: np.ndarray, threshold: float) -> np.ndarray:
+    """Agglomerative clustering of unit vectors [n, d] by their centroids: the two clusters whose
+    centroids (sums of their vectors) have the highest cosine merge while it is at least `threshold`
+    (the online decision's rule for a segment joining a speaker, applied to whole clusters).
+    -> [n] cluster ids 0.. in order of first appearance."""
+    n = len(vectors)
+    sums = vectors.astype(np.float64)
+    units = sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-9)
+    sim = units @ units.T  # [n, n] cosines between clusters; -inf on the diagonal and for merged-away ones
+    np.fill_diagonal(sim, -np.inf)
+    gone = np.zeros(n, bool)
+    owner = np.arange(n)
+    for _ in range(n - 1):
+        i, j = divmod(int(np.argmax(sim)), n)
+        if sim[i, j] < threshold:
+            break
+        i, j = min(i, j), max(i, j)
+        sums[i] += sums[j]
+        units[i] = sums[i] / max(float(np.linalg.norm(sums[i])), 1e-9)
+        gone[j] = True
+        owner[owner == j] = i
+        row = np.where(gone, -np.inf, units @ units[i])
+        row[i] = -np.inf
+        sim[i], sim[:, i] = row, row
+        sim[j], sim[:, j] = -np.inf, -np.inf
+    return _first_appearance(owner)
+
+
+def _first_appearance(owner: np.ndarray) -> np.ndarray:
+    order: dict[int, int] = {}
+    return np.array([order.setdefault(int(o), len(order)) for o in owner])
+
+
+def absorb_short(vectors: np.ndarray, clusters: np.ndarray, durations: np.ndarray, min_s: float) -> np.ndarray:
+    """Clusters holding less than `min_s` seconds of speech (too little voice to found a speaker on)
+    join the nearest cluster that holds enough (cosine to its mean vector); one cluster if none does."""
+    total = np.bincount(clusters, weights=durations)
+    big = [c for c in range(len(total)) if total[c] >= min_s]
+    if not big:
+        return np.zeros_like(clusters)
+    if len(big) == len(total):
+        return clusters
+    means = np.stack([vectors[clusters == c].sum(0) for c in big])
+    means /= np.maximum(np.linalg.norm(means, axis=1, keepdims=True), 1e-9)
+    out = clusters.copy()
+    for c in range(len(total)):
+        if total[c] < min_s:
+            members = clusters == c
+            out[members] = big[int(np.argmax(means @ vectors[members].sum(0)))]
+    return _first_appearance(out)
+
+
 class SegmentFrames:
     """Each open segment's features (floored raw log10-mel [128, k] pieces, as decoded) until its final."""
 
@@ -230,13 +341,14 @@ _TUNED: tuple[Background, DiarizeSettings] | None = None
 
 def tuned() -> tuple[Background, DiarizeSettings]:
     """The shipped background and the settings tuned with it (cloud/model/speaker_background.json:
-    `mean`, `threshold`, `length_term`, `min_new_s`), read once; the defaults where the file is missing."""
+    `mean`, `threshold`, `length_term`, `min_new_s`, `recluster`), read once; the defaults where the file is missing."""
     global _TUNED
     if _TUNED is None:
         if BACKGROUND_PATH.is_file():
             doc = json.loads(BACKGROUND_PATH.read_text())
-            knobs = {k: float(doc[k]) for k in ("threshold", "length_term", "min_new_s") if k in doc}
-            _TUNED = Background(np.asarray(doc["mean"], np.float32)), DiarizeSettings(**knobs)  # type: ignore[arg-type]
+            knobs: dict = {k: float(doc[k]) for k in ("threshold", "length_term", "min_new_s") if k in doc}
+            knobs["recluster"] = bool(doc.get("recluster", False))
+            _TUNED = Background(np.asarray(doc["mean"], np.float32)), DiarizeSettings(**knobs)
         else:
             _TUNED = Background.none(), DiarizeSettings()
     return _TUNED

@@ -420,11 +420,15 @@ def _register_diarize(bsub: Subparsers) -> None:
     b.add_argument("--json", action="store_true", help="print JSON (the only output format)")
     b.add_argument("--meetings", type=int, default=24, help="scored meetings without overlap (default 24)")
     b.add_argument("--overlap-meetings", type=int, default=6, help="scored meetings with overlaps (default 6)")
-    b.add_argument("--tuning-meetings", type=int, default=9, help="tuning meetings, not scored (default 9)")
+    b.add_argument("--tuning-meetings", type=int, default=24, help="tuning meetings, not scored (default 24)")
     b.add_argument("--seed", type=int, default=0, help="the meetings' seed (tuning: seed + 1000)")
     b.add_argument("--write-background", action="store_true",
                    help="write the tuning meetings' mean embedding and the tuned settings to "
                         "cloud/model/speaker_background.json (what servers use)")
+    b.add_argument("--cpwer", type=int, default=0, metavar="N",
+                   help="speaker-attributed WER (meeteval's cpWER) on the first N scored meetings, each streamed "
+                        "through --model (default 0: off; the recogniser is most of the bench's cost then)")
+    b.add_argument("--model", default="synth-en", help="the recogniser for --cpwer (default synth-en)")
     b.set_defaults(run=run_diarize)
 
 
@@ -432,7 +436,7 @@ def run_diarize(args: argparse.Namespace) -> int | None:
     from harken.bench.diarize import bench_diarize_command
 
     return bench_diarize_command(args.meetings, args.overlap_meetings, args.tuning_meetings, args.seed,
-                                 args.write_background)
+                                 args.write_background, cpwer=args.cpwer, model=args.model)
 
 
 _BENCH_PARSERS = (_register_edge, _register_model, _register_stream, _register_ray,

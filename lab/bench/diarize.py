@@ -8,10 +8,14 @@ relabel (`final`). Scored against the turns by pyannote.metrics' DER (collar 0.2
 scored), the speaker count, the label's cost (embedding + decision) per segment (p95: how much the label
 delays its final) and per speech second (share of one core).
 
-The threshold, its length term and the minimum duration for a new speaker are tuned jointly (`tune`)
-on meetings that are not scored (other texts: lab/training/ood.jsonl; other seeds), which also give the background mean
-(`--write-background` writes cloud/model/speaker_background.json). Real speech: Debian's
-pocketsphinx-testdata (one LibriVox reader's clips against a CMU speaker's), when installed.
+Both decisions are tuned (`tune`) on 24 meetings that are not scored (other texts: lab/training/ood.jsonl;
+other seeds): the online one (threshold x length term x minimum duration for a new speaker) and
+re-clustering (threshold x minimum speech of a cluster); the one whose pick does better there ships, and
+the figures of both picks on the scored meetings are in the output (`decisions`). The tuning meetings
+also give the background mean (`--write-background` writes both to cloud/model/speaker_background.json).
+Real speech: Debian's pocketsphinx-testdata (one LibriVox reader's clips against a CMU speaker's), when
+installed. `--cpwer N`: speaker-attributed WER (meeteval's cpWER, lab/bench/cpwer.py) on the first N
+scored meetings through the recogniser (`--model`), with the final labels and with the true ones.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ COLLAR = 0.25
 THRESHOLDS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8)
 LENGTH_TERMS = (0.0, 0.2, 0.4, 0.8, 1.2)
 MIN_NEW_S = (1.0, 2.0, 3.0)
+MIN_CLUSTER_S = (2.0, 3.0, 4.0, 5.0, 6.0)  # re-clustering's minimum: a cluster's whole speech
 
 
 @dataclass
@@ -148,28 +153,50 @@ def score(sets: list[Scored], background: Background, settings: DiarizeSettings)
             "speaker_count_right": round(right / len(sets), 3), "meetings": rows, "decision_s": decisions}
 
 
-def tune(sets: list[Scored], background: Background) -> tuple[DiarizeSettings, list[dict]]:
-    """The grid THRESHOLDS x LENGTH_TERMS x MIN_NEW_S on the tuning meetings. Each point's objective:
-    DER after relabels less 0.02 x the share of meetings with the speaker count right, averaged with its
-    neighbours in threshold and length term (a point alone in a good region loses to a good region:
-    on 9 meetings single points tie and differ by chance)."""
-    table: dict[tuple[int, int, float], float] = {}
+def _smoothed_pick(table: dict[tuple[int, int, int], float], live: dict[tuple[int, int, int], float]):
+    """The grid point whose objective averaged with its neighbours (in every knob) is lowest; ties go to
+    the lower live DER. A point alone in a good region loses to a good region: on a few meetings single
+    points tie and differ by chance."""
+    def smoothed(key: tuple[int, int, int]) -> float:
+        near = [table[n] for n in itertools.product(*((k - 1, k, k + 1) for k in key)) if n in table]
+        return round(sum(near) / len(near), 6)
+
+    return min(table, key=lambda k: (smoothed(k), live[k], table[k]))
+
+
+def tune_decision(sets: list[Scored], background: Background, recluster: bool) -> tuple[DiarizeSettings, float, list[dict]]:
+    """One decision's grid on the tuning meetings: the online one over THRESHOLDS x LENGTH_TERMS x
+    MIN_NEW_S, re-clustering over THRESHOLDS x MIN_CLUSTER_S (its length term plays no part). Each point's
+    objective: DER after relabels less 0.02 x the share of meetings with the speaker count right.
+    -> (the pick, its objective, the grid)."""
+    table: dict[tuple[int, int, int], float] = {}
+    live: dict[tuple[int, int, int], float] = {}
     grid = []
-    for (i, threshold), (j, term), min_new in itertools.product(enumerate(THRESHOLDS), enumerate(LENGTH_TERMS),
-                                                                MIN_NEW_S):
-        settings = DiarizeSettings(threshold=threshold, length_term=term, min_new_s=min_new)
+    terms, minimums = ((0.0,), MIN_CLUSTER_S) if recluster else (LENGTH_TERMS, MIN_NEW_S)
+    for (i, threshold), (j, term), (k, min_new) in itertools.product(enumerate(THRESHOLDS), enumerate(terms),
+                                                                     enumerate(minimums)):
+        settings = DiarizeSettings(threshold=threshold, length_term=term, min_new_s=min_new, recluster=recluster)
         r = score(sets, background, settings)
-        table[i, j, min_new] = r["der_final"] - 0.02 * r["speaker_count_right"]
-        grid.append({"threshold": threshold, "length_term": term, "min_new_s": min_new, "der_final": r["der_final"],
+        table[i, j, k] = r["der_final"] - 0.02 * r["speaker_count_right"]
+        live[i, j, k] = r["der_live"]
+        grid.append({"recluster": recluster, "threshold": threshold, "length_term": term, "min_new_s": min_new,
+                     "der_final": r["der_final"], "der_live": r["der_live"],
                      "speaker_count_right": r["speaker_count_right"]})
+    i, j, k = _smoothed_pick(table, live)
+    settings = DiarizeSettings(threshold=THRESHOLDS[i], length_term=terms[j], min_new_s=minimums[k], recluster=recluster)
+    return settings, table[i, j, k], grid
 
-    def smoothed(key: tuple[int, int, float]) -> float:
-        i, j, m = key
-        near = [table[a, b, m] for a in (i - 1, i, i + 1) for b in (j - 1, j, j + 1) if (a, b, m) in table]
-        return sum(near) / len(near)
 
-    i, j, min_new = min(table, key=lambda k: (smoothed(k), table[k]))
-    return DiarizeSettings(threshold=THRESHOLDS[i], length_term=LENGTH_TERMS[j], min_new_s=min_new), grid
+def tune(sets: list[Scored], background: Background) -> tuple[DiarizeSettings, dict[str, tuple[DiarizeSettings, float]], list[dict]]:
+    """Both decisions tuned on the tuning meetings; the one whose pick has the lower objective there
+    ships. -> (the shipped settings, {decision: (its pick, its objective)}, the grids)."""
+    picks: dict[str, tuple[DiarizeSettings, float]] = {}
+    grid: list[dict] = []
+    for name, recluster in (("online", False), ("recluster", True)):
+        settings, objective, g = tune_decision(sets, background, recluster)
+        picks[name] = settings, objective
+        grid += g
+    return min(picks.values(), key=lambda p: p[1])[0], picks, grid
 
 
 def background_of(sets: list[Scored]) -> Background:
@@ -178,8 +205,9 @@ def background_of(sets: list[Scored]) -> Background:
     return Background(mean.astype(np.float32))
 
 
-def bench_diarize(count: int = 24, overlap_count: int = 6, tuning_count: int = 9, seed: int = 0,
-                  write_background: bool = False, real: bool = True) -> dict:
+def bench_diarize(count: int = 24, overlap_count: int = 6, tuning_count: int = 24, seed: int = 0,
+                  write_background: bool = False, real: bool = True, cpwer: int = 0,
+                  model: str = "synth-en") -> dict:
     import torch
 
     from harken.cloud.model.speaker_encoder import SpeakerEncoder
@@ -189,12 +217,13 @@ def bench_diarize(count: int = 24, overlap_count: int = 6, tuning_count: int = 9
     t0 = time.monotonic()
     tuning = prepare(TUNING, tuning_count, seed + 1000, False, encoder)
     background = background_of(tuning)
-    settings, grid = tune(tuning, background)
+    settings, picks, grid = tune(tuning, background)
     if write_background:
         background.save(BACKGROUND_PATH, about=f"harken bench diarize --write-background: the mean speaker "
                         f"embedding of {sum(len(s.segments) for s in tuning)} segments of {len(tuning)} tuning "
                         f"meetings (lab/training/ood.jsonl texts, seed {seed + 1000})",
-                        threshold=settings.threshold, length_term=settings.length_term, min_new_s=settings.min_new_s)
+                        threshold=settings.threshold, length_term=settings.length_term, min_new_s=settings.min_new_s,
+                        recluster=settings.recluster)
     scored = prepare(SCORED, count, seed, False, encoder)
     overlapped = prepare(SCORED, overlap_count, seed + 500, True, encoder) if overlap_count else []
     main = score(scored, background, settings)
@@ -206,8 +235,10 @@ def bench_diarize(count: int = 24, overlap_count: int = 6, tuning_count: int = 9
     out = {
         "meetings": len(scored), "minutes": round(sum(m.meeting.duration_s for m in scored) / 60, 1),
         "settings": {"threshold": settings.threshold, "length_term": settings.length_term,
-                     "min_new_s": settings.min_new_s, "lookback": settings.lookback},
+                     "min_new_s": settings.min_new_s, "recluster": settings.recluster},
         "tuning": {"meetings": len(tuning), "source": TUNING.name, "grid": grid},
+        "decisions": {name: decision_figures(pick, objective, scored, overlapped, background)
+                      for name, (pick, objective) in picks.items()},
         "der_final": main["der_final"], "der_live": main["der_live"],
         "speaker_count_right": main["speaker_count_right"],
         "label_ms_p95": round(1000 * float(np.percentile(costs, 95)), 1),
@@ -219,9 +250,28 @@ def bench_diarize(count: int = 24, overlap_count: int = 6, tuning_count: int = 9
         over.pop("decision_s")
         out["overlap"] = {"meetings": len(overlapped), "der_final": over["der_final"], "der_live": over["der_live"],
                           "speaker_count_right": over["speaker_count_right"], "per_meeting": over["meetings"]}
+    if cpwer:
+        from harken.bench.cpwer import bench_cpwer
+
+        some = scored[:cpwer]
+        out["cpwer"] = bench_cpwer(model, some, [label(s.segments, background, settings)[1] for s in some])
     if real:
         out["real_speech"] = real_speech(encoder, background, settings)
     out["seconds"] = round(time.monotonic() - t0, 1)
+    return out
+
+
+def decision_figures(settings: DiarizeSettings, objective: float, scored: list[Scored], overlapped: list[Scored],
+                     background: Background) -> dict:
+    """A decision's tuned pick, its objective on the tuning meetings, and its figures on the scored ones
+    (the decision that did not ship, beside the one that did)."""
+    main = score(scored, background, settings)
+    out = {"threshold": settings.threshold, "length_term": settings.length_term, "min_new_s": settings.min_new_s,
+           "tuning_objective": round(objective, 4), "der_final": main["der_final"], "der_live": main["der_live"],
+           "speaker_count_right": main["speaker_count_right"]}
+    if overlapped:
+        over = score(overlapped, background, settings)
+        out["overlap"] = {k: over[k] for k in ("der_final", "der_live", "speaker_count_right")}
     return out
 
 
@@ -240,9 +290,9 @@ def real_speech(encoder, background: Background, settings: DiarizeSettings) -> d
             "truth": truth}
 
 
-def bench_diarize_command(count: int = 24, overlap_count: int = 6, tuning_count: int = 9, seed: int = 0,
-                          write_background: bool = False) -> int:
-    out = bench_diarize(count, overlap_count, tuning_count, seed, write_background)
+def bench_diarize_command(count: int = 24, overlap_count: int = 6, tuning_count: int = 24, seed: int = 0,
+                          write_background: bool = False, cpwer: int = 0, model: str = "synth-en") -> int:
+    out = bench_diarize(count, overlap_count, tuning_count, seed, write_background, cpwer=cpwer, model=model)
     print(json.dumps(out))
     return 0
 
