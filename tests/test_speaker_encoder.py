@@ -71,3 +71,22 @@ def test_features_path_equals_the_audio_path(encoders, utterances):
             assert float(reference @ ours.embed_features(decode_frames(encode_frames(floored)))) >= 0.99, (name, gain)
     quiet, loud = (ours.embed_features(RunningMaxFloor()(log_mel_raw(utterances["a1"] * g))) for g in (0.03, 1.0))
     assert float(quiet @ loud) >= 0.999  # the level step: a voice does not move with its loudness
+
+
+def test_a_long_segment_embeds_at_most_max_partials_windows_close_to_all_of_them(encoders):
+    """`max_partials` bounds a long segment's windows (the label's cost) and keeps its embedding: the
+    windows picked are spread over the whole segment, first and last included."""
+    from harken.cloud.model.speaker_encoder import power_mel, spread
+
+    ours, _ = encoders
+    windows = partial_slices(16000 * 15)
+    assert len(windows) > 8
+    picked = spread(windows, 8)
+    assert len(picked) == 8 and picked[0] == windows[0] and picked[-1] == windows[-1]
+    assert len(set((s.start for s in picked))) == 8 and spread(windows[:5], 8) == windows[:5]
+    wav = speech("Two of our largest customers moved their orders to the spring, so the numbers from the "
+                 "last quarter look worse than they are, and we should plan for a slower winter.", voice="en-us")
+    assert len(wav) > 16000 * 9
+    mel = power_mel(wav)
+    assert float(ours.embed_mel(mel, 8) @ ours.embed_mel(mel)) >= 0.99
+    assert np.array_equal(ours.embed_mel(mel, 1000), ours.embed_mel(mel))

@@ -48,6 +48,9 @@ import numpy as np
 from ...shared.transcript import SpeakerChange
 
 MIN_FRAMES = 10  # a segment of fewer frames is not embedded (it takes the last speaker)
+# A segment's embedding averages at most this many of its 1.6-s windows, evenly spread: the label is
+# computed before the final goes out, and a 15-s turn's 18 windows would delay it most
+MAX_PARTIALS = 8
 BACKGROUND_PATH = Path(__file__).resolve().parent.parent / "model" / "speaker_background.json"
 
 
@@ -126,7 +129,7 @@ class SessionDiarizer:
         """A final segment's features [128, frames] -> its speaker's name, and the relabels of recent
         segments this one decided."""
         frames = 0 if log10_mel is None else int(log10_mel.shape[-1])
-        embedding = self.encoder.embed_features(log10_mel) if frames >= MIN_FRAMES else None  # type: ignore[attr-defined]
+        embedding = self.encoder.embed_features(log10_mel, MAX_PARTIALS) if frames >= MIN_FRAMES else None  # type: ignore[attr-defined]
         return self.add(segment_id, embedding, max(end_s - start_s, frames / 100))
 
     def add(self, segment_id: int, embedding: np.ndarray | None,

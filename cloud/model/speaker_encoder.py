@@ -109,6 +109,13 @@ def partial_slices(n_samples: int) -> list[slice]:
     return slices
 
 
+def spread(slices: list[slice], most: int | None) -> list[slice]:
+    """At most `most` of `slices`, evenly spread from the first to the last (all of them: None)."""
+    if most is None or len(slices) <= most:
+        return slices
+    return [slices[int(i)] for i in np.round(np.linspace(0, len(slices) - 1, most))]
+
+
 class SpeakerEncoder(nn.Module):
     """GE2E's LSTM speaker encoder (see the module docstring)."""
 
@@ -143,15 +150,16 @@ class SpeakerEncoder(nn.Module):
         return (mean / np.linalg.norm(mean)).astype(np.float32)
 
     @torch.no_grad()
-    def embed_mel(self, mel: np.ndarray) -> np.ndarray:
+    def embed_mel(self, mel: np.ndarray, max_partials: int | None = None) -> np.ndarray:
         """A [frames, 40] power mel (any level; scaled to `LEVEL`) -> its [256] unit embedding, with
-        the partial windows of audio as long as the frames cover."""
+        the partial windows of audio as long as the frames cover; at most `max_partials` of them,
+        evenly spread (the cost of a long segment bounded: the LSTM runs once per window)."""
         mel = np.asarray(mel, dtype=np.float32)
         n = mel.shape[0]
         if n == 0:
             raise ValueError("no frames to embed")
         mel = mel * np.float32(LEVEL / max(float(mel.mean()), 1e-20))
-        slices = partial_slices((n - 1) * HOP)
+        slices = spread(partial_slices((n - 1) * HOP), max_partials)
         mel = np.pad(mel, ((0, max(0, slices[-1].stop - n)), (0, 0)))
         partials = self(torch.from_numpy(np.stack([mel[s] for s in slices])))
         mean = partials.mean(dim=0).numpy()
@@ -162,10 +170,10 @@ class SpeakerEncoder(nn.Module):
         its (what the features path is held to)."""
         return self.embed_mel(power_mel(samples))
 
-    def embed_features(self, log10_mel: np.ndarray) -> np.ndarray:
+    def embed_features(self, log10_mel: np.ndarray, max_partials: int | None = None) -> np.ndarray:
         """The edge's raw (floored) log10-mel [128, frames], as the server decodes it -> the [256] unit
-        embedding of the speech it holds (see the module docstring)."""
-        return self.embed_mel(features_power_mel(log10_mel))
+        embedding of the speech it holds (see the module docstring; `max_partials`: `embed_mel`'s)."""
+        return self.embed_mel(features_power_mel(log10_mel), max_partials)
 
 
 def features_power_mel(log10_mel: np.ndarray) -> np.ndarray:

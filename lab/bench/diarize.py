@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from harken.bench.meetings import SCORED, TUNING, Meeting, meetings
-from harken.cloud.inference.diarization import (BACKGROUND_PATH, MIN_FRAMES, Background, DiarizeSettings,
-                                                SessionDiarizer)
+from harken.cloud.inference.diarization import (BACKGROUND_PATH, MAX_PARTIALS, MIN_FRAMES, Background,
+                                                DiarizeSettings, SessionDiarizer)
 from harken.edge.pipeline import FeatureStream
 from harken.edge.vad import VadOptions
 from harken.shared.codec import decode_frames
@@ -75,7 +75,7 @@ def edge_segments(audio: np.ndarray) -> list[Segment]:
 def embed(encoder, segments: list[Segment]) -> None:
     for s in segments:
         t0 = time.process_time()
-        s.embedding = encoder.embed_features(s.frames) if s.frames.shape[1] >= MIN_FRAMES else None
+        s.embedding = encoder.embed_features(s.frames, MAX_PARTIALS) if s.frames.shape[1] >= MIN_FRAMES else None
         s.cost_s = time.process_time() - t0
 
 
