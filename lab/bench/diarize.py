@@ -38,8 +38,9 @@ from harken.shared.codec import decode_frames
 COLLAR = 0.25
 THRESHOLDS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8)
 LENGTH_TERMS = (0.0, 0.2, 0.4, 0.8, 1.2)
+# at most 3 s: a speaker who says two short things must get a label of their own (re-clustering's
+# minimum counts a cluster's whole speech; the LibriVox check's other speaker says 2.0 s, then 3.1 s)
 MIN_NEW_S = (1.0, 2.0, 3.0)
-MIN_CLUSTER_S = (2.0, 3.0, 4.0, 5.0, 6.0)  # re-clustering's minimum: a cluster's whole speech
 
 
 @dataclass
@@ -166,13 +167,14 @@ def _smoothed_pick(table: dict[tuple[int, int, int], float], live: dict[tuple[in
 
 def tune_decision(sets: list[Scored], background: Background, recluster: bool) -> tuple[DiarizeSettings, float, list[dict]]:
     """One decision's grid on the tuning meetings: the online one over THRESHOLDS x LENGTH_TERMS x
-    MIN_NEW_S, re-clustering over THRESHOLDS x MIN_CLUSTER_S (its length term plays no part). Each point's
+    MIN_NEW_S, re-clustering over THRESHOLDS x MIN_NEW_S (its length term plays no part). Each point's
     objective: DER after relabels less 0.02 x the share of meetings with the speaker count right.
     -> (the pick, its objective, the grid)."""
     table: dict[tuple[int, int, int], float] = {}
     live: dict[tuple[int, int, int], float] = {}
     grid = []
-    terms, minimums = ((0.0,), MIN_CLUSTER_S) if recluster else (LENGTH_TERMS, MIN_NEW_S)
+    terms = (0.0,) if recluster else LENGTH_TERMS
+    minimums = MIN_NEW_S
     for (i, threshold), (j, term), (k, min_new) in itertools.product(enumerate(THRESHOLDS), enumerate(terms),
                                                                      enumerate(minimums)):
         settings = DiarizeSettings(threshold=threshold, length_term=term, min_new_s=min_new, recluster=recluster)
