@@ -20,7 +20,8 @@ cosines between different voices run at ~0.7; centred, they spread out) and assi
   `SpeakerChange` says so. Labels already sent are never taken back in place: a relabel is an event of
   its own, additive, like word timings; committed text never moves.
 
-Or, with `recluster` (what `harken bench diarize` picks when it does better on its tuning meetings),
+Or, with `recluster` (tuned and reported by `harken bench diarize`, not shipped: it splits voices the
+online decision keeps together on the tests' two-voice meeting),
 after each segment the session's last 300 segments are clustered again as a whole: agglomerative,
 centroid linkage on the centred embeddings (the two clusters whose centroids are nearest merge while
 their cosine is at least `threshold`), then a cluster holding less than `min_new_s` seconds of speech

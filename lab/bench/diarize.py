@@ -9,9 +9,9 @@ scored), the speaker count, the label's cost (embedding + decision) per segment 
 delays its final) and per speech second (share of one core).
 
 Both decisions are tuned (`tune`) on 24 meetings that are not scored (other texts: lab/training/ood.jsonl;
-other seeds): the online one (threshold x length term x minimum duration for a new speaker) and
-re-clustering (threshold x minimum speech of a cluster); the one whose pick does better there ships, and
-the figures of both picks on the scored meetings are in the output (`decisions`). The tuning meetings
+other seeds): the online one (threshold x length term x minimum duration for a new speaker), which
+ships, and re-clustering (threshold x minimum speech of a cluster); the figures of both picks on the
+scored meetings are in the output (`decisions`). The tuning meetings
 also give the background mean (`--write-background` writes both to cloud/model/speaker_background.json).
 Real speech: Debian's pocketsphinx-testdata (one LibriVox reader's clips against a CMU speaker's), when
 installed. `--cpwer N`: speaker-attributed WER (meeteval's cpWER, lab/bench/cpwer.py) on the first N
@@ -190,15 +190,17 @@ def tune_decision(sets: list[Scored], background: Background, recluster: bool) -
 
 
 def tune(sets: list[Scored], background: Background) -> tuple[DiarizeSettings, dict[str, tuple[DiarizeSettings, float]], list[dict]]:
-    """Both decisions tuned on the tuning meetings; the one whose pick has the lower objective there
-    ships. -> (the shipped settings, {decision: (its pick, its objective)}, the grids)."""
+    """Both decisions tuned on the tuning meetings. The online one ships: re-clustering's pick scores
+    better there (DER 7.0% against 9.0% on 24 meetings) but splits the tests' two voices taking turns
+    (tests/test_diarization.py: one en-us voice under three labels), so it is reported beside it only.
+    -> (the shipped settings, {decision: (its pick, its objective)}, the grids)."""
     picks: dict[str, tuple[DiarizeSettings, float]] = {}
     grid: list[dict] = []
     for name, recluster in (("online", False), ("recluster", True)):
         settings, objective, g = tune_decision(sets, background, recluster)
         picks[name] = settings, objective
         grid += g
-    return min(picks.values(), key=lambda p: p[1])[0], picks, grid
+    return picks["online"][0], picks, grid
 
 
 def background_of(sets: list[Scored]) -> Background:
