@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +26,6 @@ from .base.auth import ApiKeys
 from .inference.commit import CommitPolicy
 from .base.errors import EngineFailed
 from .adapters.grpc_service import GRPC_RECEIVE_CEILING, SERVICE_NAME, TranscriptionService, service_handler
-from .adapters.logs import configure_logging
 from .base.metrics import MetricsEndpoint, ServerMetrics, serve_metrics
 from .hosting.server_session import SessionLimits
 from .hosting.session_table import SessionTable
@@ -41,7 +39,6 @@ from .inference.scheduler import Scheduler
 from .inference.vllm_decoder import engine_class
 from .inference.word_timings import SegmentAligner
 from .model.aligner import Qwen3ForcedAligner
-from .inference.vllm_decoder import check_decoder
 
 if TYPE_CHECKING:
     from grpc_health.v1 import health
@@ -412,57 +409,3 @@ class _EngineMetrics:
     def failed(self, error: BaseException) -> None:
         log.error("engine step failed", exc_info=error, extra={"fields": {}})
         self.on_failure()
-
-
-# ---- `harken serve` ----------------------------------------------------------------------------
-
-def serve_command(model: str, options: ServerOptions, device: str | None = None,
-                  dtype: str | None = None) -> int:
-    """Load the model, serve until SIGINT/SIGTERM, shut down gracefully. Prints the addresses it
-    listens on, one line each, once ready. With `options.workers`: this process holds the engine,
-    N front-end processes the ports and sessions (cloud/workers.py)."""
-    configure_logging()
-
-    # bad key or certificate files fail now, not after a model load of minutes
-    if options.api_keys:
-        ApiKeys.load(options.api_keys)
-    _tls_credentials(options)
-
-    check_decoder(options.decoder)  # without vLLM: one line saying how to install it, before the load
-    asr = Qwen3ASR.load(model, dtype=dtype, device=device)
-    if model == "tiny":
-        log.warning("the tiny model has random weights: its transcripts are meaningless", extra={"fields": {}})
-    aligner = None
-    if options.aligner is not None:
-        from .model.aligner import TINY_ALIGNER, Qwen3ForcedAligner
-
-        aligner = Qwen3ForcedAligner.load(options.aligner, dtype=dtype, device=device)
-        if options.aligner == TINY_ALIGNER:
-            log.warning("the tiny aligner has random weights: its word times are meaningless", extra={"fields": {}})
-    if options.workers:
-        from .workers import serve_workers
-
-        return asyncio.run(serve_workers(asr, options))
-    return asyncio.run(_serve(asr, options, aligner))
-
-
-async def _serve(asr, options: ServerOptions, aligner=None) -> int:
-    running = await start_server(asr, options, aligner=aligner)
-    scheme = "grpcs" if running.tls else "grpc"
-    print(f"harken: listening on {scheme}://{_bracketed(options.host)}:{running.port}", flush=True)
-    if running.http_port is not None:
-        print(f"harken: WebRTC and the browser page on http://{_bracketed(options.host)}:{running.http_port}/",
-              flush=True)
-    if running.metrics_port is not None:
-        print(f"harken: metrics on http://{_bracketed(options.host)}:{running.metrics_port}/metrics", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        await running.stop()
-    return 0

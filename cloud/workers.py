@@ -72,6 +72,7 @@ class Workers:
     model: LinkedModel | None = None  # what the front ends know of the model
     procs: dict[int, asyncio.subprocess.Process] = field(default_factory=dict)
     restarts: int = 0
+    engine_failed: asyncio.Event = field(default_factory=asyncio.Event)  # no front end can serve: none restarts
     _watches: dict[int, asyncio.Task] = field(default_factory=dict)
     _serving: set[asyncio.Task] = field(default_factory=set)
     _stopping: bool = False
@@ -138,12 +139,12 @@ class Workers:
     async def _watch(self, index: int, proc: asyncio.subprocess.Process) -> None:
         """Restart front end `index` when it dies (unless the server is stopping)."""
         code = await proc.wait()
-        if self._stopping:
-            return
+        if self._stopping or self.engine_failed.is_set():
+            return  # a failed engine ends the server (`serve_workers` exits 1), not a loop of restarts
         log.warning("front end died: starting a new one", extra={"fields": {"front_end": index, "pid": proc.pid,
                                                                              "exit": code}})
         self.restarts += 1
-        while not self._stopping:
+        while not self._stopping and not self.engine_failed.is_set():
             await asyncio.sleep(RESTART_PAUSE_S)
             try:
                 await self.spawn(index)
@@ -193,7 +194,8 @@ async def start_workers(asr, options: ServerOptions) -> Workers:
     links = EngineLinks(scheduler)
     links.start()
     front = replace(options, port=port, http_port=http_port, reuse_port=True, workers=0)
-    workers = Workers(front, scheduler, links, reserved, LinkedModel(asr.tokenizer, asr.describe()))
+    workers = Workers(front, scheduler, links, reserved, LinkedModel(asr.tokenizer, asr.describe()),
+                      engine_failed=engine_failed)
 
     async def watch_engine() -> None:
         await engine_failed.wait()
@@ -207,28 +209,6 @@ async def start_workers(asr, options: ServerOptions) -> Workers:
         await workers.stop(0)
         raise
     return workers
-
-
-async def serve_workers(asr, options: ServerOptions) -> int:
-    """`harken serve --workers N` until SIGINT/SIGTERM."""
-    workers = await start_workers(asr, options)
-    scheme = "grpcs" if options.tls_cert else "grpc"
-    print(f"harken: listening on {scheme}://{_bracketed(options.host)}:{workers.port} "
-          f"({options.workers} front-end processes, one engine)", flush=True)
-    if workers.http_port is not None:
-        print(f"harken: WebRTC and the browser page on http://{_bracketed(options.host)}:{workers.http_port}/",
-              flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        await workers.stop()
-    return 0
 
 
 # ---- a front-end process --------------------------------------------------------------------------

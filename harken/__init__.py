@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .api import stream as stream
     from .api import transcribe as transcribe
     from .cloud.server import ServerOptions as ServerOptions
-    from .cloud.server import serve_command as serve
+    from .cloud.serve import serve_command as serve
     from .edge.client import ClientOptions as ClientOptions
     from .edge.client import FINALIZE as FINALIZE
     from .edge.client import Meeting as Meeting
@@ -62,7 +62,7 @@ _PUBLIC = {
     "stream": (".api", "stream"),
     "load_model": (".api", "load_model"),
     "ServerOptions": (".cloud.server", "ServerOptions"),
-    "serve": (".cloud.server", "serve_command"),
+    "serve": (".cloud.serve", "serve_command"),
 }
 __all__ = ["__version__", *_PUBLIC]
 

@@ -10,6 +10,8 @@ Measured: 430 -> 74 us per 200-ms packet in the earlier design (docs/benchmarks.
 
 from __future__ import annotations
 
+import logging
+
 from collections.abc import Callable
 from typing import Any
 
@@ -130,9 +132,17 @@ def available() -> bool:
 
 
 def warm() -> None:
-    """Compile (or load from numba's cache) now rather than in the first packet's decode."""
+    """Compile (or load from numba's cache) now rather than in the first packet's decode. A numba
+    that cannot compile here (no writable cache, an LLVM fault) leaves the Python walk to decode,
+    with a warning: a server starts either way."""
+    global _compiled
     walk = compiled()
     if walk is None:
         return
     z = np.zeros(1, dtype=np.int64)
-    walk(np.zeros(0, dtype=np.uint8), z[:0], z[:0], 4, 10, z, z, z, z, z, z, z, z, z, z, z, z.copy())
+    try:
+        walk(np.zeros(0, dtype=np.uint8), z[:0], z[:0], 4, 10, z, z, z, z, z, z, z, z, z, z, z, z.copy())
+    except Exception as e:  # noqa: BLE001 -- whatever numba raises, the Python walk is exact
+        logging.getLogger("harken").warning("the codec's compiled decoder failed to build (%s): decoding in "
+                                            "Python", e)
+        _compiled = False

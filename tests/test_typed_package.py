@@ -109,7 +109,7 @@ def test_wheel_is_typed_for_an_application(tmp_path: Path) -> None:
     revealed = re.findall(r'^app\.py:(\d+): note: Revealed type is "(.*)"$', out, re.M)
     assert revealed == [
         ("4", "harken.edge.client.grpc_client.TranscriptionClient"),
-        ("5", "harken.edge.client.session.ClientOptions"),
+        ("5", "harken.edge.client.options.ClientOptions"),
         ("6", "harken.edge.client.meeting.Meeting"),
         ("10", "harken.cloud.inference.engine.Engine"),
     ], out
@@ -151,7 +151,7 @@ def test_checkout_resolves_for_editors(tmp_path: Path) -> None:
         found[definition.full_name] = Path(definition.module_path).resolve().relative_to(ROOT)
     assert found == {
         "harken.cloud.inference.engine.Engine": Path("cloud/inference/engine.py"),
-        "harken.edge.client.session.ClientOptions": Path("edge/client/session.py"),
+        "harken.edge.client.options.ClientOptions": Path("edge/client/options.py"),
         "harken.edge.client.meeting.Meeting": Path("edge/client/meeting.py"),
         "harken.edge.client.grpc_client.TranscriptionClient": Path("edge/client/grpc_client.py"),
     }

@@ -49,6 +49,7 @@ from ..inference.decoder_stream import SessionOptions, check_context
 from ..inference.file_passes import FileTicket
 from ..inference.offline import OfflineTranscript
 from ..inference.scheduler import Scheduler
+from ..hosting.file_stream import stream_file_events
 from ..embedded import speaker_at, speaker_turns
 from ..model.prompt import forced_language
 from ..model.tokenizer import ASR_TEXT
@@ -145,7 +146,7 @@ class TranscriptionAPI:
                     req.audio, req.language, req.prompt, ticket=ticket))
                 return _offline_response(req, out, self.asr.tokenizer)
             try:
-                events = await _while_connected(request, self.scheduler.stream_file(
+                events = await _while_connected(request, stream_file_events(self.scheduler, 
                     req.audio, SessionOptions(language=req.language, context=req.prompt)))
             except Overloaded as e:  # the engine's sessions are all taken
                 raise ApiError(429, str(e), "rate_limit_exceeded", "rate_limit_exceeded",

@@ -107,7 +107,7 @@ class RemoteScheduler(RemoteFiles):
         self._writer = writer
         self.max_sessions = max_sessions
         self.asr = asr
-        self._init_files()
+        self._init_files(HEAD)
         self.engine_sessions = 0  # the engine's sessions at its last status (every front end's)
         self._changes = 0  # opens and closes sent
         self._unseen: list[tuple[int, int]] = []  # (change number, +1 open / -1 close) not in that count yet

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..inference.decoder_stream import EngineEvent, SessionOptions
 from ..inference.offline import OfflinePiece, OfflineTranscript
+from .file_stream import stream_file_events
 
 log = logging.getLogger("harken.workers")
 
@@ -85,7 +86,8 @@ class RemoteFiles:
     _write: Callable[[bytes], None]
     error: BaseException | None
 
-    def _init_files(self) -> None:
+    def _init_files(self, head: struct.Struct) -> None:
+        self._head = head  # the link's message head (engine_link.HEAD), which owns the link's framing
         self._file_ids = itertools.count(1)
         self._files: dict[int, asyncio.Queue] = {}  # file or ticket id -> its answers
 
@@ -133,14 +135,12 @@ class RemoteFiles:
         """Send the file; yield (kind, item) until its last answer (raising its error)."""
         if self.error is not None:
             raise self.error
-        from .engine_link import HEAD
-
         fid = next(self._file_ids)
         queue: asyncio.Queue = asyncio.Queue()
         self._files[fid] = queue
         done = False
         try:
-            self._write(file_message(HEAD, fid, ticket.id if ticket is not None else 0, control, np.asarray(audio)))
+            self._write(file_message(self._head, fid, ticket.id if ticket is not None else 0, control, np.asarray(audio)))
             while True:
                 kind, item = await queue.get()
                 if kind == "failed":
@@ -208,7 +208,7 @@ class LinkFiles:
         s = self.scheduler
         try:
             if control[0] == "events":
-                self._answer(fid, "events", await s.stream_file(audio, control[1]))
+                self._answer(fid, "events", await stream_file_events(s, audio, control[1]))
                 return
             _, language, context, decode_limits, max_pass_s = control
             if control[0] == "pieces":

@@ -32,7 +32,12 @@ PIECE_SECONDS = 0.1  # as `stream_audio`
 async def stream_file_events(scheduler: Scheduler, audio: np.ndarray, options: SessionOptions = SessionOptions()
                              ) -> list[EngineEvent]:
     """The events `stream_audio(audio, engine, options)` gives, from a session of `scheduler`'s engine
-    (Overloaded when the engine is full). The session is closed at the end, or when cancelled."""
+    (Overloaded when the engine is full). The session is closed at the end, or when cancelled. A
+    --workers front end's `RemoteScheduler` has the session run in the engine process, by this
+    function there (its `stream_file`, cloud/hosting/file_link.py)."""
+    forward = getattr(scheduler, "stream_file", None)
+    if forward is not None:
+        return await forward(audio, options)
     edge = FeatureStream(VadOptions(), mode=DEFAULT_MODE)
     sid, queue = scheduler.open_session(options)
     events: list[EngineEvent] = []

@@ -41,6 +41,7 @@ lost session did.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -59,6 +60,8 @@ from ..inference.decoder_stream import SessionOptions
 from ..inference.diarization import SegmentFrames, SessionDiarizer, encoder_available, session_diarizer
 from ..inference.word_timings import SegmentTap
 from ..inference.word_timings import SegmentWords, segment_language
+
+log = logging.getLogger("harken.server")
 
 if TYPE_CHECKING:
     from ..inference.scheduler import Scheduler
@@ -313,8 +316,13 @@ class HostedSession:
             speaker, relabels = "", []
             if self._speaker_frames is not None and item.is_final:
                 frames = self._speaker_frames.take(item.segment_id)
-                speaker, relabels = await _run(self.executor, self._label, item.segment_id, frames, item.start_s,
-                                               item.end_s)
+                try:
+                    speaker, relabels = await _run(self.executor, self._label, item.segment_id, frames,
+                                                   item.start_s, item.end_s)
+                except Exception as e:  # the labels fail, not the session: its text goes on unlabelled
+                    log.error("speaker labels failed; the session goes on without them", exc_info=e,
+                              extra={"fields": {"session": self.session_id}})
+                    self._speaker_frames = None
             _, latency = self.core.record(item, item.resume, time.monotonic(), speaker)
             self.core.record_relabels(relabels)
             if self._tap is not None and (final := self._tap.on_event(item)) is not None:

@@ -473,10 +473,14 @@ class FilePasses:
 
     def _cache_for(self, length: int) -> KVCache:
         """The files' cache, its slots at least `length` long: made on first use, grown by copy
-        (a power of two, so that a few longer passes do not regrow it each time)."""
+        (a power of two, so that a few longer passes do not regrow it each time). With no slot in
+        use it is made anew at the size this pass needs, so one long upload's cache (GBs at a
+        20-minute pass on the 0.6B) does not stay after it; still, it is not given back while idle."""
+        size = max(256, 1 << (length - 1).bit_length())
+        if self.cache is not None and not any(self.cache._in_use) and self.cache.max_len > size:
+            self.cache = None  # nothing in it: made again at this pass's size below
         if self.cache is not None and self.cache.max_len >= length:
             return self.cache
-        size = max(256, 1 << (length - 1).bit_length())
         grown = KVCache.for_config(self.asr.config.text, max_slots=self.config.max_files, max_len=size,
                                    dtype=self.asr.dtype, device=self.asr.device)
         old = self.cache

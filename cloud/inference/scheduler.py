@@ -13,7 +13,6 @@ API:
     async for piece in scheduler.pieces(audio, language): ...       # ... pass by pass
     ticket = scheduler.admit_file()                     # a place for a file (Overloaded: 429)
     ticket = await scheduler.file_place()               # ... as the file APIs take it
-    events = await scheduler.stream_file(audio, options)  # a session fed ahead of real time (srt)
     await scheduler.stop()
 
 With a `SegmentAligner` (`harken serve --aligner`), each tick also runs one bounded aligner pass when
@@ -146,13 +145,6 @@ class Scheduler:
         """`admit_file` as the file APIs take it: awaited, as a --workers front end asks the engine
         process for it (cloud/hosting/file_link.py)."""
         return self.admit_file()
-
-    async def stream_file(self, audio, options: SessionOptions = SessionOptions()) -> list:
-        """The events `stream_audio` gives for `audio`, from a session of this engine fed ahead of
-        real time (cloud/hosting/file_stream.py): the subtitle formats' source."""
-        from ..hosting.file_stream import stream_file_events
-
-        return await stream_file_events(self, audio, options)
 
     async def transcribe(self, audio, language: str | None = None, context: str = "", *,
                          decode_limits: bool = True, max_pass_s: float | None = None,

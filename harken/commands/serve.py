@@ -75,7 +75,7 @@ def register_serve(sub: Subparsers) -> None:
     s.add_argument("--workers", type=int, default=0, metavar="N",
                    help="host work past one core: N front-end processes (transports, sessions, codec) on the "
                         "same ports, one engine process owning the model (docs/scaling.md); not with --ray, "
-                        "--aligner, --metrics-port; the file APIs are not served (default 0: one process)")
+                        "--aligner, --metrics-port (default 0: one process)")
     s.add_argument("--ray", action="store_true",
                    help="serve on Ray Serve (the cluster of $RAY_ADDRESS, else a local one): replicas of one "
                         "engine each behind Serve's gRPC proxy on --port, sessions sticky to their replica "
@@ -87,7 +87,8 @@ def register_serve(sub: Subparsers) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int | None:
-    from ..cloud.server import ServerOptions, serve_command
+    from ..cloud.serve import serve_command
+    from ..cloud.server import ServerOptions
 
     options = ServerOptions(host=args.host, port=args.port, tls_cert=args.tls_cert, tls_key=args.tls_key,
                             api_keys=args.api_keys, metrics_port=args.metrics_port,
